@@ -1,0 +1,130 @@
+# hwipam — build, test, lint, generate. `make help` lists the targets.
+
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+BIN_DIR       := $(CURDIR)/bin
+VERSION       ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT        ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS       := -X github.com/hwipam/hwipam/pkg/version.Version=$(VERSION) \
+                 -X github.com/hwipam/hwipam/pkg/version.Commit=$(COMMIT)
+BINARIES      := $(notdir $(wildcard cmd/*))
+
+# Tools, pinned, installed through the Go module proxy into bin/.
+GOLANGCI_LINT_VERSION  := v2.15.0
+CONTROLLER_GEN_VERSION := v0.23.0
+GOLANGCI_LINT  := $(BIN_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+CONTROLLER_GEN := $(BIN_DIR)/controller-gen-$(CONTROLLER_GEN_VERSION)
+
+# Debian packages the tests need: `ip` (iproute2) for network namespaces, ping.
+APT_PACKAGES := iproute2 iputils-ping
+
+# Loads KUBEBUILDER_ASSETS and HWIPAM_CNI_BIN_DIR, building the assets on first use.
+ASSETS_ENV := eval "$$(hack/test-assets.sh env)"
+
+TEST_FLAGS ?= -timeout 25m
+FUZZ_TIME  ?= 10s
+
+##@ General
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} \
+		/^[a-zA-Z_-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } \
+		/^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Build
+
+.PHONY: build
+build: ## Build every binary under cmd/ into bin/.
+	@mkdir -p $(BIN_DIR)
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN_DIR)/ $(addprefix ./cmd/,$(BINARIES))
+
+.PHONY: clean
+clean: ## Remove build outputs (bin/). The test-asset cache is kept.
+	rm -rf $(BIN_DIR)
+
+##@ Test
+
+.PHONY: deps
+deps: ## Install what tests need: Debian packages (apt-get) and Go modules.
+	@missing=(); for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing+=($$p); done; \
+	if [ $${#missing[@]} -gt 0 ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing Debian packages: $${missing[*]}"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$${missing[@]}"; \
+		else \
+			echo "warning: missing Debian packages $${missing[*]} (run as root to install them); netns tests will fail" >&2; \
+		fi; \
+	fi
+	go mod download
+
+.PHONY: test-assets
+test-assets: ## Build (once, then cached) kube-apiserver, etcd and the CNI reference plugins.
+	hack/test-assets.sh
+
+.PHONY: test
+test: deps test-assets ## Install everything needed and run all tests (root for the netns tests).
+	$(ASSETS_ENV) && go test $(TEST_FLAGS) ./...
+	$(MAKE) --no-print-directory fuzz
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target briefly (FUZZ_TIME each).
+	@for pkg in $$(go list ./...); do \
+		for f in $$(go test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz' || true); do \
+			echo "fuzz $$pkg $$f ($(FUZZ_TIME))"; \
+			go test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZ_TIME) $$pkg; \
+		done; \
+	done
+
+.PHONY: bench
+bench: deps test-assets build ## Run the benchmarks (real apiserver, real daemon and plugins).
+	$(ASSETS_ENV) && go test -run '^$$' -bench . -benchmem -timeout 60m ./...
+
+##@ Code quality
+
+.PHONY: vet
+vet: ## go vet.
+	go vet ./...
+
+.PHONY: lint
+lint: $(GOLANGCI_LINT) ## Run golangci-lint (pinned, built into bin/).
+	$(GOLANGCI_LINT) run ./...
+
+$(GOLANGCI_LINT):
+	@mkdir -p $(BIN_DIR)
+	GOBIN=$(BIN_DIR) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(BIN_DIR)/golangci-lint $@
+
+$(CONTROLLER_GEN):
+	@mkdir -p $(BIN_DIR)
+	GOBIN=$(BIN_DIR) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+	mv $(BIN_DIR)/controller-gen $@
+
+##@ Generated code
+
+# Paths whose content is generated; verify-generated fails when they differ from what
+# the generators produce now.
+GENERATED_PATHS := api deploy/crds
+
+.PHONY: generate
+generate: $(CONTROLLER_GEN) ## Generate code (deepcopy for api/...).
+	@if [ -n "$$(go list ./api/... 2>/dev/null)" ]; then \
+		$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths="./api/..."; \
+	else echo "generate: no API packages yet"; fi
+
+.PHONY: manifests
+manifests: $(CONTROLLER_GEN) ## Generate CRD manifests into deploy/crds.
+	@if [ -n "$$(go list ./api/... 2>/dev/null)" ]; then \
+		$(CONTROLLER_GEN) crd paths="./api/..." output:crd:artifacts:config=deploy/crds; \
+	else echo "manifests: no API packages yet"; fi
+
+.PHONY: verify-generated
+verify-generated: generate manifests ## Fail when checked-in generated files are stale.
+	@existing=$$(ls -d $(GENERATED_PATHS) 2>/dev/null || true); \
+	if [ -z "$$existing" ]; then echo "verify-generated: nothing generated yet"; exit 0; fi; \
+	if ! git diff --quiet -- $$existing || [ -n "$$(git ls-files --others --exclude-standard -- $$existing)" ]; then \
+		git status --short -- $$existing; \
+		echo "generated files are stale: run 'make generate manifests' and commit the result" >&2; exit 1; \
+	fi; echo "generated files are current"
