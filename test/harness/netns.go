@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -39,7 +38,7 @@ func NewNetNS(tb testing.TB) *NetNS {
 	RequireRoot(tb)
 	name := "hwt-" + randomSuffix(tb)
 	run(tb, "ip", "netns", "add", name)
-	ns := &NetNS{Name: name, Path: filepath.Join("/run/netns", name)}
+	ns := &NetNS{Name: name, Path: "/run/netns/" + name}
 	tb.Cleanup(func() {
 		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
 			tb.Errorf("deleting netns %s: %v: %s", name, err, out)
