@@ -106,25 +106,22 @@ $(CONTROLLER_GEN):
 
 # Paths whose content is generated; verify-generated fails when they differ from what
 # the generators produce now.
-GENERATED_PATHS := api deploy/crds
+GENERATED_PATHS := api deploy/crds deploy/webhook deploy/rbac/controller
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate code (deepcopy for api/...).
-	@if [ -n "$$(go list ./api/... 2>/dev/null)" ]; then \
-		$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths="./api/..."; \
-	else echo "generate: no API packages yet"; fi
+	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths="./api/..."
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate CRD manifests into deploy/crds.
-	@if [ -n "$$(go list ./api/... 2>/dev/null)" ]; then \
-		$(CONTROLLER_GEN) crd paths="./api/..." output:crd:artifacts:config=deploy/crds; \
-	else echo "manifests: no API packages yet"; fi
+manifests: $(CONTROLLER_GEN) ## Generate CRDs (deploy/crds), webhook (deploy/webhook) and controller RBAC (deploy/rbac/controller).
+	$(CONTROLLER_GEN) crd webhook paths="./api/..." output:crd:artifacts:config=deploy/crds \
+		output:webhook:artifacts:config=deploy/webhook
+	$(CONTROLLER_GEN) rbac:roleName=hwipam-controller paths="./pkg/poolcontroller/..." \
+		output:rbac:artifacts:config=deploy/rbac/controller
 
 .PHONY: verify-generated
 verify-generated: generate manifests ## Fail when checked-in generated files are stale.
-	@existing=$$(ls -d $(GENERATED_PATHS) 2>/dev/null || true); \
-	if [ -z "$$existing" ]; then echo "verify-generated: nothing generated yet"; exit 0; fi; \
-	if ! git diff --quiet -- $$existing || [ -n "$$(git ls-files --others --exclude-standard -- $$existing)" ]; then \
-		git status --short -- $$existing; \
+	@if ! git diff --quiet -- $(GENERATED_PATHS) || [ -n "$$(git ls-files --others --exclude-standard -- $(GENERATED_PATHS))" ]; then \
+		git status --short -- $(GENERATED_PATHS); \
 		echo "generated files are stale: run 'make generate manifests' and commit the result" >&2; exit 1; \
 	fi; echo "generated files are current"

@@ -36,6 +36,10 @@ type ControlPlane struct {
 	Client client.Client
 	// Clientset is a typed client for the core API groups.
 	Clientset kubernetes.Interface
+	// Webhook says where the API server expects the webhook server when
+	// ControlPlaneOptions.WebhookDirs was set: LocalServingHost, LocalServingPort,
+	// LocalServingCertDir.
+	Webhook *envtest.WebhookInstallOptions
 
 	env *envtest.Environment
 }
@@ -47,6 +51,10 @@ type ControlPlaneOptions struct {
 	CRDDirs []string
 	// Client options such as the scheme; nil means client-go's scheme.
 	ClientOptions *client.Options
+	// WebhookDirs are directories of (Validating|Mutating)WebhookConfiguration
+	// manifests to install, pointed at a local webhook server whose host, port and
+	// certificate directory ControlPlane.Webhook then holds.
+	WebhookDirs []string
 }
 
 // NewControlPlane starts etcd and kube-apiserver from KUBEBUILDER_ASSETS and installs
@@ -73,12 +81,16 @@ func NewControlPlane(opts ControlPlaneOptions) (*ControlPlane, error) {
 		ErrorIfCRDPathMissing:    len(opts.CRDDirs) > 0,
 		ControlPlaneStartTimeout: 90 * time.Second,
 		ControlPlaneStopTimeout:  30 * time.Second,
+		WebhookInstallOptions:    envtest.WebhookInstallOptions{Paths: opts.WebhookDirs},
 	}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", assets, err)
 	}
 	cp := &ControlPlane{Config: cfg, env: env}
+	if len(opts.WebhookDirs) > 0 {
+		cp.Webhook = &env.WebhookInstallOptions
+	}
 	clientOpts := client.Options{}
 	if opts.ClientOptions != nil {
 		clientOpts = *opts.ClientOptions

@@ -1,0 +1,71 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ExcludeRange is an inclusive range of addresses that are never allocated.
+type ExcludeRange struct {
+	// startIP is the first excluded address.
+	// +required
+	StartIP string `json:"startIP"`
+	// endIP is the last excluded address; it may equal startIP.
+	// +required
+	EndIP string `json:"endIP"`
+}
+
+// ExcludeIndexRange is an inclusive range of indexes, counted from 0 at the first
+// address of each node's block, that are never allocated on any node.
+type ExcludeIndexRange struct {
+	// startIndex is the first excluded index.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	StartIndex int `json:"startIndex"`
+	// endIndex is the last excluded index; it may equal startIndex.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	EndIndex int `json:"endIndex"`
+}
+
+// Route is a static route handed to every interface that gets an address from the
+// pool; its next hop is the pool's (or the node block's) gateway.
+type Route struct {
+	// dst is the destination in CIDR notation, of the pool's address family.
+	// +required
+	Dst string `json:"dst"`
+}
+
+// Condition types set on IPPool and CIDRPool status.
+const (
+	// ConditionReady is True when every selected node has a block.
+	ConditionReady = "Ready"
+	// ConditionExhausted is True when some selected nodes have no block because the
+	// pool has no free block left.
+	ConditionExhausted = "Exhausted"
+	// ConditionInvalidSpec is True when the spec fails validation; the pool then has
+	// no blocks until it is fixed.
+	ConditionInvalidSpec = "InvalidSpec"
+	// ConditionConflict is True when the pool's range overlaps an older pool in the
+	// same namespace; the pool then has no blocks until the overlap is removed.
+	ConditionConflict = "Conflict"
+)
+
+// PoolStatusCommon holds the status fields hwipam adds to both pool kinds. An API
+// server that runs nv-ipam's own CRD prunes them; nothing depends on reading them back.
+type PoolStatusCommon struct {
+	// conditions tell whether the pool is ready, exhausted, invalid or in conflict.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// observedGeneration is the spec generation the status was computed from.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// selectedNodes is how many nodes match the nodeSelector.
+	// +optional
+	SelectedNodes int32 `json:"selectedNodes,omitempty"`
+	// allocatedNodes is how many nodes hold a block, including nodes whose block is
+	// kept through its release grace period.
+	// +optional
+	AllocatedNodes int32 `json:"allocatedNodes,omitempty"`
+}

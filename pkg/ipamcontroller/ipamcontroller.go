@@ -1,0 +1,204 @@
+// Package ipamcontroller runs the ipam-controller: a controller-runtime manager with
+// the IPPool and CIDRPool reconcilers, optional validating webhooks, leader
+// election, health and metrics endpoints.
+package ipamcontroller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/poolcontroller"
+	"github.com/hwipam/hwipam/pkg/version"
+)
+
+// LeaderElectionID is the Lease nv-ipam's controller uses too, so that during a
+// switch from nv-ipam to hwipam the two never assign blocks at the same time.
+const LeaderElectionID = "dd1643cf.nvidia.com"
+
+// Options are the ipam-controller's settings; AddFlags binds them to the flags of
+// nv-ipam's controller plus hwipam's own.
+type Options struct {
+	Kubeconfig             string
+	PoolsNamespace         string
+	LeaderElect            bool
+	LeaderElectNamespace   string
+	Webhook                bool
+	WebhookPort            int
+	WebhookCertDir         string
+	MetricsBindAddress     string
+	HealthProbeBindAddress string
+	ReleaseGracePeriod     time.Duration
+	Workers                int
+
+	// RestConfig, when set, is used instead of Kubeconfig (tests).
+	RestConfig *rest.Config
+	// WebhookHost binds the webhook server to one address (tests); "" is all.
+	WebhookHost string
+}
+
+// NewOptions returns the defaults, those of nv-ipam where it has the flag.
+func NewOptions() *Options {
+	return &Options{
+		PoolsNamespace:         "kube-system",
+		LeaderElectNamespace:   "kube-system",
+		WebhookPort:            9443,
+		MetricsBindAddress:     ":8080",
+		HealthProbeBindAddress: ":8081",
+		ReleaseGracePeriod:     5 * time.Minute,
+		Workers:                4,
+	}
+}
+
+// AddFlags registers the options on fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig,
+		"Path to a kubeconfig; empty uses $KUBECONFIG, the in-cluster config, or ~/.kube/config.")
+	fs.StringVar(&o.PoolsNamespace, "ippools-namespace", o.PoolsNamespace, "Namespace of the IPPool and CIDRPool objects.")
+	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that only one controller replica acts.")
+	fs.StringVar(&o.LeaderElectNamespace, "leader-elect-namespace", o.LeaderElectNamespace, "Namespace of the leader election Lease.")
+	fs.BoolVar(&o.Webhook, "webhook", o.Webhook, "Serve the validating admission webhooks for IPPool and CIDRPool.")
+	fs.IntVar(&o.WebhookPort, "webhook-port", o.WebhookPort, "Port of the webhook server.")
+	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", o.WebhookCertDir,
+		"Directory with tls.crt and tls.key for the webhook server; empty uses controller-runtime's default.")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint; 0 disables it.")
+	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "Address of the /healthz and /readyz endpoints; 0 disables them.")
+	fs.DurationVar(&o.ReleaseGracePeriod, "release-grace-period", o.ReleaseGracePeriod,
+		"How long the block of a node that is deleted or no longer selected stays reserved before another node may get it; 0 releases at once.")
+	fs.IntVar(&o.Workers, "workers", o.Workers, "Pools of each kind reconciled in parallel.")
+}
+
+// Validate checks the options.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.PoolsNamespace == "" {
+		errs = append(errs, errors.New("--ippools-namespace must not be empty"))
+	}
+	if o.LeaderElect && o.LeaderElectNamespace == "" {
+		errs = append(errs, errors.New("--leader-elect-namespace must not be empty with --leader-elect"))
+	}
+	if o.ReleaseGracePeriod < 0 {
+		errs = append(errs, fmt.Errorf("--release-grace-period %s must not be negative", o.ReleaseGracePeriod))
+	}
+	if o.Workers < 1 {
+		errs = append(errs, fmt.Errorf("--workers %d must be at least 1", o.Workers))
+	}
+	return errors.Join(errs...)
+}
+
+// Scheme returns the scheme the controller works with.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("registering core types: %w", err)
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("registering nv-ipam.nvidia.com/v1alpha1: %w", err)
+	}
+	return s, nil
+}
+
+// Run runs the controller until ctx ends or a component fails.
+func Run(ctx context.Context, o *Options) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	logger := log.FromContext(ctx)
+	ctrl.SetLogger(logger)
+	logger.Info("starting ipam-controller", "version", version.String(), "poolsNamespace", o.PoolsNamespace,
+		"releaseGracePeriod", o.ReleaseGracePeriod, "webhook", o.Webhook, "leaderElect", o.LeaderElect)
+
+	cfg := o.RestConfig
+	if cfg == nil {
+		var err error
+		if cfg, err = restConfig(o.Kubeconfig); err != nil {
+			return err
+		}
+	}
+	scheme, err := Scheme()
+	if err != nil {
+		return err
+	}
+	inPoolsNamespace := cache.ByObject{Namespaces: map[string]cache.Config{o.PoolsNamespace: {}}}
+	mopts := ctrl.Options{
+		Scheme: scheme,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&v1alpha1.IPPool{}:   inPoolsNamespace,
+			&v1alpha1.CIDRPool{}: inPoolsNamespace,
+		}},
+		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		HealthProbeBindAddress:        o.HealthProbeBindAddress,
+		LeaderElection:                o.LeaderElect,
+		LeaderElectionNamespace:       o.LeaderElectNamespace,
+		LeaderElectionID:              LeaderElectionID,
+		LeaderElectionReleaseOnCancel: true,
+		Logger:                        logger,
+	}
+	if o.Webhook {
+		mopts.WebhookServer = webhook.NewServer(webhook.Options{Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.WebhookCertDir})
+	}
+	mgr, err := ctrl.NewManager(cfg, mopts)
+	if err != nil {
+		return fmt.Errorf("creating the controller manager: %w", err)
+	}
+	for _, kind := range []string{poolcontroller.KindIPPool, poolcontroller.KindCIDRPool} {
+		r := &poolcontroller.Reconciler{
+			Client:             mgr.GetClient(),
+			Recorder:           mgr.GetEventRecorder("ipam-controller"),
+			Kind:               kind,
+			ReleaseGracePeriod: o.ReleaseGracePeriod,
+		}
+		if err := r.SetupWithManager(mgr, o.PoolsNamespace, o.Workers); err != nil {
+			return err
+		}
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return fmt.Errorf("adding health check: %w", err)
+	}
+	ready := healthz.Ping
+	if o.Webhook {
+		if err := v1alpha1.SetupWebhooksWithManager(mgr, mgr.GetAPIReader()); err != nil {
+			return err
+		}
+		ready = func(req *http.Request) error { return mgr.GetWebhookServer().StartedChecker()(req) }
+	}
+	if err := mgr.AddReadyzCheck("readyz", ready); err != nil {
+		return fmt.Errorf("adding ready check: %w", err)
+	}
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("running the controller manager: %w", err)
+	}
+	logger.Info("ipam-controller stopped")
+	return nil
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("loading --kubeconfig %s: %w", kubeconfig, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no Kubernetes API configuration found (set --kubeconfig or $KUBECONFIG, or run in a pod): %w", err)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,210 @@
+package poolcontroller
+
+import (
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/blocks"
+	"github.com/hwipam/hwipam/pkg/iprange"
+)
+
+// pool is what the reconciler needs of an IPPool or a CIDRPool; ipPool and cidrPool
+// adapt the two API types to it.
+type pool interface {
+	object() client.Object
+	kind() string
+	validate() field.ErrorList
+	layout() (blocks.Layout, error)
+	nodeSelector() *corev1.NodeSelector
+	// existing returns the status assignments that fit the layout, in status order,
+	// the nodes whose block does not (or that appear twice), and the address ranges
+	// of those misfit blocks.
+	existing(l blocks.Layout) ([]assignment, []string, []iprange.Range)
+	// pinned returns the blocks static allocations give to nodes.
+	pinned(l blocks.Layout) map[string]uint64
+	// withStatus returns a copy of the pool whose allocations are as, or left as they
+	// are when as is nil, and whose common status fields are c.
+	withStatus(l blocks.Layout, as []assignment, keep bool, c v1alpha1.PoolStatusCommon) pool
+	common() v1alpha1.PoolStatusCommon
+	allocationCount() int
+	// hasNode reports whether status lists a block for node.
+	hasNode(node string) bool
+	// statusEqual compares the status of two pools, allocations as a set.
+	statusEqual(o pool) bool
+}
+
+type ipPool struct{ p *v1alpha1.IPPool }
+
+func (a ipPool) object() client.Object              { return a.p }
+func (ipPool) kind() string                         { return "IPPool" }
+func (a ipPool) validate() field.ErrorList          { return a.p.Validate() }
+func (a ipPool) nodeSelector() *corev1.NodeSelector { return a.p.Spec.NodeSelector }
+func (a ipPool) common() v1alpha1.PoolStatusCommon  { return a.p.Status.PoolStatusCommon }
+func (a ipPool) allocationCount() int               { return len(a.p.Status.Allocations) }
+func (a ipPool) hasNode(node string) bool {
+	return slices.ContainsFunc(a.p.Status.Allocations, func(x v1alpha1.Allocation) bool { return x.NodeName == node })
+}
+func (ipPool) pinned(blocks.Layout) map[string]uint64 { return nil }
+
+func (a ipPool) layout() (blocks.Layout, error) { return blocks.NewIPPool(&a.p.Spec) }
+
+func (a ipPool) existing(l blocks.Layout) ([]assignment, []string, []iprange.Range) {
+	layout := l.(*blocks.IPPool)
+	var out []assignment
+	var invalid []string
+	var retired []iprange.Range
+	seenNode, seenIdx := map[string]bool{}, map[uint64]bool{}
+	for _, al := range a.p.Status.Allocations {
+		start, err1 := netip.ParseAddr(al.StartIP)
+		end, err2 := netip.ParseAddr(al.EndIP)
+		var idx uint64
+		ok := err1 == nil && err2 == nil
+		if ok {
+			idx, ok = layout.IndexOf(start, end)
+		}
+		if !ok || !layout.Usable(idx) || seenNode[al.NodeName] || seenIdx[idx] {
+			invalid = append(invalid, al.NodeName)
+			if r, err := iprange.NewRange(start, end); err1 == nil && err2 == nil && err == nil {
+				retired = append(retired, r)
+			}
+			continue
+		}
+		seenNode[al.NodeName], seenIdx[idx] = true, true
+		out = append(out, assignment{Node: al.NodeName, Index: idx})
+	}
+	return out, invalid, retired
+}
+
+func (a ipPool) withStatus(l blocks.Layout, as []assignment, keep bool, c v1alpha1.PoolStatusCommon) pool {
+	p := a.p.DeepCopy()
+	if !keep {
+		p.Status.Allocations = make([]v1alpha1.Allocation, 0, len(as))
+		for _, x := range as {
+			b := l.Block(x.Index)
+			p.Status.Allocations = append(p.Status.Allocations, v1alpha1.Allocation{
+				NodeName: x.Node, StartIP: b.Start.String(), EndIP: b.End.String(),
+			})
+		}
+	}
+	p.Status.PoolStatusCommon = c
+	return ipPool{p}
+}
+
+func (a ipPool) statusEqual(o pool) bool {
+	b := o.(ipPool).p
+	return sameSet(a.p.Status.Allocations, b.Status.Allocations, func(x v1alpha1.Allocation) string { return x.NodeName }) &&
+		equality.Semantic.DeepEqual(a.p.Status.PoolStatusCommon, b.Status.PoolStatusCommon)
+}
+
+type cidrPool struct{ p *v1alpha1.CIDRPool }
+
+func (a cidrPool) object() client.Object              { return a.p }
+func (cidrPool) kind() string                         { return "CIDRPool" }
+func (a cidrPool) validate() field.ErrorList          { return a.p.Validate() }
+func (a cidrPool) nodeSelector() *corev1.NodeSelector { return a.p.Spec.NodeSelector }
+func (a cidrPool) common() v1alpha1.PoolStatusCommon  { return a.p.Status.PoolStatusCommon }
+func (a cidrPool) allocationCount() int               { return len(a.p.Status.Allocations) }
+
+func (a cidrPool) hasNode(node string) bool {
+	return slices.ContainsFunc(a.p.Status.Allocations, func(x v1alpha1.CIDRPoolAllocation) bool { return x.NodeName == node })
+}
+
+func (a cidrPool) layout() (blocks.Layout, error) { return blocks.NewCIDRPool(&a.p.Spec) }
+
+func (a cidrPool) existing(l blocks.Layout) ([]assignment, []string, []iprange.Range) {
+	layout := l.(*blocks.CIDRPool)
+	var out []assignment
+	var invalid []string
+	var retired []iprange.Range
+	seenNode, seenIdx := map[string]bool{}, map[uint64]bool{}
+	for _, al := range a.p.Status.Allocations {
+		p, err := netip.ParsePrefix(al.Prefix)
+		var idx uint64
+		ok := err == nil
+		if ok {
+			idx, ok = layout.IndexOf(p)
+		}
+		if ok && !layout.Usable(idx) {
+			// A pinned prefix is valid only for the node it is pinned to.
+			owner, pinned := layout.StaticOwner(p)
+			ok = pinned && owner == al.NodeName
+		}
+		if !ok || seenNode[al.NodeName] || seenIdx[idx] {
+			invalid = append(invalid, al.NodeName)
+			if err == nil {
+				retired = append(retired, iprange.PrefixRange(p))
+			}
+			continue
+		}
+		seenNode[al.NodeName], seenIdx[idx] = true, true
+		out = append(out, assignment{Node: al.NodeName, Index: idx})
+	}
+	return out, invalid, retired
+}
+
+func (a cidrPool) pinned(l blocks.Layout) map[string]uint64 {
+	layout := l.(*blocks.CIDRPool)
+	out := map[string]uint64{}
+	for _, s := range a.p.Spec.StaticAllocations {
+		if s.NodeName == "" {
+			continue
+		}
+		if p, ok := layout.StaticFor(s.NodeName); ok {
+			if idx, ok := layout.IndexOf(p); ok {
+				out[s.NodeName] = idx
+			}
+		}
+	}
+	return out
+}
+
+func (a cidrPool) withStatus(l blocks.Layout, as []assignment, keep bool, c v1alpha1.PoolStatusCommon) pool {
+	p := a.p.DeepCopy()
+	if !keep {
+		layout := l.(*blocks.CIDRPool)
+		p.Status.Allocations = make([]v1alpha1.CIDRPoolAllocation, 0, len(as))
+		for _, x := range as {
+			prefix := layout.Prefix(x.Index)
+			al := v1alpha1.CIDRPoolAllocation{NodeName: x.Node, Prefix: prefix.String()}
+			if gw, ok := layout.Gateway(prefix); ok {
+				al.Gateway = gw.String()
+			}
+			p.Status.Allocations = append(p.Status.Allocations, al)
+		}
+	}
+	p.Status.PoolStatusCommon = c
+	return cidrPool{p}
+}
+
+func (a cidrPool) statusEqual(o pool) bool {
+	b := o.(cidrPool).p
+	return sameSet(a.p.Status.Allocations, b.Status.Allocations, func(x v1alpha1.CIDRPoolAllocation) string { return x.NodeName }) &&
+		equality.Semantic.DeepEqual(a.p.Status.PoolStatusCommon, b.Status.PoolStatusCommon)
+}
+
+// sameSet reports whether a and b hold the same elements, in any order.
+func sameSet[T comparable](a, b []T, key func(T) string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	cmp := func(x, y T) int {
+		kx, ky := key(x), key(y)
+		switch {
+		case kx < ky:
+			return -1
+		case kx > ky:
+			return 1
+		}
+		return 0
+	}
+	sa, sb := slices.Clone(a), slices.Clone(b)
+	slices.SortStableFunc(sa, cmp)
+	slices.SortStableFunc(sb, cmp)
+	return slices.Equal(sa, sb)
+}

@@ -1,0 +1,58 @@
+package poolcontroller
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/hwipam/hwipam/pkg/blocks"
+)
+
+// Metrics on the controller-runtime registry, served on --metrics-bind-address.
+var (
+	poolLabels = []string{"kind", "namespace", "pool"}
+
+	blocksTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "hwipam_pool_blocks",
+		Help: "Blocks the pool's range is cut into (capped at 2^63 for huge IPv6 pools).",
+	}, poolLabels)
+	blocksAssigned = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "hwipam_pool_blocks_assigned",
+		Help: "Blocks assigned to nodes, including blocks kept through their release grace period.",
+	}, poolLabels)
+	nodesWithoutBlock = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "hwipam_pool_selected_nodes_without_block",
+		Help: "Nodes that match the pool's nodeSelector but have no block because the pool is exhausted.",
+	}, poolLabels)
+	reconcileDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "hwipam_pool_reconcile_duration_seconds",
+		Help:    "Time to reconcile one pool.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	}, []string{"kind"})
+	reconcileErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "hwipam_pool_reconcile_errors_total",
+		Help: "Pool reconciles that returned an error.",
+	}, []string{"kind"})
+	statusWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "hwipam_pool_status_writes_total",
+		Help: "Pool status updates sent to the API server.",
+	}, []string{"kind"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(blocksTotal, blocksAssigned, nodesWithoutBlock,
+		reconcileDuration, reconcileErrors, statusWrites)
+}
+
+func updateMetrics(kind string, obj client.Object, l blocks.Layout, assigned, without int) {
+	labels := []string{kind, obj.GetNamespace(), obj.GetName()}
+	blocksTotal.WithLabelValues(labels...).Set(float64(l.Count()))
+	blocksAssigned.WithLabelValues(labels...).Set(float64(assigned))
+	nodesWithoutBlock.WithLabelValues(labels...).Set(float64(without))
+}
+
+func forgetMetrics(kind, namespace, name string) {
+	for _, g := range []*prometheus.GaugeVec{blocksTotal, blocksAssigned, nodesWithoutBlock} {
+		g.DeleteLabelValues(kind, namespace, name)
+	}
+}

@@ -1,0 +1,181 @@
+package poolcontroller
+
+import (
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hwipam/hwipam/pkg/blocks"
+	"github.com/hwipam/hwipam/pkg/iprange"
+)
+
+// assignment is one node's block, by index into the pool's layout.
+type assignment struct {
+	Node  string
+	Index uint64
+}
+
+// nodeState is what the planner needs to know of a node named in a pool.
+type nodeState struct {
+	// Exists is false when the node object is gone.
+	Exists bool
+	// Selected is true when the node matches the pool's nodeSelector.
+	Selected bool
+	// InUse is true when the node's pools-in-use annotation names the pool: its
+	// daemon still holds allocations in the block.
+	InUse bool
+}
+
+// planInput is everything one pool's reconcile decides from.
+type planInput struct {
+	Layout blocks.Layout
+	// Existing are the assignments read from status that fit the layout, in status
+	// order; Invalid names the nodes whose assigned block no longer fits.
+	Existing []assignment
+	Invalid  []string
+	// Retired are the address ranges of the blocks in Invalid that could be parsed:
+	// a node's daemon may still hold addresses there, so no block overlapping them is
+	// handed out in this reconcile.
+	Retired []iprange.Range
+	// Selected are the names of the nodes matching the nodeSelector, sorted.
+	Selected []string
+	// Nodes describes every node named in Existing or Selected.
+	Nodes map[string]nodeState
+	// Pinned gives the block a node must have (CIDRPool static allocations).
+	Pinned map[string]uint64
+	// Departed records, per node, when its block first became releasable; the
+	// planner adds and removes entries. It lives across reconciles.
+	Departed map[string]time.Time
+	Now      time.Time
+	Grace    time.Duration
+}
+
+// plan is the outcome of one pool's reconcile.
+type plan struct {
+	// Assignments is every node's block after the reconcile, sorted by node.
+	Assignments []assignment
+	// Released are nodes whose block was released; Replaced are selected nodes whose
+	// old block no longer fit the spec and who got a new one (or none, if exhausted).
+	Released []string
+	Replaced []string
+	// Retained are unselected nodes whose block is kept (grace period or in use).
+	Retained []string
+	// Unassigned are selected nodes left without a block: the pool is exhausted.
+	Unassigned []string
+	// RequeueAfter is when the next grace period ends, 0 if none is running.
+	RequeueAfter time.Duration
+}
+
+// makePlan decides which node keeps, gets or loses which block. Rules, in order:
+//   - an existing block of a selected node is kept;
+//   - an existing block of a node that is gone or no longer selected is kept while
+//     the node exists and its daemon reports the pool in use, and otherwise for the
+//     grace period counted from when this was first seen; then it is released;
+//   - no block that overlaps a block released or replaced in this reconcile is
+//     handed to another node in it;
+//   - selected nodes without a block get the lowest free usable block, in name
+//     order, so that exhaustion is deterministic.
+func makePlan(in planInput) plan {
+	var out plan
+	taken := map[uint64]bool{}
+	have := map[string]bool{}
+	retired := slices.Clone(in.Retired)
+	var keep []assignment
+	for _, a := range in.Existing {
+		st := in.Nodes[a.Node]
+		if st.Selected {
+			if pin, ok := in.Pinned[a.Node]; ok && pin != a.Index {
+				out.Replaced = append(out.Replaced, a.Node)
+				retired = append(retired, in.Layout.Block(a.Index))
+				continue
+			}
+			delete(in.Departed, a.Node)
+			keep = append(keep, a)
+			taken[a.Index], have[a.Node] = true, true
+			continue
+		}
+		if st.Exists && st.InUse {
+			delete(in.Departed, a.Node)
+			keep = append(keep, a)
+			taken[a.Index], have[a.Node] = true, true
+			out.Retained = append(out.Retained, a.Node)
+			continue
+		}
+		since, seen := in.Departed[a.Node]
+		if !seen {
+			since = in.Now
+			in.Departed[a.Node] = since
+		}
+		if left := since.Add(in.Grace).Sub(in.Now); left > 0 {
+			keep = append(keep, a)
+			taken[a.Index], have[a.Node] = true, true
+			out.Retained = append(out.Retained, a.Node)
+			if out.RequeueAfter == 0 || left < out.RequeueAfter {
+				out.RequeueAfter = left
+			}
+			continue
+		}
+		delete(in.Departed, a.Node)
+		retired = append(retired, in.Layout.Block(a.Index))
+		out.Released = append(out.Released, a.Node)
+	}
+	for _, n := range in.Invalid {
+		if in.Nodes[n].Selected {
+			out.Replaced = append(out.Replaced, n)
+		}
+	}
+	// Pinned blocks first, so that a static allocation never loses its prefix to a
+	// node that sorts earlier.
+	var cursor uint64
+	for _, n := range in.Selected {
+		if have[n] {
+			continue
+		}
+		if pin, ok := in.Pinned[n]; ok {
+			if !taken[pin] && !overlapsAny(in.Layout.Block(pin), retired) {
+				keep = append(keep, assignment{Node: n, Index: pin})
+				taken[pin], have[n] = true, true
+			}
+			continue
+		}
+	}
+	for _, n := range in.Selected {
+		if have[n] {
+			continue
+		}
+		if _, ok := in.Pinned[n]; ok {
+			out.Unassigned = append(out.Unassigned, n)
+			continue
+		}
+		for cursor < in.Layout.Count() &&
+			(taken[cursor] || !in.Layout.Usable(cursor) || overlapsAny(in.Layout.Block(cursor), retired)) {
+			cursor++
+		}
+		if cursor >= in.Layout.Count() {
+			out.Unassigned = append(out.Unassigned, n)
+			continue
+		}
+		keep = append(keep, assignment{Node: n, Index: cursor})
+		taken[cursor], have[n] = true, true
+		cursor++
+	}
+	for n := range in.Departed {
+		if !slices.Contains(out.Retained, n) {
+			delete(in.Departed, n)
+		}
+	}
+	slices.SortFunc(keep, func(a, b assignment) int { return strings.Compare(a.Node, b.Node) })
+	out.Assignments = keep
+	slices.Sort(out.Replaced)
+	out.Replaced = slices.Compact(out.Replaced)
+	return out
+}
+
+func overlapsAny(r iprange.Range, rs []iprange.Range) bool {
+	for _, o := range rs {
+		if r.Overlaps(o) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,126 @@
+package poolcontroller
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+)
+
+// SetupWithManager registers the reconciler for its kind. Pools are reconciled
+// independently and in parallel (maxConcurrent workers); a Node event enqueues only
+// the pools it can change: those whose selector matches the node before or after
+// the event, or that hold a block for it.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, namespace string, maxConcurrent int) error {
+	var forObj client.Object = &v1alpha1.IPPool{}
+	if r.Kind == KindCIDRPool {
+		forObj = &v1alpha1.CIDRPool{}
+	}
+	inNamespace := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetNamespace() == namespace })
+	specChanged := predicate.GenerationChangedPredicate{}
+	// Any pool created, deleted or re-specified in the namespace may end or start an
+	// overlap with pools of either kind: re-check all of this kind.
+	allOfKind := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		return r.allPools(ctx, namespace)
+	})
+	err := ctrl.NewControllerManagedBy(mgr).
+		Named(r.Kind).
+		For(forObj, builder.WithPredicates(inNamespace, specChanged)).
+		Watches(&v1alpha1.IPPool{}, allOfKind, builder.WithPredicates(inNamespace, specChanged)).
+		Watches(&v1alpha1.CIDRPool{}, allOfKind, builder.WithPredicates(inNamespace, specChanged)).
+		WatchesMetadata(&corev1.Node{}, r.nodeHandler(namespace)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: maxConcurrent}).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("setting up the %s controller: %w", r.Kind, err)
+	}
+	return nil
+}
+
+func (r *Reconciler) poolsOfKind(ctx context.Context, namespace string) []pool {
+	all, err := listPools(ctx, r.Client, namespace)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "listing pools to map an event")
+		return nil
+	}
+	out := all[:0]
+	for _, p := range all {
+		if p.kind() == r.Kind {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (r *Reconciler) allPools(ctx context.Context, namespace string) []reconcile.Request {
+	pools := r.poolsOfKind(ctx, namespace)
+	reqs := make([]reconcile.Request, 0, len(pools))
+	for _, p := range pools {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())})
+	}
+	return reqs
+}
+
+type nodeQueue = workqueue.TypedRateLimitingInterface[reconcile.Request]
+
+// nodeHandler maps Node events to the pools they concern.
+func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
+	enqueue := func(ctx context.Context, q nodeQueue, nodes ...client.Object) {
+		for _, p := range r.poolsOfKind(ctx, namespace) {
+			if r.concerns(p, nodes...) {
+				q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())})
+			}
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q nodeQueue) { enqueue(ctx, q, e.Object) },
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q nodeQueue) { enqueue(ctx, q, e.Object) },
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q nodeQueue) {
+			o, n := e.ObjectOld, e.ObjectNew
+			if mapsEqual(o.GetLabels(), n.GetLabels()) &&
+				o.GetAnnotations()[PoolsInUseAnnotation] == n.GetAnnotations()[PoolsInUseAnnotation] {
+				return // nothing a pool selects on or reads changed
+			}
+			enqueue(ctx, q, o, n)
+		},
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q nodeQueue) { enqueue(ctx, q, e.Object) },
+	}
+}
+
+// concerns reports whether a pool's outcome may depend on any of the node states.
+func (r *Reconciler) concerns(p pool, nodes ...client.Object) bool {
+	sel, err := compileSelector(p.nodeSelector())
+	if err != nil {
+		return true
+	}
+	for _, n := range nodes {
+		if sel.match(n) || p.hasNode(n.GetName()) {
+			return true
+		}
+	}
+	return false
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
