@@ -5,10 +5,13 @@ package ipamcontroller
 
 import (
 	"context"
+
 	"errors"
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/go-logr/logr"
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -19,7 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -119,7 +121,10 @@ func Run(ctx context.Context, o *Options) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	logger := log.FromContext(ctx)
+	// The caller's logger (main puts klog's there); a context without one runs quiet.
+	// controller-runtime's own root logger must not be set to itself, which is what
+	// log.FromContext returns for a bare context.
+	logger := logr.FromContextOrDiscard(ctx)
 	ctrl.SetLogger(logger)
 	logger.Info("starting ipam-controller", "version", version.String(), "poolsNamespace", o.PoolsNamespace,
 		"releaseGracePeriod", o.ReleaseGracePeriod, "webhook", o.Webhook, "leaderElect", o.LeaderElect)

@@ -1,0 +1,105 @@
+package poolcontroller_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/ipamcontroller"
+	"github.com/hwipam/hwipam/pkg/poolcontroller"
+	"github.com/hwipam/hwipam/test/harness"
+)
+
+// nvIPAMStyleCRDs writes the project's CRDs with the status schema cut down to what
+// nv-ipam's own CRDs have (allocations only), as network-operator installs them.
+func nvIPAMStyleCRDs(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, name := range []string{"nv-ipam.nvidia.com_ippools.yaml", "nv-ipam.nvidia.com_cidrpools.yaml"} {
+		data, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "deploy", "crds", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := yaml.Unmarshal(data, &crd); err != nil {
+			t.Fatal(err)
+		}
+		status := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"]
+		for k := range status.Properties {
+			if k != "allocations" {
+				delete(status.Properties, k)
+			}
+		}
+		crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"] = status
+		crd.Spec.Versions[0].AdditionalPrinterColumns = nil
+		out, err := yaml.Marshal(&crd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), out, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestWorksWhenStatusFieldsArePruned runs against CRDs without hwipam's status
+// additions: blocks are still assigned, and the pool is not rewritten over and over
+// because the conditions it sends never come back.
+func TestWorksWhenStatusFieldsArePruned(t *testing.T) {
+	scheme, err := ipamcontroller.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pruned := harness.StartControlPlane(t, harness.ControlPlaneOptions{
+		CRDDirs: []string{nvIPAMStyleCRDs(t)}, ClientOptions: &client.Options{Scheme: scheme}})
+	c := pruned.Client
+	ctx := t.Context()
+	for _, n := range []string{"n1", "n2"} {
+		if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default"},
+		Spec: v1alpha1.IPPoolSpec{Subnet: "10.0.0.0/24", PerNodeBlockSize: 50}}
+	if err := c.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	r := &poolcontroller.Reconciler{Client: c, Kind: poolcontroller.KindIPPool, Now: time.Now}
+	req := ctrl.Request{NamespacedName: client.ObjectKey{Namespace: "default", Name: "p"}}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	var got v1alpha1.IPPool
+	if err := c.Get(ctx, req.NamespacedName, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Status.Allocations) != 2 || got.Status.Allocations[0].StartIP != "10.0.0.1" {
+		t.Fatalf("allocations under a pruning CRD = %+v", got.Status.Allocations)
+	}
+	if len(got.Status.Conditions) != 0 {
+		t.Fatalf("conditions survived: the CRD used does not prune (%+v)", got.Status.Conditions)
+	}
+	for range 3 {
+		if _, err := r.Reconcile(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var again v1alpha1.IPPool
+	if err := c.Get(ctx, req.NamespacedName, &again); err != nil {
+		t.Fatal(err)
+	}
+	if again.ResourceVersion != got.ResourceVersion {
+		t.Errorf("pool rewritten on every reconcile although nothing changed (resourceVersion %s -> %s)",
+			got.ResourceVersion, again.ResourceVersion)
+	}
+}
