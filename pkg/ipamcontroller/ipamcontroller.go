@@ -174,12 +174,23 @@ func Run(ctx context.Context, o *Options) error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding health check: %w", err)
 	}
-	ready := healthz.Ping
+	// Ready once the informers (pools, node metadata) have synced, and, with
+	// --webhook, once the webhook server is serving.
+	ready := func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), 200*time.Millisecond)
+		defer cancel()
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return errors.New("informer caches have not synced yet")
+		}
+		if o.Webhook {
+			return mgr.GetWebhookServer().StartedChecker()(req)
+		}
+		return nil
+	}
 	if o.Webhook {
 		if err := v1alpha1.SetupWebhooksWithManager(mgr, mgr.GetAPIReader()); err != nil {
 			return err
 		}
-		ready = func(req *http.Request) error { return mgr.GetWebhookServer().StartedChecker()(req) }
 	}
 	if err := mgr.AddReadyzCheck("readyz", ready); err != nil {
 		return fmt.Errorf("adding ready check: %w", err)

@@ -128,6 +128,24 @@ func (cp *ControlPlane) Stop() error {
 	return nil
 }
 
+// WriteKubeconfig writes a kubeconfig for a cluster-admin user of this control plane
+// into dir and returns its path, for processes the test starts.
+func (cp *ControlPlane) WriteKubeconfig(dir string) (string, error) {
+	user, err := cp.env.AddUser(envtest.User{Name: "hwipam-test-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return "", fmt.Errorf("adding a kubeconfig user: %w", err)
+	}
+	data, err := user.KubeConfig()
+	if err != nil {
+		return "", fmt.Errorf("rendering kubeconfig: %w", err)
+	}
+	path := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return "", fmt.Errorf("writing kubeconfig: %w", err)
+	}
+	return path, nil
+}
+
 // RepoRoot is the root of this repository's work tree, found from this source file.
 func RepoRoot() string {
 	_, file, _, ok := runtime.Caller(0)
