@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -134,6 +135,9 @@ func Run(ctx context.Context, o *Options) error {
 			return err
 		}
 	}
+	if err := checkAPIServer(cfg); err != nil {
+		return err
+	}
 	scheme, err := Scheme()
 	if err != nil {
 		return err
@@ -199,6 +203,22 @@ func Run(ctx context.Context, o *Options) error {
 		return fmt.Errorf("running the controller manager: %w", err)
 	}
 	logger.Info("ipam-controller stopped")
+	return nil
+}
+
+// checkAPIServer fails fast, with the address, when the API server cannot be
+// reached, instead of leaving informers to retry until their sync timeout.
+func checkAPIServer(cfg *rest.Config) error {
+	c := rest.CopyConfig(cfg)
+	c.Timeout = 15 * time.Second
+	dc, err := discovery.NewDiscoveryClientForConfig(c)
+	if err != nil {
+		return fmt.Errorf("creating a client for the API server at %s: %w", cfg.Host, err)
+	}
+	if _, err := dc.ServerVersion(); err != nil {
+		return fmt.Errorf("cannot reach the Kubernetes API server at %s (check --kubeconfig and that the server is up): %w",
+			cfg.Host, err)
+	}
 	return nil
 }
 

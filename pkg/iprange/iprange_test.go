@@ -1,6 +1,7 @@
 package iprange_test
 
 import (
+	"math/big"
 	"net/netip"
 	"testing"
 
@@ -79,4 +80,46 @@ func TestRangeRelations(t *testing.T) {
 	if _, err := iprange.NewRange(netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("::1")); err == nil {
 		t.Error("NewRange accepted mixed families")
 	}
+}
+
+// FuzzArithmetic checks the 128-bit helpers against math/big.
+func FuzzArithmetic(f *testing.F) {
+	f.Add(uint64(0), uint64(0), uint64(1), uint64(3), uint(5))
+	f.Add(^uint64(0), ^uint64(0), ^uint64(0), uint64(7), uint(64))
+	f.Add(uint64(1), uint64(0), uint64(1<<63), uint64(1<<40), uint(127))
+	f.Fuzz(func(t *testing.T, hi, lo, n, d uint64, shift uint) {
+		u := iprange.U128{Hi: hi, Lo: lo}
+		ub := new(big.Int).Or(new(big.Int).Lsh(new(big.Int).SetUint64(hi), 64), new(big.Int).SetUint64(lo))
+		limit := new(big.Int).Lsh(big.NewInt(1), 128)
+		check := func(op string, got iprange.U128, gotOverflow bool, want *big.Int) {
+			t.Helper()
+			overflow := want.Sign() < 0 || want.Cmp(limit) >= 0
+			want = new(big.Int).Mod(want, limit)
+			if got.String() != want.String() || gotOverflow != overflow {
+				t.Fatalf("%s on %s: got %s overflow=%v, want %s overflow=%v", op, ub, got, gotOverflow, want, overflow)
+			}
+		}
+		nb := new(big.Int).SetUint64(n)
+		sum, o := u.Add(iprange.U64(n))
+		check("Add", sum, o, new(big.Int).Add(ub, nb))
+		diff, o := u.Sub(iprange.U64(n))
+		check("Sub", diff, o, new(big.Int).Sub(ub, nb))
+		prod, o := u.Mul64(n)
+		check("Mul64", prod, o, new(big.Int).Mul(ub, nb))
+		if d != 0 {
+			q, r := u.Div64(d)
+			wq, wr := new(big.Int).QuoRem(ub, new(big.Int).SetUint64(d), new(big.Int))
+			if q.String() != wq.String() || r != wr.Uint64() {
+				t.Fatalf("Div64 %s / %d = %s r %d, want %s r %s", ub, d, q, r, wq, wr)
+			}
+		}
+		s := shift % 130
+		check("Lsh", u.Lsh(s), false, new(big.Int).Mod(new(big.Int).Lsh(ub, s), limit))
+		check("Rsh", u.Rsh(s), false, new(big.Int).Rsh(ub, s))
+		// Addresses round-trip through numbers.
+		a, ok := iprange.FromU128(u, netip.IPv6Unspecified())
+		if !ok || iprange.ToU128(a) != u {
+			t.Fatalf("address round trip of %s: %s %v", ub, a, ok)
+		}
+	})
 }
