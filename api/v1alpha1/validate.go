@@ -67,9 +67,9 @@ func (p *CIDRPool) Validate() field.ErrorList {
 	}
 	perNode := int(p.Spec.PerNodeNetworkPrefix)
 	prefixPath := spec.Child("perNodeNetworkPrefix")
-	if perNode < cidr.Bits() || perNode > cidr.Addr().BitLen() {
+	if perNode < max(cidr.Bits(), 1) || perNode > cidr.Addr().BitLen() {
 		errs = append(errs, field.Invalid(prefixPath, p.Spec.PerNodeNetworkPrefix,
-			fmt.Sprintf("must be between the prefix length of cidr (%d) and %d", cidr.Bits(), cidr.Addr().BitLen())))
+			fmt.Sprintf("must be between the prefix length of cidr (%d, at least 1) and %d", cidr.Bits(), cidr.Addr().BitLen())))
 		return errs
 	}
 	hostBits := cidr.Addr().BitLen() - perNode

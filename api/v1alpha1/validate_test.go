@@ -111,6 +111,9 @@ func TestCIDRPoolValidate(t *testing.T) {
 		{name: "cidr garbage", mod: func(s *v1alpha1.CIDRPoolSpec) { s.CIDR = "10.0.0/16" }, fields: []string{"spec.cidr"}},
 		{name: "per-node prefix shorter than cidr", mod: func(s *v1alpha1.CIDRPoolSpec) { s.PerNodeNetworkPrefix = 8 },
 			fields: []string{"spec.perNodeNetworkPrefix"}},
+		{name: "per-node prefix 0 on ::/0", mod: func(s *v1alpha1.CIDRPoolSpec) {
+			*s = v1alpha1.CIDRPoolSpec{CIDR: "::/0", PerNodeNetworkPrefix: 0}
+		}, fields: []string{"spec.perNodeNetworkPrefix"}},
 		{name: "per-node prefix too long", mod: func(s *v1alpha1.CIDRPoolSpec) { s.PerNodeNetworkPrefix = 33 },
 			fields: []string{"spec.perNodeNetworkPrefix"}},
 		{name: "gateway index outside the prefix", mod: func(s *v1alpha1.CIDRPoolSpec) { s.GatewayIndex = ptr.To[int32](256) },

@@ -34,6 +34,9 @@ type Layout interface {
 	// Usable reports whether block i may be assigned: it is not entirely excluded
 	// and not reserved.
 	Usable(i uint64) bool
+	// NextUsable returns the first usable block index >= i, jumping over excluded
+	// stretches in one step each, so that a huge exclusion costs nothing.
+	NextUsable(i uint64) (uint64, bool)
 	// Range is every address the pool spans, for overlap checks.
 	Range() iprange.Range
 }
@@ -82,6 +85,24 @@ func (l *IPPool) Usable(i uint64) bool { return !coveredBy(l.Block(i), l.exclusi
 // Range implements Layout.
 func (l *IPPool) Range() iprange.Range { return l.network }
 
+// NextUsable implements Layout.
+func (l *IPPool) NextUsable(i uint64) (uint64, bool) {
+	for i < l.count {
+		e, ok := coveringExclusion(l.Block(i), l.exclusions)
+		if !ok {
+			return i, true
+		}
+		// The block holding e.End+1, the first address past the exclusion.
+		past, _ := iprange.Distance(l.usable.Start, e.End).Add(iprange.U64(1))
+		q, _ := past.Div64(l.size)
+		if !q.IsUint64() || q.Lo >= l.count {
+			return 0, false
+		}
+		i = max(q.Lo, i+1)
+	}
+	return 0, false
+}
+
 // IndexOf returns the index of the block that starts at start and ends at end, and
 // false when no block of this layout is exactly that range.
 func (l *IPPool) IndexOf(start, end netip.Addr) (uint64, bool) {
@@ -121,7 +142,11 @@ func NewCIDRPool(spec *v1alpha1.CIDRPoolSpec) (*CIDRPool, error) {
 		cidr: cidr, perNode: perNode, gatewayIdx: spec.GatewayIndex,
 		reserved: map[netip.Prefix]string{}, staticGWs: map[netip.Prefix]netip.Addr{}, staticNodes: map[string]netip.Prefix{},
 	}
-	l.count = capIndex(iprange.Pow2(perNode - cidr.Bits()))
+	if perNode-cidr.Bits() >= 63 {
+		l.count = maxIndex
+	} else {
+		l.count = capIndex(iprange.Pow2(perNode - cidr.Bits()))
+	}
 	if l.exclusions, err = parseExclusions(spec.Exclusions); err != nil {
 		return nil, err
 	}
@@ -171,6 +196,30 @@ func (l *CIDRPool) Usable(i uint64) bool {
 
 // Range implements Layout.
 func (l *CIDRPool) Range() iprange.Range { return iprange.PrefixRange(l.cidr) }
+
+// NextUsable implements Layout.
+func (l *CIDRPool) NextUsable(i uint64) (uint64, bool) {
+	hostBits := uint(l.cidr.Addr().BitLen() - l.perNode)
+	for i < l.count {
+		p := l.Prefix(i)
+		if _, pinned := l.reserved[p]; pinned {
+			i++
+			continue
+		}
+		e, ok := coveringExclusion(iprange.Usable(p), l.exclusions)
+		if !ok {
+			return i, true
+		}
+		// The prefix holding e.End+1, the first address past the exclusion.
+		past, overflow := iprange.Distance(l.cidr.Addr(), e.End).Add(iprange.U64(1))
+		q := past.Rsh(hostBits)
+		if overflow || !q.IsUint64() || q.Lo >= l.count {
+			return 0, false
+		}
+		i = max(q.Lo, i+1)
+	}
+	return 0, false
+}
 
 // IndexOf returns the index of prefix p, false when p is not one of this layout's.
 func (l *CIDRPool) IndexOf(p netip.Prefix) (uint64, bool) {
@@ -253,12 +302,22 @@ func mergeRanges(rs []iprange.Range) []iprange.Range {
 // coveredBy reports whether every address of r is in the union of the merged,
 // sorted ranges excl.
 func coveredBy(r iprange.Range, excl []iprange.Range) bool {
-	for _, e := range excl {
-		if e.Covers(r) {
-			return true
+	_, ok := coveringExclusion(r, excl)
+	return ok
+}
+
+// coveringExclusion returns the merged exclusion that covers all of r.
+func coveringExclusion(r iprange.Range, excl []iprange.Range) (iprange.Range, bool) {
+	i, _ := slices.BinarySearchFunc(excl, r.Start, func(e iprange.Range, a netip.Addr) int {
+		if e.End.Less(a) {
+			return -1
 		}
+		return 1
+	})
+	if i < len(excl) && excl[i].Covers(r) {
+		return excl[i], true
 	}
-	return false
+	return iprange.Range{}, false
 }
 
 func capIndex(n iprange.U128) uint64 {

@@ -1,6 +1,8 @@
 package blocks_test
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"testing"
 
@@ -159,5 +161,73 @@ func TestCIDRPoolIPv6Wide(t *testing.T) {
 	}
 	if _, ok := l.Gateway(p); ok {
 		t.Error("a pool without gatewayIndex reported a gateway")
+	}
+}
+
+func TestNextUsableJumpsOverHugeExclusions(t *testing.T) {
+	l, err := blocks.NewIPPool(&v1alpha1.IPPoolSpec{Subnet: "fd00::/64", PerNodeBlockSize: 256,
+		Exclusions: []v1alpha1.ExcludeRange{{StartIP: "fd00::1", EndIP: "fd00::ffff:ffff:ffff"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i, ok := l.NextUsable(0)
+	if !ok {
+		t.Fatal("no usable block")
+	}
+	if l.Usable(i-1) || !l.Usable(i) {
+		t.Errorf("NextUsable(0) = %d: block before usable %v, block usable %v", i, l.Usable(i-1), l.Usable(i))
+	}
+	if got := l.Block(i).String(); got != "fd00::ffff:ffff:ff01-fd00::1:0:0:0" { // partly excluded: usable
+		t.Errorf("first usable block = %s", got)
+	}
+	c, err := blocks.NewCIDRPool(&v1alpha1.CIDRPoolSpec{CIDR: "10.0.0.0/8", PerNodeNetworkPrefix: 24,
+		Exclusions:        []v1alpha1.ExcludeRange{{StartIP: "10.0.0.0", EndIP: "10.200.0.255"}},
+		StaticAllocations: []v1alpha1.CIDRPoolStaticAllocation{{Prefix: "10.200.1.0/24"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i, ok := c.NextUsable(0); !ok || c.Prefix(i).String() != "10.200.2.0/24" {
+		t.Errorf("CIDRPool NextUsable(0) = %s %v", c.Prefix(i), ok)
+	}
+	if _, ok := c.NextUsable(c.Count()); ok {
+		t.Error("NextUsable past the end found a block")
+	}
+}
+
+// TestNextUsableMatchesLinearScan compares the jumping search with a plain scan.
+func TestNextUsableMatchesLinearScan(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 500 {
+		spec := v1alpha1.IPPoolSpec{Subnet: "10.0.0.0/24", PerNodeBlockSize: 1 + r.IntN(20)}
+		cspec := v1alpha1.CIDRPoolSpec{CIDR: "10.0.0.0/24", PerNodeNetworkPrefix: int32(25 + r.IntN(6))}
+		for range r.IntN(4) {
+			a, b := r.IntN(256), r.IntN(256)
+			e := v1alpha1.ExcludeRange{StartIP: fmt.Sprintf("10.0.0.%d", min(a, b)), EndIP: fmt.Sprintf("10.0.0.%d", max(a, b))}
+			spec.Exclusions = append(spec.Exclusions, e)
+			cspec.Exclusions = append(cspec.Exclusions, e)
+		}
+		ip, err := blocks.NewIPPool(&spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cp, err := blocks.NewCIDRPool(&cspec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range []blocks.Layout{ip, cp} {
+			for from := range l.Count() + 1 {
+				want, wantOK := uint64(0), false
+				for j := from; j < l.Count(); j++ {
+					if l.Usable(j) {
+						want, wantOK = j, true
+						break
+					}
+				}
+				got, ok := l.NextUsable(from)
+				if ok != wantOK || got != want {
+					t.Fatalf("%+v %+v: NextUsable(%d) = %d %v, scan %d %v", spec, cspec, from, got, ok, want, wantOK)
+				}
+			}
+		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -37,6 +36,14 @@ type pool interface {
 	hasNode(node string) bool
 	// statusEqual compares the status of two pools, allocations as a set.
 	statusEqual(o pool) bool
+	// allocationsEqual compares the allocations only.
+	allocationsEqual(o pool) bool
+	// network is every address of the pool's subnet or cidr, when it parses.
+	network() (iprange.Range, bool)
+	// allocatedRanges are the address ranges of the blocks status lists.
+	allocatedRanges() []iprange.Range
+	// storeKey is the pool's key in the node daemon's store and annotation.
+	storeKey() string
 }
 
 type ipPool struct{ p *v1alpha1.IPPool }
@@ -97,9 +104,30 @@ func (a ipPool) withStatus(l blocks.Layout, as []assignment, keep bool, c v1alph
 }
 
 func (a ipPool) statusEqual(o pool) bool {
+	return a.allocationsEqual(o) && commonEqual(a.p.Status.PoolStatusCommon, o.common())
+}
+
+func (a ipPool) allocationsEqual(o pool) bool {
 	b := o.(ipPool).p
-	return sameSet(a.p.Status.Allocations, b.Status.Allocations, func(x v1alpha1.Allocation) string { return x.NodeName }) &&
-		equality.Semantic.DeepEqual(a.p.Status.PoolStatusCommon, b.Status.PoolStatusCommon)
+	return sameSet(a.p.Status.Allocations, b.Status.Allocations, func(x v1alpha1.Allocation) string { return x.NodeName })
+}
+
+func (a ipPool) network() (iprange.Range, bool) { return parseNetwork(a.p.Spec.Subnet) }
+func (a ipPool) storeKey() string               { return PoolKey(KindIPPool, a.p.Name) }
+
+func (a ipPool) allocatedRanges() []iprange.Range {
+	var out []iprange.Range
+	for _, al := range a.p.Status.Allocations {
+		s, err1 := netip.ParseAddr(al.StartIP)
+		e, err2 := netip.ParseAddr(al.EndIP)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		if r, err := iprange.NewRange(s, e); err == nil {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 type cidrPool struct{ p *v1alpha1.CIDRPool }
@@ -183,9 +211,33 @@ func (a cidrPool) withStatus(l blocks.Layout, as []assignment, keep bool, c v1al
 }
 
 func (a cidrPool) statusEqual(o pool) bool {
+	return a.allocationsEqual(o) && commonEqual(a.p.Status.PoolStatusCommon, o.common())
+}
+
+func (a cidrPool) allocationsEqual(o pool) bool {
 	b := o.(cidrPool).p
-	return sameSet(a.p.Status.Allocations, b.Status.Allocations, func(x v1alpha1.CIDRPoolAllocation) string { return x.NodeName }) &&
-		equality.Semantic.DeepEqual(a.p.Status.PoolStatusCommon, b.Status.PoolStatusCommon)
+	return sameSet(a.p.Status.Allocations, b.Status.Allocations, func(x v1alpha1.CIDRPoolAllocation) string { return x.NodeName })
+}
+
+func (a cidrPool) network() (iprange.Range, bool) { return parseNetwork(a.p.Spec.CIDR) }
+func (a cidrPool) storeKey() string               { return PoolKey(KindCIDRPool, a.p.Name) }
+
+func (a cidrPool) allocatedRanges() []iprange.Range {
+	var out []iprange.Range
+	for _, al := range a.p.Status.Allocations {
+		if p, err := netip.ParsePrefix(al.Prefix); err == nil {
+			out = append(out, iprange.PrefixRange(p))
+		}
+	}
+	return out
+}
+
+func parseNetwork(s string) (iprange.Range, bool) {
+	p, err := v1alpha1.ParsePrefix(s)
+	if err != nil {
+		return iprange.Range{}, false
+	}
+	return iprange.PrefixRange(p), true
 }
 
 // sameSet reports whether a and b hold the same elements, in any order.

@@ -66,6 +66,10 @@ type plan struct {
 	RequeueAfter time.Duration
 }
 
+// retiredRequeue is how soon a pool with waiting nodes is reconciled again after
+// blocks were retired.
+const retiredRequeue = time.Second
+
 // makePlan decides which node keeps, gets or loses which block. Rules, in order:
 //   - an existing block of a selected node is kept;
 //   - an existing block of a node that is gone or no longer selected is kept while
@@ -120,8 +124,15 @@ func makePlan(in planInput) plan {
 		out.Released = append(out.Released, a.Node)
 	}
 	for _, n := range in.Invalid {
-		if in.Nodes[n].Selected {
+		switch {
+		case have[n]:
+			// A duplicate entry of a node that keeps a valid block: nothing to report.
+		case in.Nodes[n].Selected:
 			out.Replaced = append(out.Replaced, n)
+		default:
+			// A block that no longer fits the spec cannot be kept, even through a grace
+			// period: its addresses stay retired for this reconcile.
+			out.Released = append(out.Released, n)
 		}
 	}
 	// Pinned blocks first, so that a static allocation never loses its prefix to a
@@ -147,11 +158,20 @@ func makePlan(in planInput) plan {
 			out.Unassigned = append(out.Unassigned, n)
 			continue
 		}
-		for cursor < in.Layout.Count() &&
-			(taken[cursor] || !in.Layout.Usable(cursor) || overlapsAny(in.Layout.Block(cursor), retired)) {
+		found := false
+		for {
+			next, ok := in.Layout.NextUsable(cursor)
+			if !ok {
+				break
+			}
+			cursor = next
+			if !taken[cursor] && !overlapsAny(in.Layout.Block(cursor), retired) {
+				found = true
+				break
+			}
 			cursor++
 		}
-		if cursor >= in.Layout.Count() {
+		if !found {
 			out.Unassigned = append(out.Unassigned, n)
 			continue
 		}
@@ -166,6 +186,11 @@ func makePlan(in planInput) plan {
 	}
 	slices.SortFunc(keep, func(a, b assignment) int { return strings.Compare(a.Node, b.Node) })
 	out.Assignments = keep
+	// Blocks retired now may go to waiting nodes in the next reconcile; nothing else
+	// would trigger it, so ask for one.
+	if len(out.Unassigned) > 0 && len(out.Released)+len(out.Replaced) > 0 && (out.RequeueAfter == 0 || out.RequeueAfter > retiredRequeue) {
+		out.RequeueAfter = retiredRequeue
+	}
 	slices.Sort(out.Replaced)
 	out.Replaced = slices.Compact(out.Replaced)
 	return out

@@ -311,3 +311,86 @@ func TestCIDRPoolIPv6(t *testing.T) {
 	f.reconcile(f.cidr, "v6")
 	wantStrings(t, "prefixes", f.prefixesOf(f.cidrPool("v6")), []string{"a=fd00:9::/64", "b=fd00:9:0:1::/64"})
 }
+
+func TestCIDRPoolPinMovesPrefixAndRequeues(t *testing.T) {
+	f := newFixture(t, 0)
+	f.node("y", true, nil)
+	f.create(&v1alpha1.CIDRPool{ObjectMeta: metav1.ObjectMeta{Name: "c"}, Spec: v1alpha1.CIDRPoolSpec{
+		CIDR: "10.11.0.0/23", PerNodeNetworkPrefix: 24, NodeSelector: f.selector()}})
+	f.reconcile(f.cidr, "c")
+	wantStrings(t, "prefixes", f.prefixesOf(f.cidrPool("c")), []string{"y=10.11.0.0/24"})
+
+	f.node("x", true, nil)
+	p := f.cidrPool("c")
+	p.Spec.StaticAllocations = []v1alpha1.CIDRPoolStaticAllocation{{NodeName: f.nodeName("x"), Prefix: "10.11.0.0/24"}}
+	if err := f.c.Update(t.Context(), p); err != nil {
+		t.Fatal(err)
+	}
+	res := f.reconcile(f.cidr, "c")
+	// y's prefix is now pinned to x: y gets the other prefix, x waits one reconcile
+	// for its pin, and the reconciler asks for that reconcile itself.
+	wantStrings(t, "prefixes", f.prefixesOf(f.cidrPool("c")), []string{"y=10.11.1.0/24"})
+	if res.RequeueAfter <= 0 || res.RequeueAfter > 2*time.Second {
+		t.Errorf("RequeueAfter = %s, want a prompt requeue for the waiting node", res.RequeueAfter)
+	}
+	f.reconcile(f.cidr, "c")
+	wantStrings(t, "prefixes", f.prefixesOf(f.cidrPool("c")), []string{"x=10.11.0.0/24", "y=10.11.1.0/24"})
+}
+
+func TestOverlapNeverHandsOutAnotherPoolsBlocks(t *testing.T) {
+	f := newFixture(t, 0)
+	f.node("a", true, nil)
+	f.node("b", true, nil)
+	// An older pool with a typo is still an older pool: the newer overlapping one
+	// gets no blocks.
+	f.newIPPool("older", "10.12.0.0/24", 8, func(s *v1alpha1.IPPoolSpec) { s.Gateway = "10.99.0.1" })
+	time.Sleep(1100 * time.Millisecond)
+	f.newIPPool("newer", "10.12.0.0/16", 8, nil)
+	f.reconcile(f.ip, "older")
+	f.reconcile(f.ip, "newer")
+	if got := f.blocksOf(f.ipPool("newer")); len(got) != 0 {
+		t.Fatalf("a pool overlapping an older, invalid pool got blocks: %v", got)
+	}
+	// Fix the typo; move the older pool elsewhere: the newer pool takes blocks.
+	f.updateIPPool("older", func(s *v1alpha1.IPPoolSpec) { s.Gateway = ""; s.Subnet = "10.13.0.0/24" })
+	f.reconcile(f.ip, "older")
+	f.reconcile(f.ip, "newer")
+	wantStrings(t, "newer's blocks", f.blocksOf(f.ipPool("newer")), []string{"a=10.12.0.1-10.12.0.8", "b=10.12.0.9-10.12.0.16"})
+	// Now the older pool is edited to overlap the newer one, which holds blocks:
+	// the newer one keeps them (Conflict), and the older one never hands them out.
+	f.updateIPPool("older", func(s *v1alpha1.IPPoolSpec) { s.Subnet = "10.12.0.0/27" })
+	f.reconcile(f.ip, "newer")
+	f.reconcile(f.ip, "older")
+	newer := f.ipPool("newer")
+	wantCondition(t, newer.Status.PoolStatusCommon, v1alpha1.ConditionConflict, metav1.ConditionTrue, "blocks already held are kept")
+	wantStrings(t, "newer's blocks in conflict", f.blocksOf(newer), []string{"a=10.12.0.1-10.12.0.8", "b=10.12.0.9-10.12.0.16"})
+	wantStrings(t, "older's blocks", f.blocksOf(f.ipPool("older")), []string{"a=10.12.0.17-10.12.0.24"})
+}
+
+func TestCIDRPoolInUseAnnotationUsesStoreKey(t *testing.T) {
+	f := newFixture(t, 0)
+	n := f.node("a", true, map[string]string{poolcontroller.PoolsInUseAnnotation: "c"}) // the IPPool named c, not ours
+	f.create(&v1alpha1.CIDRPool{ObjectMeta: metav1.ObjectMeta{Name: "c"}, Spec: v1alpha1.CIDRPoolSpec{
+		CIDR: "10.14.0.0/16", PerNodeNetworkPrefix: 24, NodeSelector: f.selector()}})
+	f.reconcile(f.cidr, "c")
+	n.Labels = nil
+	if err := f.c.Update(t.Context(), n); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile(f.cidr, "c")
+	if got := f.prefixesOf(f.cidrPool("c")); len(got) != 0 {
+		t.Errorf("an annotation naming the IPPool c kept the CIDRPool c's prefix: %v", got)
+	}
+	n.Labels = map[string]string{testLabel: f.label}
+	n.Annotations = map[string]string{poolcontroller.PoolsInUseAnnotation: poolcontroller.PoolKey(poolcontroller.KindCIDRPool, "c")}
+	if err := f.c.Update(t.Context(), n); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile(f.cidr, "c")
+	n.Labels = nil
+	if err := f.c.Update(t.Context(), n); err != nil {
+		t.Fatal(err)
+	}
+	f.reconcile(f.cidr, "c")
+	wantStrings(t, "prefix kept while in use", f.prefixesOf(f.cidrPool("c")), []string{"a=10.14.0.0/24"})
+}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,11 +27,14 @@ import (
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/blocks"
+	"github.com/hwipam/hwipam/pkg/iprange"
 )
 
 // PoolsInUseAnnotation is the Node annotation in which the node daemon lists, comma
-// separated, the pools it holds live allocations in. A node that lists a pool keeps
-// its block in that pool even after it stops matching the pool's nodeSelector.
+// separated, the pools it holds live allocations in, by their store key: the name
+// of an IPPool, "cidrpool/<name>" for a CIDRPool (nv-ipam's store keys). A node
+// that lists a pool keeps its block in that pool even after it stops matching the
+// pool's nodeSelector.
 const PoolsInUseAnnotation = "ipam.hwipam.io/pools-in-use"
 
 // Kinds of pools, as reconcile requests and metrics name them.
@@ -59,8 +63,9 @@ type Reconciler struct {
 	// Now returns the current time; nil means time.Now.
 	Now func() time.Time
 
-	mu    sync.Mutex
-	state map[types.NamespacedName]*poolState
+	mu     sync.Mutex
+	state  map[types.NamespacedName]*poolState
+	writes atomic.Uint64
 }
 
 // poolState is what the reconciler remembers of one pool between reconciles.
@@ -68,10 +73,8 @@ type poolState struct {
 	uid types.UID
 	// departed: node -> when its block first became releasable.
 	departed map[string]time.Time
-	// lastSent and lastStored are the status last written and what the API server
-	// stored of it; when a CRD without hwipam's status fields prunes them, the two
-	// differ and the pool is not rewritten for that reason alone.
-	lastSent, lastStored pool
+	// lastSent is the status last written (see writeStatus).
+	lastSent pool
 	// exhausted is the number of nodes without a block last reported in an event.
 	exhausted int
 }
@@ -156,17 +159,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, fmt.Errorf("layout of valid %s %s: %w", r.Kind, req, err)
 	}
 
-	// Overlap with an older pool of the namespace: no blocks until it is resolved.
-	if other, err := r.olderOverlapping(ctx, p, layout); err != nil {
+	// Overlap with an older pool of the namespace: no new blocks until it is
+	// resolved. Blocks already held stay, so that no address in use is handed out
+	// twice; for the same reason no pool hands out a block overlapping the blocks
+	// another pool holds.
+	older, foreign, err := r.overlaps(ctx, p, layout.Range())
+	if err != nil {
 		return ctrl.Result{}, err
-	} else if other != "" {
-		msg := fmt.Sprintf("the pool's range %s overlaps %s, which is older; change one of the two", layout.Range(), other)
+	}
+	if older != "" {
+		msg := fmt.Sprintf("the pool's range %s overlaps %s, which is older; no new blocks are assigned until one of "+
+			"the two is changed (blocks already held are kept)", layout.Range(), older)
 		setCondition(&c, v1alpha1.ConditionConflict, true, "Overlap", msg)
 		setCondition(&c, v1alpha1.ConditionReady, false, "Conflict", msg)
 		meta.RemoveStatusCondition(&c.Conditions, v1alpha1.ConditionExhausted)
-		c.AllocatedNodes, c.SelectedNodes = 0, 0
-		updateMetrics(r.Kind, p.object(), layout, 0, 0)
-		return ctrl.Result{}, r.writeStatus(ctx, st, p, p.withStatus(layout, nil, false, c))
+		c.AllocatedNodes, c.SelectedNodes = int32(p.allocationCount()), 0
+		updateMetrics(r.Kind, p.object(), layout, p.allocationCount(), 0)
+		return ctrl.Result{}, r.writeStatus(ctx, st, p, p.withStatus(nil, nil, true, c))
 	}
 	setCondition(&c, v1alpha1.ConditionConflict, false, "NoOverlap", "the pool overlaps no other pool")
 
@@ -174,6 +183,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	in.Retired = append(in.Retired, foreign...)
 	out := makePlan(in)
 	for _, n := range out.Replaced {
 		logger.Info("replacing a block that no longer fits the spec", "node", n)
@@ -181,14 +191,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			"the block of node %s no longer fits the pool's spec and was replaced", n)
 	}
 	for _, n := range out.Released {
-		logger.Info("released the block of a node that is gone or no longer selected", "node", n)
+		logger.Info("released the block of a node that is gone, no longer selected, or whose block no longer fits the spec", "node", n)
 	}
 
 	c.SelectedNodes = int32(len(in.Selected))
 	c.AllocatedNodes = int32(len(out.Assignments))
 	if n := len(out.Unassigned); n > 0 {
-		msg := fmt.Sprintf("%d selected node(s) have no block: all %d usable blocks are assigned (first without: %s)",
-			n, countUsable(layout, len(out.Assignments)), out.Unassigned[0])
+		msg := fmt.Sprintf("%d selected node(s) have no block (first: %s): no free block is left (%d usable blocks, %d assigned); "+
+			"widen the pool's range, make per-node blocks smaller, or narrow the nodeSelector",
+			n, out.Unassigned[0], countUsable(layout, len(out.Assignments)), len(out.Assignments))
 		setCondition(&c, v1alpha1.ConditionExhausted, true, "NoFreeBlock", msg)
 		setCondition(&c, v1alpha1.ConditionReady, false, "Exhausted", msg)
 		if st.exhausted != n {
@@ -230,10 +241,10 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 		Now:      r.now(),
 		Grace:    r.ReleaseGracePeriod,
 	}
-	name := p.object().GetName()
+	key := p.storeKey()
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		s := nodeState{Exists: true, Selected: selector.match(n), InUse: poolsInUse(n, name)}
+		s := nodeState{Exists: true, Selected: selector.match(n), InUse: poolsInUse(n, key)}
 		in.Nodes[n.Name] = s
 		if s.Selected {
 			in.Selected = append(in.Selected, n.Name)
@@ -243,52 +254,90 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	return in, nil
 }
 
-// writeStatus writes the desired status unless it is already stored.
+// writeStatus writes the desired status unless it is already stored. When the
+// CRD in the cluster lacks hwipam's status fields (nv-ipam's own CRD), the API
+// server prunes them: then the stored status has allocations only, and the pool is
+// not rewritten as long as those are right and what would be sent is what was
+// last sent.
 func (r *Reconciler) writeStatus(ctx context.Context, st *poolState, current, desired pool) error {
 	if current.statusEqual(desired) {
 		return nil
 	}
-	if st.lastSent != nil && st.lastSent.statusEqual(desired) && st.lastStored.statusEqual(current) {
-		return nil // the API server prunes part of what we write; nothing new to say
+	if st.lastSent != nil && st.lastSent.statusEqual(desired) && current.allocationsEqual(desired) &&
+		extensionsPruned(current.common()) {
+		return nil
 	}
-	sent := desired.withStatus(nil, nil, true, desired.common()) // a copy; Update overwrites desired
+	sent := desired.withStatus(nil, nil, true, cloneCommon(desired.common()))
 	obj := desired.object()
 	if err := r.Client.Status().Update(ctx, obj); err != nil {
 		return fmt.Errorf("writing status of %s %s: %w", r.Kind, obj.GetName(), err)
 	}
 	statusWrites.WithLabelValues(r.Kind).Inc()
-	// Update filled obj in with what the server stored; desired now holds that.
-	st.lastSent, st.lastStored = sent, desired
+	r.writes.Add(1)
+	st.lastSent = sent
 	return nil
 }
 
-// olderOverlapping returns "Kind name" of an older pool in the namespace whose range
-// overlaps this one's, or "".
-func (r *Reconciler) olderOverlapping(ctx context.Context, p pool, layout blocks.Layout) (string, error) {
+// StatusWrites is how many status updates this reconciler sent.
+func (r *Reconciler) StatusWrites() uint64 { return r.writes.Load() }
+
+func extensionsPruned(c v1alpha1.PoolStatusCommon) bool {
+	return len(c.Conditions) == 0 && c.ObservedGeneration == 0 && c.SelectedNodes == 0 && c.AllocatedNodes == 0
+}
+
+func cloneCommon(c v1alpha1.PoolStatusCommon) v1alpha1.PoolStatusCommon {
+	c.Conditions = slices.Clone(c.Conditions)
+	return c
+}
+
+// commonEqual compares hwipam's status fields, conditions without their
+// transition times (those are set anew when a pruned list is rebuilt).
+func commonEqual(a, b v1alpha1.PoolStatusCommon) bool {
+	if a.ObservedGeneration != b.ObservedGeneration || a.SelectedNodes != b.SelectedNodes ||
+		a.AllocatedNodes != b.AllocatedNodes || len(a.Conditions) != len(b.Conditions) {
+		return false
+	}
+	for _, ca := range a.Conditions {
+		cb := meta.FindStatusCondition(b.Conditions, ca.Type)
+		if cb == nil || cb.Status != ca.Status || cb.Reason != ca.Reason || cb.Message != ca.Message ||
+			cb.ObservedGeneration != ca.ObservedGeneration {
+			return false
+		}
+	}
+	return true
+}
+
+// overlaps looks at the other pools of the namespace whose network overlaps
+// mine (valid or not, as long as the network parses). It returns "Kind name
+// (range)" of the oldest such pool that is older than this one, or "", and the
+// address ranges the overlapping pools hold blocks in.
+func (r *Reconciler) overlaps(ctx context.Context, p pool, mine iprange.Range) (string, []iprange.Range, error) {
 	me := p.object()
 	others, err := listPools(ctx, r.Client, me.GetNamespace())
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	var found []string
+	var older []string
+	var foreign []iprange.Range
 	for _, o := range others {
 		obj := o.object()
-		if obj.GetUID() == me.GetUID() || len(o.validate()) > 0 {
+		if obj.GetUID() == me.GetUID() {
 			continue
 		}
-		ol, err := o.layout()
-		if err != nil || !ol.Range().Overlaps(layout.Range()) {
+		theirs, ok := o.network()
+		if !ok || !theirs.Overlaps(mine) {
 			continue
 		}
+		foreign = append(foreign, o.allocatedRanges()...)
 		if olderThan(obj, o.kind(), me, p.kind()) {
-			found = append(found, fmt.Sprintf("%s %s (%s)", o.kind(), obj.GetName(), ol.Range()))
+			older = append(older, fmt.Sprintf("%s %s (%s)", o.kind(), obj.GetName(), theirs))
 		}
 	}
-	slices.Sort(found)
-	if len(found) == 0 {
-		return "", nil
+	slices.Sort(older)
+	if len(older) == 0 {
+		return "", foreign, nil
 	}
-	return found[0], nil
+	return older[0], foreign, nil
 }
 
 // olderThan orders pools by creation time, then kind and name, so that of two
@@ -340,17 +389,12 @@ func setCondition(c *v1alpha1.PoolStatusCommon, typ string, status bool, reason,
 	})
 }
 
-// countUsable counts usable blocks, stopping early once past limit+1: exhaustion
-// messages only need "all N" for small pools.
+// countUsable counts usable blocks, stopping once past assigned+1: the exhaustion
+// message only needs the count for pools that are nearly full.
 func countUsable(l blocks.Layout, assigned int) uint64 {
 	var n uint64
-	for i := uint64(0); i < l.Count(); i++ {
-		if l.Usable(i) {
-			n++
-		}
-		if n > uint64(assigned)+1 {
-			break
-		}
+	for i, ok := l.NextUsable(0); ok && n <= uint64(assigned); i, ok = l.NextUsable(i + 1) {
+		n++
 	}
 	return n
 }
@@ -376,15 +420,24 @@ func (s selector) match(n client.Object) bool {
 	return s.ns.Match(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.GetName(), Labels: n.GetLabels()}})
 }
 
-func poolsInUse(n client.Object, pool string) bool {
+func poolsInUse(n client.Object, key string) bool {
 	v, ok := n.GetAnnotations()[PoolsInUseAnnotation]
 	if !ok {
 		return false
 	}
-	for name := range strings.SplitSeq(v, ",") {
-		if strings.TrimSpace(name) == pool {
+	for k := range strings.SplitSeq(v, ",") {
+		if strings.TrimSpace(k) == key {
 			return true
 		}
 	}
 	return false
+}
+
+// PoolKey is how the node daemon's store and the pools-in-use annotation name a
+// pool: the IPPool's name, or "cidrpool/<name>".
+func PoolKey(kind, name string) string {
+	if kind == KindCIDRPool {
+		return "cidrpool/" + name
+	}
+	return name
 }
