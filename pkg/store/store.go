@@ -1,0 +1,349 @@
+// Package store keeps a node's allocations durably on the host, in one bbolt
+// database file (--store-file). Every write commits, fsync included, before it
+// returns; concurrent writes share transactions (bbolt's Batch: group commit), so
+// a burst of Allocates costs a few fsyncs, not one each. A file that is not a
+// usable store stops the daemon with an error that says what to do; the daemon
+// never starts empty over a broken file. An nv-ipam JSON store found at the path
+// is imported on first open and kept beside it as a backup (see import.go).
+//
+// Layout (bucket / key → value, values JSON):
+//
+//	meta        / "schema"                  → "1"
+//	pools       / <poolKey>                 → Pool (last known block, cursor)
+//	allocations / <poolKey> / <cid>\x00<if> → Allocation
+//
+// A poolKey is the pool name for an IPPool and "cidrpool/<name>" for a CIDRPool,
+// as in nv-ipam's store.
+package store
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+const schemaVersion = "1"
+
+var (
+	bucketMeta        = []byte("meta")
+	bucketPools       = []byte("pools")
+	bucketAllocations = []byte("allocations")
+	keySchema         = []byte("schema")
+)
+
+// ErrCorrupt is returned (wrapped, with what to do) when the store file cannot be
+// used.
+var ErrCorrupt = errors.New("store file is corrupt or not a hwipam store")
+
+// Allocation is one address held by one (containerID, ifName) in one pool.
+type Allocation struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	// IP is the address without prefix length.
+	IP string `json:"ip"`
+	// Pod metadata from the CNI args; empty for allocations made without them,
+	// which the stale-allocation cleaner then never touches.
+	PodName      string    `json:"podName,omitempty"`
+	PodNamespace string    `json:"podNamespace,omitempty"`
+	PodUID       string    `json:"podUID,omitempty"`
+	DeviceID     string    `json:"deviceID,omitempty"`
+	CreateTime   time.Time `json:"createTime"`
+}
+
+// Pool is what the store remembers of a pool besides its allocations: the last
+// block learned from the API server, so the daemon can allocate after a restart
+// without it, and the round-robin cursor.
+type Pool struct {
+	// Key is the poolKey.
+	Key string `json:"key"`
+	// Block is the node's block as the API server last gave it, in the daemon's own
+	// encoding; the store does not interpret it.
+	Block json.RawMessage `json:"block,omitempty"`
+	// LastReserved is the last address handed out.
+	LastReserved string `json:"lastReserved,omitempty"`
+}
+
+// PoolState is a pool with its allocations, as Load returns them.
+type PoolState struct {
+	Pool        Pool
+	Allocations []Allocation
+}
+
+// Store is an open store. Its methods are safe for concurrent use.
+type Store struct {
+	db   *bolt.DB
+	path string
+
+	commits      atomic.Uint64 // Commit calls that succeeded
+	transactions atomic.Uint64 // write transactions they shared
+	lastTx       atomic.Int64
+}
+
+// Stats reports how many Commit calls succeeded and in how many write
+// transactions (each one fsync): the ratio is what group commit saves.
+func (s *Store) Stats() (commits, transactions uint64) {
+	return s.commits.Load(), s.transactions.Load()
+}
+
+// Options tunes Open.
+type Options struct {
+	// LockTimeout bounds the wait for another process holding the file; 0 means 10s.
+	LockTimeout time.Duration
+	// MaxBatchDelay is how long a write waits for others to share its transaction;
+	// 0 means 2ms.
+	MaxBatchDelay time.Duration
+}
+
+// Open opens the store at path, creating it when missing and importing an nv-ipam
+// JSON store found there. It checks the whole file's consistency.
+func Open(path string, opts Options) (*Store, error) {
+	if opts.LockTimeout == 0 {
+		opts.LockTimeout = 10 * time.Second
+	}
+	if opts.MaxBatchDelay == 0 {
+		opts.MaxBatchDelay = 2 * time.Millisecond
+	}
+	if isNVIPAM, err := looksLikeNVIPAMStore(path); err != nil {
+		return nil, err
+	} else if isNVIPAM {
+		if err := importNVIPAM(path, opts); err != nil {
+			return nil, err
+		}
+	}
+	db, err := openBolt(path, opts)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{db: db, path: path}
+	if err := s.init(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func corrupt(path string, cause error) error {
+	return fmt.Errorf("%w: %s: %w; the daemon will not start over it. Restore the file from a backup, or move it "+
+		"away (allocations held on this node are then forgotten and may be handed out again) and restart", ErrCorrupt, path, cause)
+}
+
+// openBolt opens the bbolt file, turning bbolt's panics on garbage into errors.
+func openBolt(path string, opts Options) (db *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			db, err = nil, corrupt(path, fmt.Errorf("%v", r))
+		}
+	}()
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout})
+	if err != nil {
+		if errors.Is(err, berrors.ErrTimeout) {
+			return nil, fmt.Errorf("store %s is locked by another process (is another ipam-node running?): %w", path, err)
+		}
+		if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
+			return nil, corrupt(path, err)
+		}
+		return nil, fmt.Errorf("opening store %s: %w", path, err)
+	}
+	db.MaxBatchDelay = opts.MaxBatchDelay
+	return db, nil
+}
+
+func (s *Store) init() (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = corrupt(s.path, fmt.Errorf("%v", r))
+		}
+	}()
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		var first error
+		for e := range tx.Check() { // drain: the checker goroutine uses tx until it closes the channel
+			if first == nil {
+				first = e
+			}
+		}
+		return first
+	}); err != nil {
+		return corrupt(s.path, err)
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		switch v := meta.Get(keySchema); {
+		case v == nil:
+			if err := meta.Put(keySchema, []byte(schemaVersion)); err != nil {
+				return err
+			}
+		case !bytes.Equal(v, []byte(schemaVersion)):
+			return fmt.Errorf("store %s has schema %q, this ipam-node knows %q: run the ipam-node version that wrote it",
+				s.path, v, schemaVersion)
+		}
+		for _, b := range [][]byte{bucketPools, bucketAllocations} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Close closes the store.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("closing store %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// Path is the store file.
+func (s *Store) Path() string { return s.path }
+
+func allocKey(containerID, ifName string) []byte {
+	return []byte(containerID + "\x00" + ifName)
+}
+
+// Put is one allocation to record.
+type Put struct {
+	PoolKey    string
+	Allocation Allocation
+	// LastReserved, when set, updates the pool's round-robin cursor.
+	LastReserved string
+}
+
+// Commit records the puts and deletes in one transaction, shared with concurrent
+// callers, and returns once it is on disk. Either all of them happen or none.
+func (s *Store) Commit(puts []Put, deletes []Key) error {
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		// Batch runs the calls sharing a transaction one after another on one
+		// goroutine, so a new ID marks a new transaction. (A call retried alone after a
+		// failed batch runs in yet another one.)
+		if id := int64(tx.ID()); s.lastTx.Swap(id) != id {
+			s.transactions.Add(1)
+		}
+		allocs := tx.Bucket(bucketAllocations)
+		for i := range puts {
+			p := &puts[i]
+			b, err := allocs.CreateBucketIfNotExists([]byte(p.PoolKey))
+			if err != nil {
+				return err
+			}
+			v, err := json.Marshal(p.Allocation)
+			if err != nil {
+				return err
+			}
+			if err := b.Put(allocKey(p.Allocation.ContainerID, p.Allocation.IfName), v); err != nil {
+				return err
+			}
+			if p.LastReserved != "" {
+				if err := updatePool(tx, p.PoolKey, func(pl *Pool) { pl.LastReserved = p.LastReserved }); err != nil {
+					return err
+				}
+			}
+		}
+		for _, d := range deletes {
+			if b := allocs.Bucket([]byte(d.PoolKey)); b != nil {
+				if err := b.Delete(allocKey(d.ContainerID, d.IfName)); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("writing store %s: %w", s.path, err)
+	}
+	s.commits.Add(1)
+	return nil
+}
+
+// Key names one allocation.
+type Key struct {
+	PoolKey, ContainerID, IfName string
+}
+
+// SavePool records a pool's last known block.
+func (s *Store) SavePool(key string, block json.RawMessage) error {
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		return updatePool(tx, key, func(p *Pool) { p.Block = block })
+	})
+	if err != nil {
+		return fmt.Errorf("writing pool %s to store %s: %w", key, s.path, err)
+	}
+	return nil
+}
+
+func updatePool(tx *bolt.Tx, key string, mod func(*Pool)) error {
+	b := tx.Bucket(bucketPools)
+	p := Pool{Key: key}
+	if v := b.Get([]byte(key)); v != nil {
+		if err := json.Unmarshal(v, &p); err != nil {
+			return fmt.Errorf("pool %s: %w", key, err)
+		}
+	}
+	mod(&p)
+	v, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(key), v)
+}
+
+// Load returns every pool and allocation in the store, by pool key. A pool with
+// allocations but no pool record is returned with an empty Pool.
+func (s *Store) Load() (map[string]*PoolState, error) {
+	out := map[string]*PoolState{}
+	get := func(key string) *PoolState {
+		st, ok := out[key]
+		if !ok {
+			st = &PoolState{Pool: Pool{Key: key}}
+			out[key] = st
+		}
+		return st
+	}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketPools).ForEach(func(k, v []byte) error {
+			st := get(string(k))
+			if err := json.Unmarshal(v, &st.Pool); err != nil {
+				return fmt.Errorf("pool %s: %w", k, err)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketAllocations).ForEachBucket(func(pk []byte) error {
+			st := get(string(pk))
+			return tx.Bucket(bucketAllocations).Bucket(pk).ForEach(func(k, v []byte) error {
+				var a Allocation
+				if err := json.Unmarshal(v, &a); err != nil {
+					return fmt.Errorf("allocation %q in pool %s: %w", k, pk, err)
+				}
+				st.Allocations = append(st.Allocations, a)
+				return nil
+			})
+		})
+	})
+	if err != nil {
+		return nil, corrupt(s.path, err)
+	}
+	return out, nil
+}
+
+// fileExists reports whether path exists and is non-empty.
+func fileExists(path string) (bool, error) {
+	st, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("store %s: %w", path, err)
+	}
+	return st.Size() > 0, nil
+}

@@ -1,0 +1,320 @@
+package store_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hwipam/hwipam/pkg/store"
+)
+
+// openStore opens a store in a temporary directory. When the test ends it closes
+// it, reopens it and checks the invariants every store must keep: it loads, every
+// address parses, and no address is held twice in a pool.
+func openStore(t *testing.T) (*store.Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "store")
+	s, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+		checkInvariants(t, path)
+	})
+	return s, path
+}
+
+func checkInvariants(t *testing.T, path string) {
+	t.Helper()
+	s, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Errorf("reopening %s: %v", path, err)
+		return
+	}
+	defer s.Close()
+	pools, err := s.Load()
+	if err != nil {
+		t.Errorf("loading: %v", err)
+		return
+	}
+	for key, p := range pools {
+		seen := map[netip.Addr]string{}
+		for i := range p.Allocations {
+			a := &p.Allocations[i]
+			ip, err := netip.ParseAddr(a.IP)
+			if err != nil {
+				t.Errorf("pool %s: allocation %s/%s has address %q: %v", key, a.ContainerID, a.IfName, a.IP, err)
+				continue
+			}
+			if other, dup := seen[ip]; dup {
+				t.Errorf("pool %s: %s held by %s and %s/%s", key, ip, other, a.ContainerID, a.IfName)
+			}
+			seen[ip] = a.ContainerID + "/" + a.IfName
+		}
+	}
+}
+
+func alloc(cid, ifn, ip string) store.Allocation {
+	return store.Allocation{ContainerID: cid, IfName: ifn, IP: ip, PodName: "pod-" + cid, PodNamespace: "ns",
+		PodUID: "uid-" + cid, CreateTime: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+}
+
+func TestCommitLoadDelete(t *testing.T) {
+	s, _ := openStore(t)
+	if err := s.Commit([]store.Put{
+		{PoolKey: "rail0", Allocation: alloc("c1", "net1", "10.0.0.1"), LastReserved: "10.0.0.1"},
+		{PoolKey: "cidrpool/rail1", Allocation: alloc("c1", "net2", "fd00::5")},
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SavePool("rail0", []byte(`{"start":"10.0.0.1","end":"10.0.0.64"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit([]store.Put{{PoolKey: "rail0", Allocation: alloc("c2", "net1", "10.0.0.2")}},
+		[]store.Key{{PoolKey: "cidrpool/rail1", ContainerID: "c1", IfName: "net2"}, {PoolKey: "nope", ContainerID: "x", IfName: "y"}}); err != nil {
+		t.Fatal(err)
+	}
+	pools, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r0 := pools["rail0"]
+	if r0 == nil || len(r0.Allocations) != 2 || r0.Pool.LastReserved != "10.0.0.1" || !bytes.Contains(r0.Pool.Block, []byte("10.0.0.64")) {
+		t.Fatalf("rail0 = %+v", r0)
+	}
+	if got := r0.Allocations[0]; got != alloc("c1", "net1", "10.0.0.1") {
+		t.Errorf("allocation read back = %+v", got)
+	}
+	if r1 := pools["cidrpool/rail1"]; r1 != nil && len(r1.Allocations) != 0 {
+		t.Errorf("deleted allocation still there: %+v", r1.Allocations)
+	}
+}
+
+// TestCommitAllOrNothing: a dual-stack commit whose second put fails leaves nothing.
+func TestCommitAllOrNothing(t *testing.T) {
+	s, _ := openStore(t)
+	err := s.Commit([]store.Put{
+		{PoolKey: "v4", Allocation: alloc("c1", "net1", "10.0.0.1")},
+		{PoolKey: "", Allocation: alloc("c1", "net1", "fd00::1")}, // no pool key: bbolt refuses the bucket
+	}, nil)
+	if err == nil {
+		t.Fatal("commit with an invalid put succeeded")
+	}
+	pools, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := pools["v4"]; p != nil && len(p.Allocations) > 0 {
+		t.Errorf("half of a failed commit was stored: %+v", p.Allocations)
+	}
+}
+
+func TestGroupCommitSharesTransactions(t *testing.T) {
+	s, _ := openStore(t)
+	const writers, each = 64, 20
+	var wg sync.WaitGroup
+	errs := make(chan error, writers*each)
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				ip := fmt.Sprintf("10.%d.%d.%d", w/256, w%256, i+1)
+				if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc(fmt.Sprintf("c%d-%d", w, i), "net1", ip)}}, nil); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	commits, txs := s.Stats()
+	if commits != writers*each {
+		t.Errorf("commits = %d, want %d", commits, writers*each)
+	}
+	if txs == 0 || txs*2 > commits {
+		t.Errorf("%d commits used %d write transactions: concurrent commits are not batched", commits, txs)
+	}
+	t.Logf("%d commits in %d transactions", commits, txs)
+	pools, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(pools["p"].Allocations); n != writers*each {
+		t.Errorf("%d allocations stored, want %d", n, writers*each)
+	}
+}
+
+func TestRefusesGarbageAndKeepsIt(t *testing.T) {
+	for name, content := range map[string][]byte{
+		"text":        []byte("this is not a store\n"),
+		"broken JSON": []byte(`{"version":1,"pools":{`),
+		"zeros":       make([]byte, 16384),
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "store")
+			if err := os.WriteFile(path, content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := store.Open(path, store.Options{})
+			if !errors.Is(err, store.ErrCorrupt) || !strings.Contains(err.Error(), "move it away") {
+				t.Fatalf("Open over %s = %v, want ErrCorrupt saying what to do", name, err)
+			}
+			after, _ := os.ReadFile(path)
+			if !bytes.Equal(after, content) {
+				t.Error("the broken file was modified")
+			}
+		})
+	}
+}
+
+func TestRefusesDamagedStore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	s, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc(fmt.Sprint(i), "net1", fmt.Sprintf("10.0.%d.%d", i/250, i%250+1))}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Overwrite every page after the two meta pages with garbage.
+	for i := 2 * 4096; i < len(data); i++ {
+		data[i] = byte(i * 7)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = store.Open(path, store.Options{})
+	if !errors.Is(err, store.ErrCorrupt) {
+		t.Fatalf("Open over a damaged store = %v, want ErrCorrupt", err)
+	}
+}
+
+func TestLockedByAnotherOpen(t *testing.T) {
+	s, path := openStore(t)
+	_ = s
+	_, err := store.Open(path, store.Options{LockTimeout: 200 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "locked by another process") {
+		t.Fatalf("second Open = %v, want a lock error", err)
+	}
+}
+
+// The nv-ipam store as a reference node wrote it, compact, with the checksum
+// zeroed: nv-ipam's checksum is FNV-32a over exactly this encoding (released_at left
+// out). The test computes it from the literal, independently of the importer.
+const nvCanonical = `{"version":1,"checksum":0,"pools":{` +
+	`"cidrpool/storage":{"name":"storage","entries":{` +
+	`"c3_net2":{"container_id":"c3","interface_name":"net2","ip_address":"192.168.10.5","metadata":{"create_time":"2025-01-02T03:04:05.123456789Z","pod_uuid":"u3","pod_name":"p3","pod_namespace":"ns","device_id":"0000:3b:00.2","pool_config_snapshot":""}},` +
+	`"c9_net2":{"container_id":"c9","interface_name":"net2","ip_address":"192.168.10.6","metadata":{"create_time":"2025-01-02T03:04:05Z","pod_uuid":"u9","pod_name":"p9","pod_namespace":"ns","device_id":"","pool_config_snapshot":""}}` +
+	`},"last_pool_config":"","last_reserved_ip":"192.168.10.6"},` +
+	`"rail0":{"name":"rail0","entries":{` +
+	`"c1_net1":{"container_id":"c1","interface_name":"net1","ip_address":"10.3.0.2","metadata":{"create_time":"2025-01-02T03:04:05Z","pod_uuid":"u1","pod_name":"p1","pod_namespace":"default","device_id":"","pool_config_snapshot":"{}"}},` +
+	`"c2_net1":{"container_id":"c2","interface_name":"net1","ip_address":"10.3.0.3","metadata":{"create_time":"2025-01-02T03:04:06Z","pod_uuid":"","pod_name":"","pod_namespace":"","device_id":"","pool_config_snapshot":""}}` +
+	`},"last_pool_config":"{\"subnet\":\"10.3.0.0/16\"}","last_reserved_ip":"10.3.0.3"}}}`
+
+func writeNVStore(t *testing.T, path string, checksumDelta uint32) []byte {
+	t.Helper()
+	h := fnv.New32a()
+	h.Write([]byte(nvCanonical))
+	sum := h.Sum32() + checksumDelta
+	file := strings.Replace(nvCanonical, `"checksum":0`, fmt.Sprintf(`"checksum":%d`, sum), 1)
+	// c9 was released by its owner and is only kept for nv-ipam's cooldown.
+	file = strings.Replace(file, `"pool_config_snapshot":""}}},"last_pool_config":""`,
+		`"pool_config_snapshot":""},"released_at":"2025-01-03T00:00:00Z"}},"last_pool_config":""`, 1)
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []byte(file)
+}
+
+func TestImportNVIPAMStore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	original := writeNVStore(t, path, 0)
+	s, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatalf("importing: %v", err)
+	}
+	pools, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r0 := pools["rail0"]
+	if r0 == nil || len(r0.Allocations) != 2 || r0.Pool.LastReserved != "10.3.0.3" {
+		t.Fatalf("rail0 imported as %+v", r0)
+	}
+	got := map[string]store.Allocation{}
+	all := append(r0.Allocations, pools["cidrpool/storage"].Allocations...)
+	for i := range all {
+		got[all[i].ContainerID+"/"+all[i].IfName] = all[i]
+	}
+	if a := got["c1/net1"]; a.IP != "10.3.0.2" || a.PodName != "p1" || a.PodNamespace != "default" || a.PodUID != "u1" ||
+		!a.CreateTime.Equal(time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)) {
+		t.Errorf("c1/net1 imported as %+v", a)
+	}
+	if a := got["c3/net2"]; a.IP != "192.168.10.5" || a.DeviceID != "0000:3b:00.2" {
+		t.Errorf("c3/net2 imported as %+v", a)
+	}
+	if a, ok := got["c2/net1"]; !ok || a.PodName != "" {
+		t.Errorf("an allocation without pod metadata must be imported as such: %+v %v", a, ok)
+	}
+	if _, ok := got["c9/net2"]; ok {
+		t.Error("an entry nv-ipam had released was imported")
+	}
+	if len(got) != 3 {
+		t.Errorf("imported %d allocations, want 3: %v", len(got), got)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	backup, err := os.ReadFile(path + store.BackupSuffix)
+	if err != nil || !bytes.Equal(backup, original) {
+		t.Errorf("backup of the nv-ipam store: %v (equal: %v)", err, bytes.Equal(backup, original))
+	}
+	// A second start opens the imported store; it does not import again.
+	s, err = store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pools, err = s.Load()
+	if err != nil || len(pools["rail0"].Allocations) != 2 {
+		t.Errorf("after reopening: %v %+v", err, pools["rail0"])
+	}
+}
+
+func TestImportRefusesBadChecksum(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	original := writeNVStore(t, path, 1)
+	_, err := store.Open(path, store.Options{})
+	if !errors.Is(err, store.ErrCorrupt) || !strings.Contains(err.Error(), "checksum") {
+		t.Fatalf("Open over an nv-ipam store with a wrong checksum = %v, want ErrCorrupt naming the checksum", err)
+	}
+	after, _ := os.ReadFile(path)
+	if !bytes.Equal(after, original) {
+		t.Error("the nv-ipam store was modified")
+	}
+	if _, err := os.Stat(path + store.BackupSuffix); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a backup was made of a store that was not imported: %v", err)
+	}
+}
