@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -264,7 +265,7 @@ func TestImportNVIPAMStore(t *testing.T) {
 		t.Fatalf("rail0 imported as %+v", r0)
 	}
 	got := map[string]store.Allocation{}
-	all := append(r0.Allocations, pools["cidrpool/storage"].Allocations...)
+	all := slices.Concat(r0.Allocations, pools["cidrpool/storage"].Allocations)
 	for i := range all {
 		got[all[i].ContainerID+"/"+all[i].IfName] = all[i]
 	}
