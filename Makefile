@@ -14,8 +14,12 @@ BINARIES      := $(notdir $(wildcard cmd/*))
 # Tools, pinned, installed through the Go module proxy into bin/.
 GOLANGCI_LINT_VERSION  := v2.15.0
 CONTROLLER_GEN_VERSION := v0.23.0
+PROTOC_GEN_GO_VERSION  := v1.36.11
+PROTOC_GEN_GRPC_VERSION := v1.6.1
 GOLANGCI_LINT  := $(BIN_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 CONTROLLER_GEN := $(BIN_DIR)/controller-gen-$(CONTROLLER_GEN_VERSION)
+PROTOC_GEN_GO   := $(BIN_DIR)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)
+PROTOC_GEN_GRPC := $(BIN_DIR)/protoc-gen-go-grpc-$(PROTOC_GEN_GRPC_VERSION)
 
 # Debian packages the tests need: `ip` (iproute2) for network namespaces, ping.
 APT_PACKAGES := iproute2 iputils-ping
@@ -102,6 +106,23 @@ $(CONTROLLER_GEN):
 	GOBIN=$(BIN_DIR) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 	mv $(BIN_DIR)/controller-gen $@
 
+$(PROTOC_GEN_GO):
+	@mkdir -p $(BIN_DIR)
+	GOBIN=$(BIN_DIR) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	mv $(BIN_DIR)/protoc-gen-go $@
+
+$(PROTOC_GEN_GRPC):
+	@mkdir -p $(BIN_DIR)
+	GOBIN=$(BIN_DIR) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GRPC_VERSION)
+	mv $(BIN_DIR)/protoc-gen-go-grpc $@
+
+.PHONY: protoc
+protoc: ## Install protoc (Debian's protobuf-compiler) when missing.
+	@command -v protoc >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends protobuf-compiler; \
+		else echo "protoc is missing: install Debian's protobuf-compiler" >&2; exit 1; fi; }
+
 ##@ Generated code
 
 # Paths whose content is generated; verify-generated fails when they differ from what
@@ -109,8 +130,14 @@ $(CONTROLLER_GEN):
 GENERATED_PATHS := api deploy/crds deploy/webhook deploy/rbac/controller
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate code (deepcopy for api/...).
+PROTO_FILES := $(shell find api/grpc -name '*.proto')
+
+generate: $(CONTROLLER_GEN) $(PROTOC_GEN_GO) $(PROTOC_GEN_GRPC) protoc ## Generate code: deepcopy for api/..., gRPC from api/grpc/**/*.proto.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths="./api/..."
+	protoc -I api/grpc \
+		--plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=api/grpc --go_opt=paths=source_relative \
+		--plugin=protoc-gen-go-grpc=$(PROTOC_GEN_GRPC) --go-grpc_out=api/grpc --go-grpc_opt=paths=source_relative \
+		$(PROTO_FILES)
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate CRDs (deploy/crds), webhook (deploy/webhook) and controller RBAC (deploy/rbac/controller).
