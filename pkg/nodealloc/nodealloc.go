@@ -1,0 +1,597 @@
+// Package nodealloc is the node daemon's allocation state: the pools this node has
+// a block in, the allocator of each, and every allocation, kept durably in the
+// store. Every change is on disk before it is visible as a success. It knows
+// nothing of gRPC or Kubernetes; the service and the pool sync drive it.
+package nodealloc
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hwipam/hwipam/pkg/allocator"
+	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/store"
+)
+
+// Errors the gRPC boundary maps to status codes; each is wrapped with detail.
+var (
+	// ErrInvalid: the request itself is wrong (InvalidArgument).
+	ErrInvalid = errors.New("invalid request")
+	// ErrUnknownPool: the pool has no block on this node (NotFound).
+	ErrUnknownPool = errors.New("unknown pool")
+	// ErrNotAllocated: IsAllocated found no allocation (NotFound).
+	ErrNotAllocated = errors.New("no allocation")
+	// ErrExhausted: the block is full (ResourceExhausted).
+	ErrExhausted = errors.New("pool exhausted")
+)
+
+// Metadata is recorded with an allocation.
+type Metadata struct {
+	PodName, PodNamespace, PodUID, DeviceID string
+}
+
+// Request asks for addresses for one interface.
+type Request struct {
+	// Pools are one name, or two for dual-stack; Kind applies to all.
+	Pools       []string
+	Kind        string
+	ContainerID string
+	IfName      string
+	Meta        Metadata
+	// RequestedIPs are static addresses; each must fall in one of the pools' blocks.
+	RequestedIPs []netip.Addr
+	// AllocateGateway hands out the pool's gateway itself.
+	AllocateGateway bool
+	// Index, when set, asks for the address at this index of the block.
+	Index *int32
+}
+
+// Result is one pool's address for the interface.
+type Result struct {
+	Pool    string
+	Kind    string
+	Addr    netip.Prefix // the address with the pool's prefix length
+	Gateway netip.Addr   // invalid when the pool has none
+	Routes  []netip.Prefix
+}
+
+type owner struct{ containerID, ifName string }
+
+type poolState struct {
+	mu     sync.Mutex
+	key    string
+	cfg    *PoolConfig      // nil: only allocations are known (no block learned yet)
+	block  *allocator.Block // nil with cfg
+	active bool
+	allocs map[owner]store.Allocation
+}
+
+// Manager holds the node's pools and allocations.
+type Manager struct {
+	store *store.Store
+	node  string
+	now   func() time.Time
+
+	mu    sync.RWMutex
+	pools map[string]*poolState
+}
+
+// New loads the store and rebuilds every pool. The last known blocks come back
+// active, so that a daemon restarted while the API server is unreachable keeps
+// allocating; the pool sync deactivates those that are gone once it has listed
+// the pools.
+func New(st *store.Store, node string) (*Manager, error) {
+	m := &Manager{store: st, node: node, now: time.Now, pools: map[string]*poolState{}}
+	loaded, err := st.Load()
+	if err != nil {
+		return nil, err
+	}
+	for key, ps := range loaded {
+		p := &poolState{key: key, allocs: make(map[owner]store.Allocation, len(ps.Allocations))}
+		for _, a := range ps.Allocations {
+			p.allocs[owner{a.ContainerID, a.IfName}] = a
+		}
+		if len(ps.Pool.Block) > 0 {
+			cfg, err := UnmarshalConfig(ps.Pool.Block)
+			if err != nil {
+				return nil, fmt.Errorf("store %s: pool %s: %w", st.Path(), key, err)
+			}
+			if err := p.configure(cfg); err != nil {
+				return nil, fmt.Errorf("store %s: pool %s: %w", st.Path(), key, err)
+			}
+			p.active = true // last known block: usable until the pool sync says otherwise
+			if ps.Pool.LastReserved != "" {
+				if a, err := netip.ParseAddr(ps.Pool.LastReserved); err == nil {
+					p.block.SetCursor(a)
+				}
+			}
+		}
+		m.pools[key] = p
+	}
+	return m, nil
+}
+
+// configure (re)builds the pool's allocator for cfg and replays its allocations.
+func (p *poolState) configure(cfg *PoolConfig) error {
+	b, err := allocator.New(allocator.Config{Range: cfg.Block, Gateway: cfg.Gateway, Exclusions: cfg.Exclusions})
+	if err != nil {
+		return err
+	}
+	var cursor netip.Addr
+	if p.block != nil {
+		cursor = p.block.Cursor()
+	}
+	for _, a := range p.allocs {
+		ip, err := netip.ParseAddr(a.IP)
+		if err != nil {
+			return fmt.Errorf("allocation %s/%s: address %q: %w", a.ContainerID, a.IfName, a.IP, err)
+		}
+		if err := b.Reserve(ip); err != nil {
+			return fmt.Errorf("allocation %s/%s: %w", a.ContainerID, a.IfName, err)
+		}
+	}
+	if cursor.IsValid() {
+		b.SetCursor(cursor)
+	}
+	p.cfg, p.block = cfg, b
+	return nil
+}
+
+// SetPool makes cfg the pool's block and marks it active. The config is on disk
+// before it takes effect.
+func (m *Manager) SetPool(cfg *PoolConfig) error {
+	key := cfg.Key()
+	m.mu.Lock()
+	p, ok := m.pools[key]
+	if !ok {
+		p = &poolState{key: key, allocs: map[owner]store.Allocation{}}
+		m.pools[key] = p
+	}
+	m.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cfg != nil && p.cfg.Equal(cfg) {
+		p.active = true
+		return nil
+	}
+	raw, err := MarshalConfig(cfg)
+	if err != nil {
+		return err
+	}
+	if err := m.store.SavePool(key, raw); err != nil {
+		return err
+	}
+	if err := p.configure(cfg); err != nil {
+		return fmt.Errorf("pool %s: %w", key, err)
+	}
+	p.active = true
+	return nil
+}
+
+// SyncPools sets every pool in cfgs and deactivates the others: they keep their
+// allocations, which can be released, but hand out nothing new.
+func (m *Manager) SyncPools(cfgs []*PoolConfig) error {
+	keep := map[string]bool{}
+	var errs []error
+	for _, c := range cfgs {
+		keep[c.Key()] = true
+		if err := m.SetPool(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for key, p := range m.pools {
+		if !keep[key] {
+			p.mu.Lock()
+			p.active = false
+			p.mu.Unlock()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// lockPools returns the states of the named pools, locked in key order; unknown
+// pools are nil. unlock undoes it.
+func (m *Manager) lockPools(keys []string) (states []*poolState, unlock func()) {
+	m.mu.RLock()
+	states = make([]*poolState, len(keys))
+	for i, k := range keys {
+		states[i] = m.pools[k]
+	}
+	m.mu.RUnlock()
+	order := make([]int, len(keys))
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(a, b int) bool { return keys[order[a]] < keys[order[b]] })
+	var locked []*poolState
+	for _, i := range order {
+		if s := states[i]; s != nil && !slices.Contains(locked, s) {
+			s.mu.Lock()
+			locked = append(locked, s)
+		}
+	}
+	return states, func() {
+		for _, s := range locked {
+			s.mu.Unlock()
+		}
+	}
+}
+
+func (m *Manager) keys(req *Request) ([]string, error) {
+	switch {
+	case len(req.Pools) == 0 || len(req.Pools) > 2:
+		return nil, fmt.Errorf("%w: pools: want one pool name, or two for dual-stack, got %d", ErrInvalid, len(req.Pools))
+	case req.ContainerID == "":
+		return nil, fmt.Errorf("%w: cni_containerid is required", ErrInvalid)
+	case req.IfName == "":
+		return nil, fmt.Errorf("%w: cni_ifname is required", ErrInvalid)
+	}
+	kind := req.Kind
+	if kind == "" {
+		kind = KindIPPool
+	}
+	keys := make([]string, len(req.Pools))
+	for i, name := range req.Pools {
+		if name == "" {
+			return nil, fmt.Errorf("%w: pools[%d] is empty", ErrInvalid, i)
+		}
+		keys[i] = PoolKey(kind, name)
+	}
+	if len(keys) == 2 && keys[0] == keys[1] {
+		return nil, fmt.Errorf("%w: pools: %q is named twice", ErrInvalid, req.Pools[0])
+	}
+	return keys, nil
+}
+
+// Allocate hands out one address per pool, all or none, and returns them once
+// they are on disk. Asking again for the same interface returns the same
+// addresses.
+func (m *Manager) Allocate(req *Request) ([]Result, error) {
+	keys, err := m.keys(req)
+	if err != nil {
+		return nil, err
+	}
+	if req.Meta.PodName == "" || req.Meta.PodNamespace == "" {
+		return nil, fmt.Errorf("%w: metadata k8s_pod_name and k8s_pod_namespace are required", ErrInvalid)
+	}
+	states, unlock := m.lockPools(keys)
+	defer unlock()
+	who := owner{req.ContainerID, req.IfName}
+
+	// Idempotency: every pool already holds an address for the interface.
+	existing := 0
+	for _, p := range states {
+		if p != nil {
+			if _, ok := p.allocs[who]; ok {
+				existing++
+			}
+		}
+	}
+	if existing == len(states) {
+		return m.results(states, who), nil
+	}
+
+	for i, p := range states {
+		if p == nil || p.cfg == nil {
+			return nil, fmt.Errorf("%w: %s %q has no block on node %s (is the pool defined, and does its nodeSelector match this node?)",
+				ErrUnknownPool, kindOf(req), req.Pools[i], m.node)
+		}
+		if !p.active {
+			if _, ok := p.allocs[who]; !ok {
+				return nil, fmt.Errorf("%w: %s %q no longer has a block on node %s: existing allocations stay until released, new ones are refused",
+					ErrUnknownPool, kindOf(req), req.Pools[i], m.node)
+			}
+		}
+	}
+	requested, err := assignRequested(states, req)
+	if err != nil {
+		return nil, err
+	}
+
+	// Reserve in memory (so concurrent calls cannot pick the same address), then
+	// commit; on failure undo the reservations.
+	type taken struct {
+		p  *poolState
+		ip netip.Addr
+	}
+	var took []taken
+	undo := func() {
+		for _, t := range took {
+			t.p.block.Release(t.ip)
+		}
+	}
+	var puts []store.Put
+	now := m.now().UTC()
+	for i, p := range states {
+		if _, ok := p.allocs[who]; ok {
+			continue // dual-stack retry where one half exists already
+		}
+		ip, err := m.pick(p, req, requested[i])
+		if err != nil {
+			undo()
+			return nil, fmt.Errorf("pool %s: %w", req.Pools[i], err)
+		}
+		took = append(took, taken{p, ip})
+		a := store.Allocation{ContainerID: req.ContainerID, IfName: req.IfName, IP: ip.String(),
+			PodName: req.Meta.PodName, PodNamespace: req.Meta.PodNamespace, PodUID: req.Meta.PodUID,
+			DeviceID: req.Meta.DeviceID, CreateTime: now}
+		puts = append(puts, store.Put{PoolKey: p.key, Allocation: a, LastReserved: p.block.Cursor().String()})
+	}
+	if err := m.store.Commit(puts, nil); err != nil {
+		undo()
+		return nil, err
+	}
+	for i, t := range took {
+		t.p.allocs[who] = puts[i].Allocation
+	}
+	return m.results(states, who), nil
+}
+
+func kindOf(req *Request) string {
+	if req.Kind == KindCIDRPool {
+		return KindCIDRPool
+	}
+	return KindIPPool
+}
+
+// assignRequested matches each requested address to the pool whose block holds it.
+func assignRequested(states []*poolState, req *Request) ([]netip.Addr, error) {
+	out := make([]netip.Addr, len(states))
+	for _, ip := range req.RequestedIPs {
+		matched := false
+		for i, p := range states {
+			if p.cfg.Prefix.Contains(ip) {
+				if out[i].IsValid() {
+					return nil, fmt.Errorf("%w: requested_ips: %s and %s both fall in pool %s", ErrInvalid, out[i], ip, req.Pools[i])
+				}
+				out[i], matched = ip, true
+				break
+			}
+		}
+		if !matched {
+			return nil, fmt.Errorf("%w: requested_ips: %s is in none of the pools %v", ErrInvalid, ip, req.Pools)
+		}
+	}
+	return out, nil
+}
+
+func (m *Manager) pick(p *poolState, req *Request, requested netip.Addr) (netip.Addr, error) {
+	switch {
+	case requested.IsValid():
+		if err := p.block.AllocateStatic(requested); err != nil {
+			return netip.Addr{}, m.allocErr(p, err)
+		}
+		return requested, nil
+	case req.AllocateGateway:
+		ip, err := p.block.AllocateGateway()
+		return ip, m.allocErr(p, err)
+	case req.Index != nil:
+		if *req.Index < 0 {
+			return netip.Addr{}, fmt.Errorf("%w: allocate_ip_with_index %d is negative", ErrInvalid, *req.Index)
+		}
+		ip, ok := iprange.Add(p.cfg.IndexBase, iprange.U64(uint64(*req.Index)))
+		if !ok {
+			return netip.Addr{}, fmt.Errorf("%w: allocate_ip_with_index %d is outside the block", ErrInvalid, *req.Index)
+		}
+		if err := p.block.AllocateStatic(ip); err != nil {
+			return netip.Addr{}, m.allocErr(p, err)
+		}
+		return ip, nil
+	}
+	ip, err := p.block.AllocateNext()
+	return ip, m.allocErr(p, err)
+}
+
+func (m *Manager) allocErr(p *poolState, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, allocator.ErrExhausted):
+		return fmt.Errorf("%w: no free address in block %s on node %s (%d allocated); release addresses or give the pool a larger block",
+			ErrExhausted, p.cfg.Block, m.node, p.block.Allocated())
+	case errors.Is(err, allocator.ErrInUse), errors.Is(err, allocator.ErrOutside),
+		errors.Is(err, allocator.ErrExcluded), errors.Is(err, allocator.ErrNoGateway):
+		return fmt.Errorf("%w: %w (block %s on node %s)", ErrInvalid, err, p.cfg.Block, m.node)
+	}
+	return err
+}
+
+func (m *Manager) results(states []*poolState, who owner) []Result {
+	out := make([]Result, 0, len(states))
+	for _, p := range states {
+		a := p.allocs[who]
+		ip, _ := netip.ParseAddr(a.IP)
+		r := Result{Pool: p.cfg.Name, Kind: p.cfg.Kind, Addr: netip.PrefixFrom(ip, p.cfg.Prefix.Bits()), Gateway: p.cfg.Gateway}
+		r.Routes = slices.Clone(p.cfg.Routes)
+		if p.cfg.DefaultGateway && p.cfg.Gateway.IsValid() {
+			def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+			if ip.Is6() {
+				def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+			}
+			r.Routes = append([]netip.Prefix{def}, r.Routes...)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// IsAllocated succeeds when every pool holds an address for the interface.
+func (m *Manager) IsAllocated(req *Request) error {
+	keys, err := m.keys(req)
+	if err != nil {
+		return err
+	}
+	states, unlock := m.lockPools(keys)
+	defer unlock()
+	for i, p := range states {
+		if p == nil {
+			return fmt.Errorf("%w: pool %q holds nothing on node %s", ErrNotAllocated, req.Pools[i], m.node)
+		}
+		if _, ok := p.allocs[owner{req.ContainerID, req.IfName}]; !ok {
+			return fmt.Errorf("%w: pool %q holds no address for container %s interface %s",
+				ErrNotAllocated, req.Pools[i], req.ContainerID, req.IfName)
+		}
+	}
+	return nil
+}
+
+// Deallocate releases the interface's addresses in the pools; releasing what is
+// not held succeeds. The release is on disk before the addresses can be reused.
+func (m *Manager) Deallocate(req *Request) error {
+	keys, err := m.keys(req)
+	if err != nil {
+		return err
+	}
+	states, unlock := m.lockPools(keys)
+	defer unlock()
+	return m.release(states, owner{req.ContainerID, req.IfName})
+}
+
+func (m *Manager) release(states []*poolState, who owner) error {
+	var dels []store.Key
+	for _, p := range states {
+		if p == nil {
+			continue
+		}
+		if _, ok := p.allocs[who]; ok {
+			dels = append(dels, store.Key{PoolKey: p.key, ContainerID: who.containerID, IfName: who.ifName})
+		}
+	}
+	if len(dels) == 0 {
+		return nil
+	}
+	if err := m.store.Commit(nil, dels); err != nil {
+		return err
+	}
+	for _, p := range states {
+		if p == nil {
+			continue
+		}
+		if a, ok := p.allocs[who]; ok {
+			delete(p.allocs, who)
+			if p.block != nil {
+				if ip, err := netip.ParseAddr(a.IP); err == nil {
+					p.block.Release(ip)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// ReleaseIf releases one allocation if it is still exactly a (same address and
+// pod UID): the stale-allocation cleaner decides without locks held, then calls this.
+func (m *Manager) ReleaseIf(poolKey string, a store.Allocation) (bool, error) {
+	states, unlock := m.lockPools([]string{poolKey})
+	defer unlock()
+	p := states[0]
+	if p == nil {
+		return false, nil
+	}
+	who := owner{a.ContainerID, a.IfName}
+	cur, ok := p.allocs[who]
+	if !ok || cur.IP != a.IP || cur.PodUID != a.PodUID || !cur.CreateTime.Equal(a.CreateTime) {
+		return false, nil
+	}
+	return true, m.release(states, who)
+}
+
+// PoolInfo describes one pool for listings.
+type PoolInfo struct {
+	Key       string
+	Config    *PoolConfig // nil when no block was ever learned
+	Active    bool
+	Size      iprange.U128
+	Allocated uint64
+	Free      iprange.U128
+}
+
+// Pools lists the pools, sorted by key.
+func (m *Manager) Pools() []PoolInfo {
+	m.mu.RLock()
+	states := make([]*poolState, 0, len(m.pools))
+	for _, p := range m.pools {
+		states = append(states, p)
+	}
+	m.mu.RUnlock()
+	out := make([]PoolInfo, 0, len(states))
+	for _, p := range states {
+		p.mu.Lock()
+		info := PoolInfo{Key: p.key, Config: p.cfg, Active: p.active, Allocated: uint64(len(p.allocs))}
+		if p.block != nil {
+			info.Size, info.Free = p.block.Size(), p.block.Free()
+		}
+		p.mu.Unlock()
+		out = append(out, info)
+	}
+	slices.SortFunc(out, func(a, b PoolInfo) int {
+		switch {
+		case a.Key < b.Key:
+			return -1
+		case a.Key > b.Key:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Allocations returns the allocations of one pool (by key), or of all when key
+// is empty, sorted by pool, container and interface.
+func (m *Manager) Allocations(key string) map[string][]store.Allocation {
+	m.mu.RLock()
+	states := make([]*poolState, 0, len(m.pools))
+	for k, p := range m.pools {
+		if key == "" || k == key {
+			states = append(states, p)
+		}
+	}
+	m.mu.RUnlock()
+	out := map[string][]store.Allocation{}
+	for _, p := range states {
+		p.mu.Lock()
+		list := make([]store.Allocation, 0, len(p.allocs))
+		for _, a := range p.allocs {
+			list = append(list, a)
+		}
+		p.mu.Unlock()
+		slices.SortFunc(list, func(a, b store.Allocation) int {
+			if a.ContainerID != b.ContainerID {
+				if a.ContainerID < b.ContainerID {
+					return -1
+				}
+				return 1
+			}
+			switch {
+			case a.IfName < b.IfName:
+				return -1
+			case a.IfName > b.IfName:
+				return 1
+			}
+			return 0
+		})
+		if len(list) > 0 {
+			out[p.key] = list
+		}
+	}
+	return out
+}
+
+// PoolsInUse lists, sorted, the keys of the pools holding allocations.
+func (m *Manager) PoolsInUse() []string {
+	var out []string
+	for key, list := range m.Allocations("") {
+		if len(list) > 0 {
+			out = append(out, key)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
