@@ -1,0 +1,215 @@
+// Package ipamnode runs the ipam-node daemon: the durable store, the allocation
+// state, the gRPC API on a unix socket, the pool sync from the API server, the
+// stale-allocation cleaner and the node's pools-in-use annotation, all under one
+// errgroup so that any fatal error stops the process with a non-zero exit.
+// Nothing on the allocation path calls the API server: with the API server down
+// the daemon keeps allocating from the blocks it last learned.
+package ipamnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/nodealloc"
+	"github.com/hwipam/hwipam/pkg/nodeservice"
+	"github.com/hwipam/hwipam/pkg/store"
+	"github.com/hwipam/hwipam/pkg/version"
+)
+
+// shutdownGrace bounds how long in-flight requests may take after SIGTERM.
+const shutdownGrace = 10 * time.Second
+
+// Run runs the daemon until ctx ends or a part fails.
+func Run(ctx context.Context, o *Options) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	logger := logr.FromContextOrDiscard(ctx)
+	ctrl.SetLogger(logger)
+	logger.Info("starting ipam-node", "version", version.String(), "node", o.NodeName, "store", o.StoreFile,
+		"bindAddress", o.BindAddress, "poolsNamespace", o.PoolsNamespace)
+
+	if err := os.MkdirAll(filepath.Dir(o.StoreFile), 0o700); err != nil {
+		return fmt.Errorf("creating the store's directory: %w", err)
+	}
+	st, err := store.Open(o.StoreFile, store.Options{})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := st.Close(); err != nil {
+			logger.Error(err, "closing the store")
+		}
+	}()
+	mgrState, err := nodealloc.New(st, o.NodeName)
+	if err != nil {
+		return err
+	}
+	registerMetrics(mgrState, st)
+
+	lis, err := listen(o.BindAddress)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(requestMetrics, requestLogger(logger)))
+	svc := &nodeservice.Service{Manager: mgrState}
+	nodev1.RegisterIPAMServiceServer(srv, svc)
+	infov1.RegisterNodeInfoServiceServer(srv, svc)
+
+	cfg := o.RestConfig
+	if cfg == nil {
+		if cfg, err = restConfig(o.Kubeconfig); err != nil {
+			return err
+		}
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("registering core types: %w", err)
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("registering nv-ipam.nvidia.com/v1alpha1: %w", err)
+	}
+	inPoolsNamespace := cache.ByObject{Namespaces: map[string]cache.Config{o.PoolsNamespace: {}}}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme: scheme,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&v1alpha1.IPPool{}:   inPoolsNamespace,
+			&v1alpha1.CIDRPool{}: inPoolsNamespace,
+		}},
+		Metrics:                metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		HealthProbeBindAddress: o.HealthProbeBindAddress,
+		Logger:                 logger,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the controller manager: %w", err)
+	}
+	if err := (&poolSync{client: mgr.GetClient(), manager: mgrState, node: o.NodeName, namespace: o.PoolsNamespace}).
+		setup(mgr); err != nil {
+		return err
+	}
+	if o.CleanupInterval > 0 {
+		if err := mgr.Add(&cleaner{reader: mgr.GetAPIReader(), manager: mgrState, interval: o.CleanupInterval,
+			misses: o.CleanupMisses, log: logger.WithName("cleanup")}); err != nil {
+			return fmt.Errorf("adding the stale-allocation cleaner: %w", err)
+		}
+	}
+	if err := mgr.Add(&annotator{client: mgr.GetClient(), manager: mgrState, node: o.NodeName,
+		interval: o.AnnotationInterval, log: logger.WithName("pools-in-use")}); err != nil {
+		return fmt.Errorf("adding the pools-in-use annotator: %w", err)
+	}
+	var serving atomic.Bool
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return fmt.Errorf("adding health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", func(*http.Request) error {
+		if !serving.Load() {
+			return errors.New("the gRPC socket is not serving yet")
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("adding ready check: %w", err)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		serving.Store(true)
+		if err := srv.Serve(lis); err != nil {
+			return fmt.Errorf("serving gRPC on %s: %w", o.BindAddress, err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := mgr.Start(gctx); err != nil {
+			return fmt.Errorf("running pool sync, cleanup and endpoints: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		serving.Store(false)
+		stopped := make(chan struct{})
+		go func() { srv.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(shutdownGrace):
+			srv.Stop()
+		}
+		return nil
+	})
+	err = g.Wait()
+	logger.Info("ipam-node stopped", "error", err)
+	return err
+}
+
+// listen opens the gRPC listener. A unix socket's directory is created, a stale
+// socket file is replaced (anything else at the path is an error), and the socket
+// gets mode 0600.
+func listen(bindAddress string) (net.Listener, error) {
+	network, addr, err := parseBindAddress(bindAddress)
+	if err != nil {
+		return nil, err
+	}
+	if network == "unix" {
+		if err := os.MkdirAll(filepath.Dir(addr), 0o700); err != nil {
+			return nil, fmt.Errorf("creating the socket's directory: %w", err)
+		}
+		if fi, err := os.Lstat(addr); err == nil {
+			if fi.Mode().Type() != fs.ModeSocket {
+				return nil, fmt.Errorf("--bind-address %s: the path exists and is not a socket; remove it or choose another path", addr)
+			}
+			if err := os.Remove(addr); err != nil {
+				return nil, fmt.Errorf("removing the stale socket %s: %w", addr, err)
+			}
+		}
+	}
+	lis, err := net.Listen(network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", bindAddress, err)
+	}
+	if network == "unix" {
+		if err := os.Chmod(addr, 0o600); err != nil {
+			_ = lis.Close()
+			return nil, fmt.Errorf("setting mode 0600 on %s: %w", addr, err)
+		}
+	}
+	return lis, nil
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("loading --kubeconfig %s: %w", kubeconfig, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no Kubernetes API configuration found (set --kubeconfig or $KUBECONFIG, or run in a pod): %w", err)
+	}
+	return cfg, nil
+}

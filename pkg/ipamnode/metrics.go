@@ -1,0 +1,102 @@
+package ipamnode
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/hwipam/hwipam/pkg/nodealloc"
+	"github.com/hwipam/hwipam/pkg/store"
+)
+
+var (
+	requestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "hwipam_node_request_duration_seconds",
+		Help:    "gRPC requests to the node daemon by method and status code.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+	}, []string{"method", "code"})
+	cleanupReleases = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hwipam_node_cleanup_releases_total",
+		Help: "Allocations released because their pod no longer exists.",
+	})
+
+	// current is the daemon whose state the collector reports (one per process;
+	// tests run several in turn).
+	current   atomic.Pointer[daemonState]
+	registerM sync.Once
+)
+
+type daemonState struct {
+	manager *nodealloc.Manager
+	store   *store.Store
+}
+
+type stateCollector struct{}
+
+var (
+	descAllocated = prometheus.NewDesc("hwipam_node_pool_allocations", "Addresses held in the pool on this node.", []string{"pool"}, nil)
+	descFree      = prometheus.NewDesc("hwipam_node_pool_free_addresses", "Addresses that can still be handed out (float: IPv6 blocks are huge).", []string{"pool"}, nil)
+	descActive    = prometheus.NewDesc("hwipam_node_pool_active", "1 when the pool has a block for this node, 0 when it only keeps old allocations.", []string{"pool"}, nil)
+	descCommits   = prometheus.NewDesc("hwipam_node_store_commits_total", "Store commits (each Allocate or Deallocate that changed something).", nil, nil)
+	descTxs       = prometheus.NewDesc("hwipam_node_store_transactions_total", "Write transactions (fsyncs) those commits shared.", nil, nil)
+)
+
+func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descAllocated, descFree, descActive, descCommits, descTxs} {
+		ch <- d
+	}
+}
+
+func (stateCollector) Collect(ch chan<- prometheus.Metric) {
+	s := current.Load()
+	if s == nil {
+		return
+	}
+	for _, p := range s.manager.Pools() {
+		ch <- prometheus.MustNewConstMetric(descAllocated, prometheus.GaugeValue, float64(p.Allocated), p.Key)
+		free := float64(p.Free.Hi)*18446744073709551616 + float64(p.Free.Lo)
+		ch <- prometheus.MustNewConstMetric(descFree, prometheus.GaugeValue, free, p.Key)
+		active := 0.0
+		if p.Active {
+			active = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, active, p.Key)
+	}
+	commits, txs := s.store.Stats()
+	ch <- prometheus.MustNewConstMetric(descCommits, prometheus.CounterValue, float64(commits))
+	ch <- prometheus.MustNewConstMetric(descTxs, prometheus.CounterValue, float64(txs))
+}
+
+func registerMetrics(m *nodealloc.Manager, st *store.Store) {
+	current.Store(&daemonState{manager: m, store: st})
+	registerM.Do(func() {
+		metrics.Registry.MustRegister(requestDuration, cleanupReleases, stateCollector{})
+	})
+}
+
+func requestMetrics(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	requestDuration.WithLabelValues(info.FullMethod, status.Code(err).String()).Observe(time.Since(start).Seconds())
+	return resp, err
+}
+
+// requestLogger logs failed requests at V(1) and every request at V(2).
+func requestLogger(l logr.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if err != nil {
+			l.V(1).Info("request failed", "method", info.FullMethod, "code", status.Code(err).String(), "error", err.Error())
+		} else {
+			l.V(2).Info("request", "method", info.FullMethod)
+		}
+		return resp, err
+	}
+}

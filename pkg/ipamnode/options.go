@@ -1,0 +1,102 @@
+package ipamnode
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
+)
+
+// Options are the ipam-node settings; AddFlags binds them to nv-ipam's flag names
+// plus hwipam's own.
+type Options struct {
+	NodeName               string
+	Kubeconfig             string
+	PoolsNamespace         string
+	BindAddress            string
+	StoreFile              string
+	MetricsBindAddress     string
+	HealthProbeBindAddress string
+	CleanupInterval        time.Duration
+	CleanupMisses          int
+	AnnotationInterval     time.Duration
+
+	// RestConfig, when set, is used instead of Kubeconfig (tests).
+	RestConfig *rest.Config
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	return &Options{
+		NodeName:               os.Getenv("NODE_NAME"),
+		PoolsNamespace:         "kube-system",
+		BindAddress:            "unix:///var/lib/cni/nv-ipam/daemon.sock",
+		StoreFile:              "/var/lib/cni/nv-ipam/store",
+		MetricsBindAddress:     ":8080",
+		HealthProbeBindAddress: ":8081",
+		CleanupInterval:        time.Minute,
+		CleanupMisses:          3,
+		AnnotationInterval:     10 * time.Second,
+	}
+}
+
+// AddFlags registers the options on fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "Name of this node (default $NODE_NAME).")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig,
+		"Path to a kubeconfig; empty uses $KUBECONFIG, the in-cluster config, or ~/.kube/config.")
+	fs.StringVar(&o.PoolsNamespace, "ippools-namespace", o.PoolsNamespace, "Namespace of the IPPool and CIDRPool objects.")
+	fs.StringVar(&o.BindAddress, "bind-address", o.BindAddress,
+		"Where the gRPC API listens: unix:///path (socket created with mode 0600) or tcp://host:port.")
+	fs.StringVar(&o.StoreFile, "store-file", o.StoreFile, "The allocation store; an nv-ipam JSON store found here is imported.")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint; 0 disables it.")
+	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress,
+		"Address of /healthz and /readyz (ready once the store is open and the socket serves); 0 disables them.")
+	fs.DurationVar(&o.CleanupInterval, "cleanup-interval", o.CleanupInterval,
+		"How often allocations are checked against their pods; 0 disables the stale-allocation cleaner.")
+	fs.IntVar(&o.CleanupMisses, "cleanup-misses", o.CleanupMisses,
+		"Consecutive checks that must find an allocation's pod gone (or with another UID) before it is released.")
+	fs.DurationVar(&o.AnnotationInterval, "pools-in-use-interval", o.AnnotationInterval,
+		"How often the node's ipam.hwipam.io/pools-in-use annotation is brought up to date.")
+}
+
+// Validate checks the options.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.NodeName == "" {
+		errs = append(errs, errors.New("--node-name is required (or set $NODE_NAME)"))
+	}
+	if o.PoolsNamespace == "" {
+		errs = append(errs, errors.New("--ippools-namespace must not be empty"))
+	}
+	if o.StoreFile == "" {
+		errs = append(errs, errors.New("--store-file must not be empty"))
+	}
+	if _, _, err := parseBindAddress(o.BindAddress); err != nil {
+		errs = append(errs, err)
+	}
+	if o.CleanupInterval < 0 || o.CleanupMisses < 1 {
+		errs = append(errs, fmt.Errorf("--cleanup-interval %s must not be negative and --cleanup-misses %d must be at least 1",
+			o.CleanupInterval, o.CleanupMisses))
+	}
+	return errors.Join(errs...)
+}
+
+// parseBindAddress splits unix:///path or tcp://host:port into network and address.
+func parseBindAddress(s string) (network, addr string, err error) {
+	switch {
+	case strings.HasPrefix(s, "unix://"):
+		p := strings.TrimPrefix(s, "unix://")
+		if !strings.HasPrefix(p, "/") {
+			return "", "", fmt.Errorf("--bind-address %q: a unix socket needs an absolute path (unix:///run/x.sock)", s)
+		}
+		return "unix", p, nil
+	case strings.HasPrefix(s, "tcp://"):
+		return "tcp", strings.TrimPrefix(s, "tcp://"), nil
+	}
+	return "", "", fmt.Errorf("--bind-address %q: want unix:///path or tcp://host:port", s)
+}

@@ -1,0 +1,184 @@
+// Package nodeservice serves the node daemon's gRPC API: nv-ipam's
+// nvidia.ipam.node.v1.IPAMService for the CNI plugin and hwipam.node.v1
+// NodeInfoService for ipamctl, over a nodealloc.Manager. It is the one place
+// where the allocation errors become gRPC status codes.
+package nodeservice
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	"github.com/hwipam/hwipam/pkg/nodealloc"
+)
+
+// Service implements both services.
+type Service struct {
+	nodev1.UnimplementedIPAMServiceServer
+	infov1.UnimplementedNodeInfoServiceServer
+
+	Manager *nodealloc.Manager
+}
+
+var (
+	_ nodev1.IPAMServiceServer     = (*Service)(nil)
+	_ infov1.NodeInfoServiceServer = (*Service)(nil)
+)
+
+// Allocate implements IPAMService.
+func (s *Service) Allocate(ctx context.Context, in *nodev1.AllocateRequest) (*nodev1.AllocateResponse, error) {
+	req, err := toRequest(in.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	res, err := s.Manager.Allocate(req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	out := &nodev1.AllocateResponse{}
+	for _, r := range res {
+		info := &nodev1.AllocationInfo{Pool: r.Pool, Ip: r.Addr.String(), PoolType: poolType(r.Kind)}
+		if r.Gateway.IsValid() {
+			info.Gateway = r.Gateway.String()
+		}
+		for _, rt := range r.Routes {
+			info.Routes = append(info.Routes, &nodev1.Route{Dest: rt.String()})
+		}
+		out.Allocations = append(out.Allocations, info)
+	}
+	return out, nil
+}
+
+// IsAllocated implements IPAMService.
+func (s *Service) IsAllocated(_ context.Context, in *nodev1.IsAllocatedRequest) (*nodev1.IsAllocatedResponse, error) {
+	req, err := toRequest(in.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Manager.IsAllocated(req); err != nil {
+		return nil, toStatus(err)
+	}
+	return &nodev1.IsAllocatedResponse{}, nil
+}
+
+// Deallocate implements IPAMService.
+func (s *Service) Deallocate(_ context.Context, in *nodev1.DeallocateRequest) (*nodev1.DeallocateResponse, error) {
+	req, err := toRequest(in.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Manager.Deallocate(req); err != nil {
+		return nil, toStatus(err)
+	}
+	return &nodev1.DeallocateResponse{}, nil
+}
+
+// ListPools implements NodeInfoService.
+func (s *Service) ListPools(context.Context, *infov1.ListPoolsRequest) (*infov1.ListPoolsResponse, error) {
+	out := &infov1.ListPoolsResponse{}
+	for _, p := range s.Manager.Pools() {
+		info := &infov1.PoolInfo{Key: p.Key, Active: p.Active, Allocated: p.Allocated,
+			Size: p.Size.String(), Free: p.Free.String(), Name: strings.TrimPrefix(p.Key, "cidrpool/")}
+		if c := p.Config; c != nil {
+			info.Name, info.Kind = c.Name, c.Kind
+			info.Start, info.End, info.Prefix = c.Block.Start.String(), c.Block.End.String(), c.Prefix.String()
+			if c.Gateway.IsValid() {
+				info.Gateway = c.Gateway.String()
+			}
+		}
+		out.Pools = append(out.Pools, info)
+	}
+	return out, nil
+}
+
+// ListAllocations implements NodeInfoService.
+func (s *Service) ListAllocations(_ context.Context, in *infov1.ListAllocationsRequest) (*infov1.ListAllocationsResponse, error) {
+	out := &infov1.ListAllocationsResponse{}
+	for pool, list := range s.Manager.Allocations(in.GetPool()) {
+		for i := range list {
+			a := &list[i]
+			out.Allocations = append(out.Allocations, &infov1.AllocationRecord{
+				Pool: pool, ContainerId: a.ContainerID, IfName: a.IfName, Ip: a.IP,
+				PodName: a.PodName, PodNamespace: a.PodNamespace, PodUid: a.PodUID, DeviceId: a.DeviceID,
+				CreateTime: a.CreateTime.Unix(),
+			})
+		}
+	}
+	return out, nil
+}
+
+func poolType(kind string) nodev1.PoolType {
+	if kind == nodealloc.KindCIDRPool {
+		return nodev1.PoolType_POOL_TYPE_CIDRPOOL
+	}
+	return nodev1.PoolType_POOL_TYPE_IPPOOL
+}
+
+// toRequest checks and converts the wire parameters; errors are InvalidArgument
+// naming the field.
+func toRequest(p *nodev1.IPAMParameters) (*nodealloc.Request, error) {
+	if p == nil {
+		return nil, status.Error(codes.InvalidArgument, "parameters: required")
+	}
+	req := &nodealloc.Request{
+		Pools: p.GetPools(), ContainerID: p.GetCniContainerid(), IfName: p.GetCniIfname(),
+		Meta: nodealloc.Metadata{PodName: p.GetMetadata().GetK8SPodName(), PodNamespace: p.GetMetadata().GetK8SPodNamespace(),
+			PodUID: p.GetMetadata().GetK8SPodUid(), DeviceID: p.GetMetadata().GetDeviceId()},
+		AllocateGateway: p.GetFeatures().GetAllocateDefaultGateway(),
+	}
+	switch p.GetPoolType() {
+	case nodev1.PoolType_POOL_TYPE_UNSPECIFIED, nodev1.PoolType_POOL_TYPE_IPPOOL:
+		req.Kind = nodealloc.KindIPPool
+	case nodev1.PoolType_POOL_TYPE_CIDRPOOL:
+		req.Kind = nodealloc.KindCIDRPool
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "parameters.pool_type: unknown value %d", p.GetPoolType())
+	}
+	if p.GetFeatures() != nil && p.GetFeatures().AllocateIpWithIndex != nil {
+		ix := p.GetFeatures().GetAllocateIpWithIndex()
+		req.Index = &ix
+	}
+	for i, s := range p.GetRequestedIps() {
+		a, err := parseIP(s)
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "parameters.requested_ips[%d]: %q is not an IP address", i, s)
+		}
+		req.RequestedIPs = append(req.RequestedIPs, a)
+	}
+	return req, nil
+}
+
+func parseIP(s string) (netip.Addr, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Addr{}, err
+		}
+		return p.Addr(), nil
+	}
+	return netip.ParseAddr(s)
+}
+
+// toStatus maps allocation errors to gRPC codes.
+func toStatus(err error) error {
+	switch {
+	case errors.Is(err, nodealloc.ErrInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, nodealloc.ErrUnknownPool), errors.Is(err, nodealloc.ErrNotAllocated):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, nodealloc.ErrExhausted):
+		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
