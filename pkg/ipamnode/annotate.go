@@ -70,12 +70,17 @@ func (a *annotator) update(ctx context.Context) {
 	case err == nil:
 		a.last = &want
 		a.warned = false
-	case apierrors.IsForbidden(err) || apierrors.IsNotFound(err):
+	case apierrors.IsForbidden(err):
 		if !a.warned {
 			a.warned = true
 			a.log.Info("warning: cannot annotate this node with the pools it uses; the controller then cannot keep "+
 				"this node's blocks after it stops matching a pool. Grant patch on nodes to the node's service account.",
 				"node", a.node, "error", err.Error())
+		}
+	case apierrors.IsNotFound(err):
+		if !a.warned {
+			a.warned = true
+			a.log.Info("warning: this node does not exist in the API; check --node-name", "node", a.node)
 		}
 	default:
 		a.log.V(1).Info("annotating the node failed; will retry", "error", err.Error())

@@ -21,6 +21,8 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -103,6 +105,9 @@ func Run(ctx context.Context, o *Options) error {
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsBindAddress},
 		HealthProbeBindAddress: o.HealthProbeBindAddress,
 		Logger:                 logger,
+		// A fixed mapper: the daemon must start, and serve its stored blocks, while
+		// the API server is unreachable; discovery would make that fail.
+		MapperProvider: func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return restMapper(), nil },
 	})
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
@@ -197,6 +202,17 @@ func listen(bindAddress string) (net.Listener, error) {
 		}
 	}
 	return lis, nil
+}
+
+// restMapper knows the few kinds the daemon touches.
+func restMapper() meta.RESTMapper {
+	m := meta.NewDefaultRESTMapper(nil)
+	for _, k := range []string{"IPPool", "IPPoolList", "CIDRPool", "CIDRPoolList"} {
+		m.Add(v1alpha1.GroupVersion.WithKind(k), meta.RESTScopeNamespace)
+	}
+	m.Add(corev1.SchemeGroupVersion.WithKind("Pod"), meta.RESTScopeNamespace)
+	m.Add(corev1.SchemeGroupVersion.WithKind("Node"), meta.RESTScopeRoot)
+	return m
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

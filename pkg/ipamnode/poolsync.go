@@ -39,7 +39,8 @@ func (s *poolSync) setup(mgr ctrl.Manager) error {
 		Named("poolsync").
 		Watches(&v1alpha1.IPPool{}, all).
 		Watches(&v1alpha1.CIDRPool{}, all).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1, CacheSyncTimeout: waitForever, NeedLeaderElection: new(false)}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1, CacheSyncTimeout: waitForever, NeedLeaderElection: new(false),
+			SkipNameValidation: new(true)}). // one daemon per process, but tests run several in turn
 		Complete(s)
 	if err != nil {
 		return fmt.Errorf("setting up the pool sync: %w", err)
