@@ -278,10 +278,6 @@ func TestCleanupReleasesAllocationsOfDeletedPods(t *testing.T) {
 	}
 	alloc("live", live)
 	alloc("doomed", doomed)
-	// An allocation for a pod name that never existed, without UID: the cleaner may
-	// release it too (the pod is not found). One with no pod metadata at all must stay.
-	noMeta := params("nometa", "p")
-	noMeta.Metadata = &nodev1.IPAMMetadata{K8SPodName: "x", K8SPodNamespace: "default"}
 	if err := c.Delete(ctx, doomed); err != nil {
 		t.Fatal(err)
 	}
