@@ -69,6 +69,17 @@ type poolState struct {
 	block  *allocator.Block // nil with cfg
 	active bool
 	allocs map[owner]store.Allocation
+	// inflight are operations whose store commit is running without the lock
+	// held (so that concurrent requests share transactions). Their addresses stay
+	// reserved in the block until the commit's outcome is applied; a request for
+	// the same interface waits for them.
+	inflight map[owner]*flight
+}
+
+// flight is one interface's operation in progress in a pool.
+type flight struct {
+	done chan struct{}
+	ips  []netip.Addr
 }
 
 // Manager holds the node's pools and allocations.
@@ -92,7 +103,7 @@ func New(st *store.Store, node string) (*Manager, error) {
 		return nil, err
 	}
 	for key, ps := range loaded {
-		p := &poolState{key: key, allocs: make(map[owner]store.Allocation, len(ps.Allocations))}
+		p := &poolState{key: key, allocs: make(map[owner]store.Allocation, len(ps.Allocations)), inflight: map[owner]*flight{}}
 		for _, a := range ps.Allocations {
 			p.allocs[owner{a.ContainerID, a.IfName}] = a
 		}
@@ -135,6 +146,13 @@ func (p *poolState) configure(cfg *PoolConfig) error {
 			return fmt.Errorf("allocation %s/%s: %w", a.ContainerID, a.IfName, err)
 		}
 	}
+	for who, f := range p.inflight {
+		for _, ip := range f.ips {
+			if err := b.Reserve(ip); err != nil {
+				return fmt.Errorf("in-flight allocation %s/%s: %w", who.containerID, who.ifName, err)
+			}
+		}
+	}
 	if cursor.IsValid() {
 		b.SetCursor(cursor)
 	}
@@ -149,7 +167,7 @@ func (m *Manager) SetPool(cfg *PoolConfig) error {
 	m.mu.Lock()
 	p, ok := m.pools[key]
 	if !ok {
-		p = &poolState{key: key, allocs: map[owner]store.Allocation{}}
+		p = &poolState{key: key, allocs: map[owner]store.Allocation{}, inflight: map[owner]*flight{}}
 		m.pools[key] = p
 	}
 	m.mu.Unlock()
@@ -261,11 +279,71 @@ func (m *Manager) Allocate(req *Request) ([]Result, error) {
 	if req.Meta.PodName == "" || req.Meta.PodNamespace == "" {
 		return nil, fmt.Errorf("%w: metadata k8s_pod_name and k8s_pod_namespace are required", ErrInvalid)
 	}
-	states, unlock := m.lockPools(keys)
-	defer unlock()
 	who := owner{req.ContainerID, req.IfName}
+	for {
+		states, unlock := m.lockPools(keys)
+		if wait := waitingOn(states, who); wait != nil {
+			unlock()
+			<-wait // the same interface is being allocated or released; then look again
+			continue
+		}
+		res, f, puts, err := m.reserve(states, req, who)
+		if err != nil || f == nil {
+			unlock()
+			return res, err
+		}
+		unlock()
+		// The commit runs without pool locks, so concurrent Allocates share its
+		// transaction (group commit); the reserved addresses cannot be handed out
+		// meanwhile.
+		cerr := m.store.Commit(puts, nil)
+		states, unlock = m.lockPools(keys)
+		for _, p := range states {
+			pf := p.inflight[who]
+			if pf == nil {
+				continue
+			}
+			delete(p.inflight, who)
+			if cerr != nil {
+				for _, ip := range pf.ips {
+					p.block.Release(ip)
+				}
+				continue
+			}
+			for _, put := range puts {
+				if put.PoolKey == p.key {
+					p.allocs[who] = put.Allocation
+				}
+			}
+		}
+		close(f.done)
+		if cerr != nil {
+			unlock()
+			return nil, cerr
+		}
+		res = m.results(states, who)
+		unlock()
+		return res, nil
+	}
+}
 
-	// Idempotency: every pool already holds an address for the interface.
+// waitingOn returns the done channel of an operation in flight for the interface
+// in any of the pools.
+func waitingOn(states []*poolState, who owner) <-chan struct{} {
+	for _, p := range states {
+		if p != nil {
+			if f := p.inflight[who]; f != nil {
+				return f.done
+			}
+		}
+	}
+	return nil
+}
+
+// reserve, with the pools locked, returns the existing results (idempotent
+// retry), or reserves an address in every pool that lacks one and records the
+// flight; the caller commits the puts.
+func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Result, *flight, []store.Put, error) {
 	existing := 0
 	for _, p := range states {
 		if p != nil {
@@ -275,38 +353,29 @@ func (m *Manager) Allocate(req *Request) ([]Result, error) {
 		}
 	}
 	if existing == len(states) {
-		return m.results(states, who), nil
+		return m.results(states, who), nil, nil, nil
 	}
-
 	for i, p := range states {
 		if p == nil || p.cfg == nil {
-			return nil, fmt.Errorf("%w: %s %q has no block on node %s (is the pool defined, and does its nodeSelector match this node?)",
+			return nil, nil, nil, fmt.Errorf("%w: %s %q has no block on node %s (is the pool defined, and does its nodeSelector match this node?)",
 				ErrUnknownPool, kindOf(req), req.Pools[i], m.node)
 		}
 		if !p.active {
 			if _, ok := p.allocs[who]; !ok {
-				return nil, fmt.Errorf("%w: %s %q no longer has a block on node %s: existing allocations stay until released, new ones are refused",
+				return nil, nil, nil, fmt.Errorf("%w: %s %q no longer has a block on node %s: existing allocations stay until released, new ones are refused",
 					ErrUnknownPool, kindOf(req), req.Pools[i], m.node)
 			}
 		}
 	}
 	requested, err := assignRequested(states, req)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
-
-	// Reserve in memory (so concurrent calls cannot pick the same address), then
-	// commit; on failure undo the reservations.
 	type taken struct {
 		p  *poolState
 		ip netip.Addr
 	}
 	var took []taken
-	undo := func() {
-		for _, t := range took {
-			t.p.block.Release(t.ip)
-		}
-	}
 	var puts []store.Put
 	now := m.now().UTC()
 	for i, p := range states {
@@ -315,8 +384,10 @@ func (m *Manager) Allocate(req *Request) ([]Result, error) {
 		}
 		ip, err := m.pick(p, req, requested[i])
 		if err != nil {
-			undo()
-			return nil, fmt.Errorf("pool %s: %w", req.Pools[i], err)
+			for _, t := range took {
+				t.p.block.Release(t.ip)
+			}
+			return nil, nil, nil, fmt.Errorf("pool %s: %w", req.Pools[i], err)
 		}
 		took = append(took, taken{p, ip})
 		a := store.Allocation{ContainerID: req.ContainerID, IfName: req.IfName, IP: ip.String(),
@@ -324,14 +395,11 @@ func (m *Manager) Allocate(req *Request) ([]Result, error) {
 			DeviceID: req.Meta.DeviceID, CreateTime: now}
 		puts = append(puts, store.Put{PoolKey: p.key, Allocation: a, LastReserved: p.block.Cursor().String()})
 	}
-	if err := m.store.Commit(puts, nil); err != nil {
-		undo()
-		return nil, err
+	f := &flight{done: make(chan struct{})}
+	for _, t := range took {
+		t.p.inflight[who] = &flight{done: f.done, ips: []netip.Addr{t.ip}}
 	}
-	for i, t := range took {
-		t.p.allocs[who] = puts[i].Allocation
-	}
-	return m.results(states, who), nil
+	return nil, f, puts, nil
 }
 
 func kindOf(req *Request) string {
@@ -449,58 +517,77 @@ func (m *Manager) Deallocate(req *Request) error {
 	if err != nil {
 		return err
 	}
-	states, unlock := m.lockPools(keys)
-	defer unlock()
-	return m.release(states, owner{req.ContainerID, req.IfName})
+	_, err = m.releaseMatching(keys, owner{req.ContainerID, req.IfName}, nil)
+	return err
 }
 
-func (m *Manager) release(states []*poolState, who owner) error {
-	var dels []store.Key
-	for _, p := range states {
-		if p == nil {
+// ReleaseIf releases one allocation if it is still exactly a (same address, pod
+// UID and creation time): the stale-allocation cleaner decides without locks held,
+// then calls this.
+func (m *Manager) ReleaseIf(poolKey string, a store.Allocation) (bool, error) {
+	return m.releaseMatching([]string{poolKey}, owner{a.ContainerID, a.IfName}, func(cur store.Allocation) bool {
+		return cur.IP == a.IP && cur.PodUID == a.PodUID && cur.CreateTime.Equal(a.CreateTime)
+	})
+}
+
+// releaseMatching releases the interface's allocations in the pools (those that
+// match, when match is set). The delete commits without pool locks held, like an
+// Allocate's put; the addresses stay reserved until it is on disk.
+func (m *Manager) releaseMatching(keys []string, who owner, match func(store.Allocation) bool) (bool, error) {
+	for {
+		states, unlock := m.lockPools(keys)
+		if wait := waitingOn(states, who); wait != nil {
+			unlock()
+			<-wait
 			continue
 		}
-		if _, ok := p.allocs[who]; ok {
+		done := make(chan struct{})
+		var dels []store.Key
+		removed := map[*poolState]store.Allocation{}
+		for _, p := range states {
+			if p == nil {
+				continue
+			}
+			a, ok := p.allocs[who]
+			if !ok || (match != nil && !match(a)) {
+				continue
+			}
+			ip, _ := netip.ParseAddr(a.IP)
 			dels = append(dels, store.Key{PoolKey: p.key, ContainerID: who.containerID, IfName: who.ifName})
-		}
-	}
-	if len(dels) == 0 {
-		return nil
-	}
-	if err := m.store.Commit(nil, dels); err != nil {
-		return err
-	}
-	for _, p := range states {
-		if p == nil {
-			continue
-		}
-		if a, ok := p.allocs[who]; ok {
+			removed[p] = a
 			delete(p.allocs, who)
-			if p.block != nil {
-				if ip, err := netip.ParseAddr(a.IP); err == nil {
+			p.inflight[who] = &flight{done: done, ips: []netip.Addr{ip}}
+		}
+		unlock()
+		if len(dels) == 0 {
+			return false, nil
+		}
+		cerr := m.store.Commit(nil, dels)
+		states, unlock = m.lockPools(keys)
+		for _, p := range states {
+			a, ok := removed[p]
+			if !ok {
+				continue
+			}
+			f := p.inflight[who]
+			delete(p.inflight, who)
+			if cerr != nil {
+				p.allocs[who] = a // still on disk: still held
+				continue
+			}
+			if p.block != nil && f != nil {
+				for _, ip := range f.ips {
 					p.block.Release(ip)
 				}
 			}
 		}
+		close(done)
+		unlock()
+		if cerr != nil {
+			return false, cerr
+		}
+		return true, nil
 	}
-	return nil
-}
-
-// ReleaseIf releases one allocation if it is still exactly a (same address and
-// pod UID): the stale-allocation cleaner decides without locks held, then calls this.
-func (m *Manager) ReleaseIf(poolKey string, a store.Allocation) (bool, error) {
-	states, unlock := m.lockPools([]string{poolKey})
-	defer unlock()
-	p := states[0]
-	if p == nil {
-		return false, nil
-	}
-	who := owner{a.ContainerID, a.IfName}
-	cur, ok := p.allocs[who]
-	if !ok || cur.IP != a.IP || cur.PodUID != a.PodUID || !cur.CreateTime.Equal(a.CreateTime) {
-		return false, nil
-	}
-	return true, m.release(states, who)
 }
 
 // PoolInfo describes one pool for listings.

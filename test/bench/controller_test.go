@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -230,3 +231,25 @@ func peakRSSKiB(b *testing.B, pid int) int {
 	b.Fatal("no VmHWM in /proc status")
 	return 0
 }
+
+// currentRSSKiB reads VmRSS of a running process.
+func currentRSSKiB(b *testing.B, pid int) int {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kib, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kib
+		}
+	}
+	b.Fatal("no VmRSS in /proc status")
+	return 0
+}
+
+func grpcCode(err error) string { return status.Code(err).String() }
