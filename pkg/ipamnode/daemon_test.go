@@ -230,8 +230,10 @@ func TestBlockRemovedStopsNewAllocationsOnly(t *testing.T) {
 	if err := c.Status().Update(ctx, &p); err != nil {
 		t.Fatal(err)
 	}
+	probe := 0
 	waitFor(t, "the pool to go inactive", func() bool {
-		_, err := d.ipam.Allocate(ctx, &nodev1.AllocateRequest{Parameters: params("c2", "p")})
+		probe++ // a new interface each time: an existing allocation is returned even by an inactive pool
+		_, err := d.ipam.Allocate(ctx, &nodev1.AllocateRequest{Parameters: params(fmt.Sprintf("probe%d", probe), "p")})
 		return code(err) == codes.NotFound
 	})
 	if _, err := d.ipam.IsAllocated(ctx, &nodev1.IsAllocatedRequest{Parameters: params("c1", "p")}); err != nil {
