@@ -84,6 +84,7 @@ type Store struct {
 	commits      atomic.Uint64 // Commit calls that succeeded
 	transactions atomic.Uint64 // write transactions they shared
 	lastTx       atomic.Int64
+	inflight     atomic.Int64 // Commit calls running
 }
 
 // Stats reports how many Commit calls succeeded and in how many write
@@ -221,7 +222,14 @@ type Put struct {
 // Commit records the puts and deletes in one transaction, shared with concurrent
 // callers, and returns once it is on disk. Either all of them happen or none.
 func (s *Store) Commit(puts []Put, deletes []Key) error {
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+	// Alone, commit at once; with others in flight, join a batch. A lone caller
+	// would otherwise wait MaxBatchDelay for company that is not coming.
+	run := s.db.Batch
+	if s.inflight.Add(1) == 1 {
+		run = s.db.Update
+	}
+	defer s.inflight.Add(-1)
+	err := run(func(tx *bolt.Tx) error {
 		// Batch runs the calls sharing a transaction one after another on one
 		// goroutine, so a new ID marks a new transaction. (A call retried alone after a
 		// failed batch runs in yet another one.)
