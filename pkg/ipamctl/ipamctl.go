@@ -40,5 +40,6 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		},
 	})
+	root.AddCommand(poolsCommand(), allocationsCommand())
 	return root.ExecuteContext(ctx)
 }

@@ -1,0 +1,150 @@
+package ipamctl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+)
+
+// DefaultSocket is where ipam-node listens by default.
+const DefaultSocket = "unix:///var/lib/cni/nv-ipam/daemon.sock"
+
+type nodeFlags struct {
+	socket  string
+	output  string
+	timeout time.Duration
+}
+
+func (f *nodeFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.socket, "socket", DefaultSocket, "ipam-node's gRPC address (unix:///path or host:port)")
+	cmd.Flags().StringVarP(&f.output, "output", "o", "table", "output format: table or json")
+	cmd.Flags().DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the daemon")
+}
+
+func (f *nodeFlags) call(ctx context.Context, fn func(context.Context, infov1.NodeInfoServiceClient) error) error {
+	if f.output != "table" && f.output != "json" {
+		return fmt.Errorf("--output %q: want table or json", f.output)
+	}
+	target := strings.TrimPrefix(f.socket, "tcp://") // gRPC dials host:port and unix:// targets as they are
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("--socket %s: %w", f.socket, err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	if err := fn(ctx, infov1.NewNodeInfoServiceClient(conn)); err != nil {
+		return fmt.Errorf("cannot query ipam-node at %s (is it running on this node? see --socket): %w", f.socket, err)
+	}
+	return nil
+}
+
+func writeJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encoding JSON: %w", err)
+	}
+	// protojson varies its whitespace on purpose; print a stable form.
+	var compact, out bytes.Buffer
+	if err := json.Compact(&compact, b); err != nil {
+		return fmt.Errorf("encoding JSON: %w", err)
+	}
+	if err := json.Indent(&out, compact.Bytes(), "", "  "); err != nil {
+		return fmt.Errorf("encoding JSON: %w", err)
+	}
+	out.WriteByte('\n')
+	_, err = w.Write(out.Bytes())
+	return err
+}
+
+func poolsCommand() *cobra.Command {
+	var f nodeFlags
+	cmd := &cobra.Command{
+		Use:   "pools",
+		Short: "List the pools this node's daemon has a block in, with usage",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return f.call(cmd.Context(), func(ctx context.Context, c infov1.NodeInfoServiceClient) error {
+				resp, err := c.ListPools(ctx, &infov1.ListPoolsRequest{})
+				if err != nil {
+					return err
+				}
+				if f.output == "json" {
+					return writeJSON(cmd.OutOrStdout(), resp)
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "POOL\tKIND\tBLOCK\tPREFIX\tGATEWAY\tALLOCATED\tFREE\tACTIVE")
+				for _, p := range resp.GetPools() {
+					block := "-"
+					if p.GetStart() != "" {
+						block = p.GetStart() + "-" + p.GetEnd()
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%v\n", p.GetKey(), dash(p.GetKind()), block, dash(p.GetPrefix()),
+						dash(p.GetGateway()), p.GetAllocated(), dash(p.GetFree()), p.GetActive())
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	f.add(cmd)
+	return cmd
+}
+
+func allocationsCommand() *cobra.Command {
+	var f nodeFlags
+	var pool string
+	cmd := &cobra.Command{
+		Use:   "allocations",
+		Short: "List the allocations this node's daemon holds, with their pods",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return f.call(cmd.Context(), func(ctx context.Context, c infov1.NodeInfoServiceClient) error {
+				resp, err := c.ListAllocations(ctx, &infov1.ListAllocationsRequest{Pool: pool})
+				if err != nil {
+					return err
+				}
+				if f.output == "json" {
+					return writeJSON(cmd.OutOrStdout(), resp)
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "POOL\tIP\tPOD\tCONTAINER\tIF\tDEVICE\tCREATED")
+				for _, a := range resp.GetAllocations() {
+					pod := "-"
+					if a.GetPodName() != "" {
+						pod = a.GetPodNamespace() + "/" + a.GetPodName()
+					}
+					cid := a.GetContainerId()
+					if len(cid) > 12 {
+						cid = cid[:12]
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.GetPool(), a.GetIp(), pod, cid, a.GetIfName(),
+						dash(a.GetDeviceId()), time.Unix(a.GetCreateTime(), 0).UTC().Format(time.RFC3339))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	f.add(cmd)
+	cmd.Flags().StringVar(&pool, "pool", "", "only this pool (its store key: the IPPool name, or cidrpool/<name>)")
+	return cmd
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,104 @@
+package ipamctl_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	"github.com/hwipam/hwipam/pkg/ipamctl"
+	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/nodealloc"
+	"github.com/hwipam/hwipam/pkg/nodeservice"
+	"github.com/hwipam/hwipam/pkg/store"
+)
+
+// serve runs the real node service over a real store on a unix socket.
+func serve(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "store"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	m, err := nodealloc.New(st, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.8")
+	if err := m.SetPool(&nodealloc.PoolConfig{Name: "rail0", Kind: nodealloc.KindIPPool, Prefix: netip.MustParsePrefix("10.1.0.0/24"),
+		Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: start}); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "d.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	svc := &nodeservice.Service{Manager: m}
+	nodev1.RegisterIPAMServiceServer(srv, svc)
+	infov1.RegisterNodeInfoServiceServer(srv, svc)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	if _, err := svc.Allocate(context.Background(), &nodev1.AllocateRequest{Parameters: &nodev1.IPAMParameters{
+		Pools: []string{"rail0"}, CniContainerid: "0123456789abcdef", CniIfname: "net1",
+		Metadata: &nodev1.IPAMMetadata{K8SPodName: "trainer-0", K8SPodNamespace: "ml", DeviceId: "0000:3b:00.2"}}}); err != nil {
+		t.Fatal(err)
+	}
+	return "unix://" + sock
+}
+
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := ipamctl.Run(t.Context(), ipamctl.Options{Args: args, Stdout: &out, Stderr: &errOut})
+	return out.String(), err
+}
+
+func TestPoolsAndAllocations(t *testing.T) {
+	sock := serve(t)
+	out, err := run(t, "pools", "--socket", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"POOL", "rail0", "IPPool", "10.1.0.1-10.1.0.8", "10.1.0.0/24", "true"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("pools output lacks %q:\n%s", want, out)
+		}
+	}
+	if fields := strings.Fields(strings.Split(out, "\n")[1]); len(fields) < 7 || fields[5] != "1" || fields[6] != "6" {
+		t.Errorf("pools row = %v, want 1 allocated and 6 free (8 minus the gateway minus one)", fields)
+	}
+	out, err = run(t, "allocations", "--socket", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"10.1.0.2", "ml/trainer-0", "0123456789ab", "net1", "0000:3b:00.2"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("allocations output lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = run(t, "allocations", "--socket", sock, "-o", "json")
+	if err != nil || !strings.Contains(out, `"podName": "trainer-0"`) {
+		t.Errorf("allocations -o json = %v\n%s", err, out)
+	}
+}
+
+func TestUnreachableDaemon(t *testing.T) {
+	_, err := run(t, "pools", "--socket", "unix://"+filepath.Join(t.TempDir(), "none.sock"), "--timeout", "500ms")
+	if err == nil || !strings.Contains(err.Error(), "is it running on this node") {
+		t.Errorf("pools against no daemon = %v", err)
+	}
+	if _, err := run(t, "pools", "-o", "yaml"); err == nil || !strings.Contains(err.Error(), "--output") {
+		t.Errorf("bad -o = %v", err)
+	}
+}
