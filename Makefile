@@ -127,7 +127,7 @@ protoc: ## Install protoc (Debian's protobuf-compiler) when missing.
 
 # Paths whose content is generated; verify-generated fails when they differ from what
 # the generators produce now.
-GENERATED_PATHS := api deploy/crds deploy/webhook deploy/rbac/controller
+GENERATED_PATHS := api deploy/crds deploy/webhook deploy/rbac/controller deploy/rbac/node/role.yaml
 
 .PHONY: generate
 PROTO_FILES := $(shell find api/grpc -name '*.proto')
@@ -140,11 +140,13 @@ generate: $(CONTROLLER_GEN) $(PROTOC_GEN_GO) $(PROTOC_GEN_GRPC) protoc ## Genera
 		$(PROTO_FILES)
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate CRDs (deploy/crds), webhook (deploy/webhook) and controller RBAC (deploy/rbac/controller).
+manifests: $(CONTROLLER_GEN) ## Generate CRDs (deploy/crds), webhook (deploy/webhook), RBAC (deploy/rbac/{controller,node}).
 	$(CONTROLLER_GEN) crd webhook paths="./api/..." output:crd:artifacts:config=deploy/crds \
 		output:webhook:artifacts:config=deploy/webhook
 	$(CONTROLLER_GEN) rbac:roleName=hwipam-controller paths="./pkg/poolcontroller/..." \
 		output:rbac:artifacts:config=deploy/rbac/controller
+	$(CONTROLLER_GEN) rbac:roleName=hwipam-node paths="./pkg/ipamnode/..." \
+		output:rbac:artifacts:config=deploy/rbac/node
 
 .PHONY: verify-generated
 verify-generated: generate manifests ## Fail when checked-in generated files are stale.

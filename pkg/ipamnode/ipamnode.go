@@ -42,6 +42,12 @@ import (
 	"github.com/hwipam/hwipam/pkg/version"
 )
 
+// RBAC of the node daemon. Pools and pods are all network-operator grants; patch on
+// nodes (the pools-in-use annotation) is optional and degrades to a warning.
+// +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools;cidrpools,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;patch
+
 // shutdownGrace bounds how long in-flight requests may take after SIGTERM.
 const shutdownGrace = 10 * time.Second
 
