@@ -1,5 +1,6 @@
-// Package examples applies every manifest example of the repository to the real
-// apiserver, so that documentation and examples cannot drift from the CRDs.
+// Package examples applies every manifest of the repository (examples, the
+// kustomize base, RBAC) to the real apiserver, so that they cannot drift from the
+// CRDs and the Kubernetes API.
 package examples
 
 import (
@@ -22,17 +23,19 @@ import (
 	"github.com/hwipam/hwipam/test/harness"
 )
 
-// exampleFiles lists deploy/examples/*.yaml and docs/**/*.yaml.
+// exampleFiles lists the manifests under deploy/examples, deploy/base, deploy/rbac
+// and docs (kustomization files excepted).
 func exampleFiles(t *testing.T) []string {
 	t.Helper()
 	root := harness.RepoRoot()
 	var files []string
-	for _, dir := range []string{"deploy/examples", "docs"} {
+	for _, dir := range []string{"deploy/examples", "deploy/base", "deploy/rbac", "docs"} {
 		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d os.DirEntry, err error) error {
 			if err != nil {
 				return err
 			}
-			if !d.IsDir() && (strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml")) {
+			if !d.IsDir() && (strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml")) &&
+				d.Name() != "kustomization.yaml" {
 				files = append(files, path)
 			}
 			return nil
