@@ -2,10 +2,13 @@ package ipamnode_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -148,5 +151,67 @@ func TestKill9DuringAllocateBurst(t *testing.T) {
 		if _, ok := succeeded[cid]; !ok && !attempted[cid] && cid != "probe" {
 			t.Errorf("after restart the store holds %s, which no client asked for", cid)
 		}
+	}
+}
+
+// TestSIGTERMStopsCleanly: a real daemon stops with exit 0 on SIGTERM and leaves a
+// store that opens again.
+func TestSIGTERMStopsCleanly(t *testing.T) {
+	scheme, err := ipamcontroller.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	poolWithBlock(t, cp.Client, "crash", "10.9.0.0/24", "10.9.0.1", "10.9.0.8")
+	kubeconfig, err := cp.WriteKubeconfig(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := harness.BuildBinary(t, "./cmd/ipam-node")
+	dir := t.TempDir()
+	p := startProcess(t, bin, kubeconfig, dir)
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Wait(); err != nil {
+		t.Fatalf("ipam-node after SIGTERM: %v, want exit 0", err)
+	}
+	p2 := startProcess(t, bin, kubeconfig, dir)
+	if _, err := p2.ipam.IsAllocated(t.Context(), &nodev1.IsAllocatedRequest{Parameters: params("probe", "crash")}); err != nil {
+		t.Errorf("the allocation made before SIGTERM: %v", err)
+	}
+}
+
+// TestFatalErrorExitsNonZero: a part that cannot start (the metrics port is
+// taken) stops the daemon with an error, not a silent exit 0.
+func TestFatalErrorExitsNonZero(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	bin := harness.BuildBinary(t, "./cmd/ipam-node")
+	dir := t.TempDir()
+	// An API server that is down does not stop the daemon; the taken port must.
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--node-name", node, "--kubeconfig", kubeconfig, "--store-file", filepath.Join(dir, "store"),
+		"--bind-address", "unix://"+filepath.Join(dir, "s.sock"), "--metrics-bind-address", l.Addr().String(),
+		"--health-probe-bind-address", "0")
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) || exitErr.ExitCode() == 0 {
+		t.Fatalf("ipam-node with its metrics port taken: %v, want a non-zero exit\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "address already in use") {
+		t.Errorf("the failure does not say what went wrong:\n%s", out)
 	}
 }

@@ -41,6 +41,12 @@ type daemon struct {
 // startDaemon runs ipam-node in-process over a store and socket in dir.
 func startDaemon(t *testing.T, cfg *rest.Config, dir string, mod func(*ipamnode.Options)) *daemon {
 	t.Helper()
+	return startDaemonLogged(t, cfg, dir, mod, nil)
+}
+
+// startDaemonLogged is startDaemon with the daemon's log lines passed to logf.
+func startDaemonLogged(t *testing.T, cfg *rest.Config, dir string, mod func(*ipamnode.Options), logf func(string)) *daemon {
+	t.Helper()
 	o := ipamnode.NewOptions()
 	o.NodeName = node
 	o.RestConfig = cfg
@@ -52,7 +58,10 @@ func startDaemon(t *testing.T, cfg *rest.Config, dir string, mod func(*ipamnode.
 		mod(o)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if os.Getenv("HWIPAM_TEST_LOG") != "" {
+	switch {
+	case logf != nil:
+		ctx = logr.NewContext(ctx, funcr.New(func(prefix, args string) { logf(prefix + " " + args) }, funcr.Options{}))
+	case os.Getenv("HWIPAM_TEST_LOG") != "":
 		ctx = logr.NewContext(ctx, funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: 2}))
 	}
 	done := make(chan error, 1)

@@ -128,6 +128,16 @@ func (cp *ControlPlane) Stop() error {
 	return nil
 }
 
+// AddUser returns a client configuration for a user of the given name with no
+// groups: what it may do is what RBAC objects the test creates grant it.
+func (cp *ControlPlane) AddUser(name string) (*rest.Config, error) {
+	user, err := cp.env.AddUser(envtest.User{Name: name}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("adding user %s: %w", name, err)
+	}
+	return user.Config(), nil
+}
+
 // WriteKubeconfig writes a kubeconfig for a cluster-admin user of this control plane
 // into dir and returns its path, for processes the test starts.
 func (cp *ControlPlane) WriteKubeconfig(dir string) (string, error) {

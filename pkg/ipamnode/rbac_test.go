@@ -1,0 +1,119 @@
+package ipamnode_test
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	"github.com/hwipam/hwipam/pkg/ipamcontroller"
+	"github.com/hwipam/hwipam/pkg/ipamnode"
+	"github.com/hwipam/hwipam/test/harness"
+)
+
+// TestNetworkOperatorRBAC runs the daemon with only what network-operator grants
+// its node service account (get/list/watch pods, ippools, cidrpools): allocation
+// works, the pools-in-use annotation is skipped with one warning, and the metrics
+// endpoint reports the pool and the requests.
+func TestNetworkOperatorRBAC(t *testing.T) {
+	scheme, err := ipamcontroller.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	c := cp.Client
+	ctx := t.Context()
+	if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
+		t.Fatal(err)
+	}
+	read := []string{"get", "list", "watch"}
+	if err := c.Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "nv-ipam-node"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: read},
+		{APIGroups: []string{"nv-ipam.nvidia.com"}, Resources: []string{"ippools", "cidrpools"}, Verbs: read},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "nv-ipam-node"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "nv-ipam-node"},
+		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: "nv-ipam-node"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	restricted, err := cp.AddUser("nv-ipam-node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	poolWithBlock(t, c, "p", "10.10.0.0/24", "10.10.0.1", "10.10.0.8")
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := l.Addr().String()
+	l.Close()
+	var mu sync.Mutex
+	var logs []string
+	d := startDaemonLogged(t, restricted, t.TempDir(), func(o *ipamnode.Options) {
+		o.AnnotationInterval = 100 * time.Millisecond
+		o.MetricsBindAddress = metricsAddr
+	}, func(line string) {
+		mu.Lock()
+		logs = append(logs, line)
+		mu.Unlock()
+	})
+	waitFor(t, "an allocation under restricted RBAC", func() bool {
+		_, err := d.ipam.Allocate(ctx, &nodev1.AllocateRequest{Parameters: params("c1", "p")})
+		return err == nil
+	})
+	warnings := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, l := range logs {
+			if strings.Contains(l, "cannot annotate this node") && strings.Contains(l, "patch on nodes") {
+				n++
+			}
+		}
+		return n
+	}
+	waitFor(t, "the RBAC warning", func() bool { return warnings() > 0 })
+	time.Sleep(500 * time.Millisecond) // several more annotation attempts
+	if n := warnings(); n != 1 {
+		t.Errorf("%d RBAC warnings, want exactly one", n)
+	}
+	var n corev1.Node
+	if err := c.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := n.Annotations[ipamnode.PoolsInUseAnnotation]; ok {
+		t.Errorf("annotation written without RBAC: %v", n.Annotations)
+	}
+
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`hwipam_node_pool_allocations{pool="p"} 1`,
+		`hwipam_node_pool_free_addresses{pool="p"} 7`,
+		`hwipam_node_pool_active{pool="p"} 1`,
+		fmt.Sprintf(`hwipam_node_request_duration_seconds_count{code="OK",method="%s"}`, "/nvidia.ipam.node.v1.IPAMService/Allocate"),
+		`hwipam_node_store_transactions_total`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
