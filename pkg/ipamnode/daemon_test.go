@@ -3,6 +3,7 @@ package ipamnode_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -66,7 +67,12 @@ func startDaemonLogged(t *testing.T, cfg *rest.Config, dir string, mod func(*ipa
 	}
 	done := make(chan error, 1)
 	go func() { done <- ipamnode.Run(ctx, o) }()
-	d := &daemon{socket: strings.TrimPrefix(o.BindAddress, "unix://")}
+	d := &daemon{}
+	target := strings.TrimPrefix(o.BindAddress, "tcp://")
+	if strings.HasPrefix(o.BindAddress, "unix://") {
+		d.socket = strings.TrimPrefix(o.BindAddress, "unix://")
+		target = "unix://" + d.socket
+	}
 	stopped := false
 	d.stop = func() error {
 		if stopped {
@@ -89,8 +95,18 @@ func startDaemonLogged(t *testing.T, cfg *rest.Config, dir string, mod func(*ipa
 			t.Errorf("daemon: %v", err)
 		}
 	})
-	waitFor(t, "the socket", func() bool { _, err := os.Stat(d.socket); return err == nil })
-	conn, err := grpc.NewClient("unix://"+d.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	waitFor(t, "the listener", func() bool {
+		if d.socket != "" {
+			_, err := os.Stat(d.socket)
+			return err == nil
+		}
+		c, err := net.Dial("tcp", target)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,4 +324,14 @@ func TestCleanupReleasesAllocationsOfDeletedPods(t *testing.T) {
 		_, err := d.ipam.IsAllocated(ctx, &nodev1.IsAllocatedRequest{Parameters: params("live", "p")})
 		return code(err) == codes.NotFound
 	})
+}
+
+func freePortFor(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }

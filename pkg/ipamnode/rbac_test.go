@@ -1,6 +1,7 @@
 package ipamnode_test
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -60,11 +61,13 @@ func TestNetworkOperatorRBAC(t *testing.T) {
 	}
 	metricsAddr := l.Addr().String()
 	l.Close()
+	healthAddr := fmt.Sprintf("127.0.0.1:%d", freePortFor(t))
 	var mu sync.Mutex
 	var logs []string
 	d := startDaemonLogged(t, restricted, t.TempDir(), func(o *ipamnode.Options) {
 		o.AnnotationInterval = 100 * time.Millisecond
 		o.MetricsBindAddress = metricsAddr
+		o.HealthProbeBindAddress = healthAddr
 	}, func(line string) {
 		mu.Lock()
 		logs = append(logs, line)
@@ -98,6 +101,14 @@ func TestNetworkOperatorRBAC(t *testing.T) {
 		t.Errorf("annotation written without RBAC: %v", n.Annotations)
 	}
 
+	waitFor(t, "/readyz", func() bool {
+		resp, err := http.Get("http://" + healthAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 	resp, err := http.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)

@@ -69,6 +69,9 @@ type poolState struct {
 	block  *allocator.Block // nil with cfg
 	active bool
 	allocs map[owner]store.Allocation
+	// lastReserved is the round-robin position read from the store, applied when
+	// the pool's block is first configured.
+	lastReserved netip.Addr
 	// inflight are operations whose store commit is running without the lock
 	// held (so that concurrent requests share transactions). Their addresses stay
 	// reserved in the block until the commit's outcome is applied; a request for
@@ -107,6 +110,11 @@ func New(st *store.Store, node string) (*Manager, error) {
 		for _, a := range ps.Allocations {
 			p.allocs[owner{a.ContainerID, a.IfName}] = a
 		}
+		if ps.Pool.LastReserved != "" {
+			if a, err := netip.ParseAddr(ps.Pool.LastReserved); err == nil {
+				p.lastReserved = a
+			}
+		}
 		if len(ps.Pool.Block) > 0 {
 			cfg, err := UnmarshalConfig(ps.Pool.Block)
 			if err != nil {
@@ -116,11 +124,6 @@ func New(st *store.Store, node string) (*Manager, error) {
 				return nil, fmt.Errorf("store %s: pool %s: %w", st.Path(), key, err)
 			}
 			p.active = true // last known block: usable until the pool sync says otherwise
-			if ps.Pool.LastReserved != "" {
-				if a, err := netip.ParseAddr(ps.Pool.LastReserved); err == nil {
-					p.block.SetCursor(a)
-				}
-			}
 		}
 		m.pools[key] = p
 	}
@@ -133,7 +136,7 @@ func (p *poolState) configure(cfg *PoolConfig) error {
 	if err != nil {
 		return err
 	}
-	var cursor netip.Addr
+	cursor := p.lastReserved
 	if p.block != nil {
 		cursor = p.block.Cursor()
 	}
