@@ -83,7 +83,7 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(requestMetrics, requestLogger(logger)))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics(logger), requestMetrics, requestLogger(logger)))
 	svc := &nodeservice.Service{Manager: mgrState}
 	nodev1.RegisterIPAMServiceServer(srv, svc)
 	infov1.RegisterNodeInfoServiceServer(srv, svc)
@@ -128,9 +128,11 @@ func Run(ctx context.Context, o *Options) error {
 			return fmt.Errorf("adding the stale-allocation cleaner: %w", err)
 		}
 	}
-	if err := mgr.Add(&annotator{client: mgr.GetClient(), manager: mgrState, node: o.NodeName,
-		interval: o.AnnotationInterval, log: logger.WithName("pools-in-use")}); err != nil {
-		return fmt.Errorf("adding the pools-in-use annotator: %w", err)
+	if o.AnnotationInterval > 0 {
+		if err := mgr.Add(&annotator{client: mgr.GetClient(), manager: mgrState, node: o.NodeName,
+			interval: o.AnnotationInterval, log: logger.WithName("pools-in-use")}); err != nil {
+			return fmt.Errorf("adding the pools-in-use annotator: %w", err)
+		}
 	}
 	var serving atomic.Bool
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {

@@ -2,6 +2,8 @@ package ipamnode
 
 import (
 	"context"
+	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -98,5 +101,20 @@ func requestLogger(l logr.Logger) grpc.UnaryServerInterceptor {
 			l.V(2).Info("request", "method", info.FullMethod)
 		}
 		return resp, err
+	}
+}
+
+// recoverPanics turns a panic in a handler into an Internal error instead of a
+// crashed daemon, and logs it with the stack.
+func recoverPanics(l logr.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				l.Error(fmt.Errorf("panic: %v", r), "request handler panicked; please report this", "method", info.FullMethod,
+					"stack", string(debug.Stack()))
+				err = status.Errorf(codes.Internal, "internal error in %s: %v", info.FullMethod, r)
+			}
+		}()
+		return handler(ctx, req)
 	}
 }

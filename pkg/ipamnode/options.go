@@ -61,7 +61,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.CleanupMisses, "cleanup-misses", o.CleanupMisses,
 		"Consecutive checks that must find an allocation's pod gone (or with another UID) before it is released.")
 	fs.DurationVar(&o.AnnotationInterval, "pools-in-use-interval", o.AnnotationInterval,
-		"How often the node's ipam.hwipam.io/pools-in-use annotation is brought up to date.")
+		"How often the node's ipam.hwipam.io/pools-in-use annotation is brought up to date; 0 disables it.")
 }
 
 // Validate checks the options.
@@ -78,6 +78,9 @@ func (o *Options) Validate() error {
 	}
 	if _, _, err := parseBindAddress(o.BindAddress); err != nil {
 		errs = append(errs, err)
+	}
+	if o.AnnotationInterval < 0 {
+		errs = append(errs, fmt.Errorf("--pools-in-use-interval %s must not be negative", o.AnnotationInterval))
 	}
 	if o.CleanupInterval < 0 || o.CleanupMisses < 1 {
 		errs = append(errs, fmt.Errorf("--cleanup-interval %s must not be negative and --cleanup-misses %d must be at least 1",

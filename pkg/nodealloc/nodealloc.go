@@ -347,6 +347,15 @@ func waitingOn(states []*poolState, who owner) <-chan struct{} {
 // retry), or reserves an address in every pool that lacks one and records the
 // flight; the caller commits the puts.
 func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Result, *flight, []store.Put, error) {
+	for i, p := range states {
+		if p == nil || p.cfg == nil {
+			// Also for a retry of an allocation imported or stored before this
+			// daemon learned the pool's block: without the block there is no prefix
+			// to answer with.
+			return nil, nil, nil, fmt.Errorf("%w: %s %q has no block on node %s (is the pool defined, and does its nodeSelector match this node?)",
+				ErrUnknownPool, kindOf(req), req.Pools[i], m.node)
+		}
+	}
 	existing := 0
 	for _, p := range states {
 		if p != nil {
@@ -398,9 +407,14 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 			DeviceID: req.Meta.DeviceID, CreateTime: now}
 		puts = append(puts, store.Put{PoolKey: p.key, Allocation: a, LastReserved: p.block.Cursor().String()})
 	}
+	// Every pool of the request gets the flight, also one whose half of a
+	// dual-stack pair exists already, so that nothing releases that half meanwhile.
 	f := &flight{done: make(chan struct{})}
+	for _, p := range states {
+		p.inflight[who] = &flight{done: f.done}
+	}
 	for _, t := range took {
-		t.p.inflight[who] = &flight{done: f.done, ips: []netip.Addr{t.ip}}
+		t.p.inflight[who].ips = []netip.Addr{t.ip}
 	}
 	return nil, f, puts, nil
 }

@@ -249,3 +249,36 @@ func TestConcurrentAllocationsAreUniqueAndShareCommits(t *testing.T) {
 	}
 	t.Logf("%d commits in %d transactions", commits, txs)
 }
+
+// TestRetryBeforeBlockIsKnown: after an nv-ipam import the store holds
+// allocations of a pool whose block the daemon has not learned yet; a CNI retry
+// for such an allocation must get NotFound, not crash the daemon.
+func TestRetryBeforeBlockIsKnown(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	st, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if err := st.Commit([]store.Put{{PoolKey: "rail0", Allocation: store.Allocation{ContainerID: "c1", IfName: "net1", IP: "10.0.0.5"}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	m, err := nodealloc.New(st, "node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Allocate(req("c1", "rail0")); !errors.Is(err, nodealloc.ErrUnknownPool) {
+		t.Errorf("retry before the block is known = %v, want ErrUnknownPool", err)
+	}
+	if err := m.IsAllocated(req("c1", "rail0")); err != nil {
+		t.Errorf("the imported allocation is not reported: %v", err)
+	}
+	// Once the block arrives, the retry returns the imported address.
+	if err := m.SetPool(v4Pool("rail0")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := m.Allocate(req("c1", "rail0"))
+	if err != nil || res[0].Addr.String() != "10.0.0.5/24" {
+		t.Errorf("retry after the block is known = %v %v, want 10.0.0.5/24", res, err)
+	}
+}

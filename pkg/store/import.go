@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -108,6 +109,22 @@ func importNVIPAM(path string, opts Options) error {
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("replacing nv-ipam store %s with the imported store: %w", path, err)
+	}
+	// Make the link and the rename durable before anything is allocated in the new
+	// store: otherwise a power cut could bring back the JSON file and a re-import
+	// would drop what was allocated since.
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir fsyncs a directory, making the entries created or renamed in it durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("syncing directory %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("syncing directory %s: %w", dir, err)
 	}
 	return nil
 }

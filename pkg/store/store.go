@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -118,9 +119,21 @@ func Open(path string, opts Options) (*Store, error) {
 			return nil, err
 		}
 	}
+	existed, err := fileExists(path)
+	if err != nil {
+		return nil, err
+	}
 	db, err := openBolt(path, opts)
 	if err != nil {
 		return nil, err
+	}
+	if !existed {
+		// A new file's directory entry must be durable before its first commit is
+		// acknowledged.
+		if err := syncDir(filepath.Dir(path)); err != nil {
+			_ = db.Close()
+			return nil, err
+		}
 	}
 	s := &Store{db: db, path: path}
 	if err := s.init(); err != nil {
