@@ -16,7 +16,6 @@ import (
 	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -25,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/daemon"
 	"github.com/hwipam/hwipam/pkg/poolcontroller"
 	"github.com/hwipam/hwipam/pkg/version"
 )
@@ -131,7 +131,7 @@ func Run(ctx context.Context, o *Options) error {
 	cfg := o.RestConfig
 	if cfg == nil {
 		var err error
-		if cfg, err = restConfig(o.Kubeconfig); err != nil {
+		if cfg, err = daemon.RESTConfig(o.Kubeconfig); err != nil {
 			return err
 		}
 	}
@@ -220,19 +220,4 @@ func checkAPIServer(cfg *rest.Config) error {
 			cfg.Host, err)
 	}
 	return nil
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("loading --kubeconfig %s: %w", kubeconfig, err)
-		}
-		return cfg, nil
-	}
-	cfg, err := ctrl.GetConfig()
-	if err != nil {
-		return nil, fmt.Errorf("no Kubernetes API configuration found (set --kubeconfig or $KUBECONFIG, or run in a pod): %w", err)
-	}
-	return cfg, nil
 }

@@ -213,34 +213,20 @@ func scrapeCounter(b *testing.B, url, series string) float64 {
 }
 
 // peakRSSKiB reads VmHWM, the peak resident set size, of a running process.
-func peakRSSKiB(b *testing.B, pid int) int {
-	b.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kib, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-			if err != nil {
-				b.Fatal(err)
-			}
-			return kib
-		}
-	}
-	b.Fatal("no VmHWM in /proc status")
-	return 0
-}
+func peakRSSKiB(b *testing.B, pid int) int { return procStatusKiB(b, pid, "VmHWM") }
 
 // currentRSSKiB reads VmRSS of a running process.
-func currentRSSKiB(b *testing.B, pid int) int {
+func currentRSSKiB(b *testing.B, pid int) int { return procStatusKiB(b, pid, "VmRSS") }
+
+// procStatusKiB reads a "<field>: N kB" line of /proc/<pid>/status.
+func procStatusKiB(b *testing.B, pid int, field string) int {
 	b.Helper()
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		b.Fatal(err)
 	}
 	for line := range strings.SplitSeq(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			kib, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
 			if err != nil {
 				b.Fatal(err)
@@ -248,7 +234,7 @@ func currentRSSKiB(b *testing.B, pid int) int {
 			return kib
 		}
 	}
-	b.Fatal("no VmRSS in /proc status")
+	b.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
 }
 
