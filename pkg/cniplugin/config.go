@@ -1,0 +1,230 @@
+// Package cniplugin is the nv-ipam CNI IPAM plugin: it turns a CNI call into one
+// gRPC call to the node daemon and prints the result. It keeps its import graph
+// small (no Kubernetes client libraries) because a runtime execs it for every call.
+package cniplugin
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+)
+
+// Defaults, as nv-ipam's.
+const (
+	DefaultConfDir      = "/etc/cni/net.d/nv-ipam.d"
+	DefaultDaemonSocket = "unix:///var/lib/cni/nv-ipam/daemon.sock"
+	DefaultTimeout      = 5 * time.Second
+	ConfFileName        = "nv-ipam.conf"
+)
+
+// FileConfig is the ipam section's settings that <confDir>/nv-ipam.conf may also
+// hold (the daemon writes it); the network config wins where both set a value.
+type FileConfig struct {
+	DaemonSocket             string `json:"daemonSocket,omitempty"`
+	DaemonCallTimeoutSeconds *int   `json:"daemonCallTimeoutSeconds,omitempty"`
+	LogFile                  string `json:"logFile,omitempty"`
+	LogLevel                 string `json:"logLevel,omitempty"`
+	ConfDir                  string `json:"confDir,omitempty"`
+	PoolName                 string `json:"poolName,omitempty"`
+	PoolType                 string `json:"poolType,omitempty"`
+}
+
+type ipamSection struct {
+	Type string `json:"type"`
+	FileConfig
+}
+
+type cniArgs struct {
+	IPs                    []string `json:"ips,omitempty"`
+	PoolNames              []string `json:"poolNames,omitempty"`
+	PoolType               string   `json:"poolType,omitempty"`
+	AllocateDefaultGateway bool     `json:"allocateDefaultGateway,omitempty"`
+	AllocateIPWithIndex    *int32   `json:"allocateIPWithIndex,omitempty"`
+}
+
+type netConf struct {
+	CNIVersion    string       `json:"cniVersion"`
+	Name          string       `json:"name"`
+	IPAM          *ipamSection `json:"ipam"`
+	DeviceID      string       `json:"deviceID,omitempty"`
+	RuntimeConfig struct {
+		IPs []string `json:"ips,omitempty"`
+	} `json:"runtimeConfig"`
+	Args *struct {
+		CNI *cniArgs `json:"cni,omitempty"`
+	} `json:"args,omitempty"`
+	ValidAttachments []types.GCAttachment `json:"cni.dev/valid-attachments,omitempty"`
+	PrevResult       json.RawMessage      `json:"prevResult,omitempty"`
+}
+
+// Config is a CNI call's configuration, resolved: network config, conf file and
+// CNI_ARGS merged and checked.
+type Config struct {
+	CNIVersion   string
+	Network      string
+	Pools        []string
+	PoolType     string // "ippool" or "cidrpool"
+	DaemonSocket string
+	Timeout      time.Duration
+	LogFile      string
+	LogLevel     string
+	DeviceID     string
+	RequestedIPs []netip.Addr
+	Gateway      bool
+	Index        *int32
+	PodName      string
+	PodNamespace string
+	PodUID       string
+
+	ValidAttachments []types.GCAttachment
+	PrevResult       json.RawMessage
+}
+
+// errConfig marks configuration errors (CNI code 7).
+var errConfig = errors.New("invalid network configuration")
+
+func configErr(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", errConfig, fmt.Sprintf(format, a...))
+}
+
+// LoadConfig parses stdin and CNI_ARGS. needPod says whether K8S_POD_NAME and
+// K8S_POD_NAMESPACE are required (ADD).
+func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
+	var nc netConf
+	if err := json.Unmarshal(stdin, &nc); err != nil {
+		return nil, configErr("network configuration is not valid JSON: %v", err)
+	}
+	if nc.IPAM == nil {
+		return nil, configErr("no \"ipam\" section")
+	}
+	ipam := nc.IPAM.FileConfig
+	confDir := ipam.ConfDir
+	if confDir == "" {
+		confDir = DefaultConfDir
+	}
+	if data, err := os.ReadFile(filepath.Join(confDir, ConfFileName)); err == nil {
+		var fc FileConfig
+		if err := json.Unmarshal(data, &fc); err != nil {
+			return nil, configErr("%s is not valid JSON: %v", filepath.Join(confDir, ConfFileName), err)
+		}
+		fill(&ipam.DaemonSocket, fc.DaemonSocket)
+		fill(&ipam.LogFile, fc.LogFile)
+		fill(&ipam.LogLevel, fc.LogLevel)
+		fill(&ipam.PoolType, fc.PoolType)
+		fill(&ipam.PoolName, fc.PoolName)
+		if ipam.DaemonCallTimeoutSeconds == nil {
+			ipam.DaemonCallTimeoutSeconds = fc.DaemonCallTimeoutSeconds
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, configErr("reading %s: %v", filepath.Join(confDir, ConfFileName), err)
+	}
+	c := &Config{CNIVersion: nc.CNIVersion, Network: nc.Name, DaemonSocket: ipam.DaemonSocket, LogFile: ipam.LogFile,
+		LogLevel: ipam.LogLevel, DeviceID: nc.DeviceID, Timeout: DefaultTimeout,
+		ValidAttachments: nc.ValidAttachments, PrevResult: nc.PrevResult}
+	fill(&c.DaemonSocket, DefaultDaemonSocket)
+	if t := ipam.DaemonCallTimeoutSeconds; t != nil {
+		if *t <= 0 {
+			return nil, configErr("ipam.daemonCallTimeoutSeconds %d must be positive", *t)
+		}
+		c.Timeout = time.Duration(*t) * time.Second
+	}
+	var args cniArgs
+	if nc.Args != nil && nc.Args.CNI != nil {
+		args = *nc.Args.CNI
+	}
+	// Pools: args.cni.poolNames, else ipam.poolName (one, or two comma-separated),
+	// else the network's name.
+	switch {
+	case len(args.PoolNames) > 0:
+		c.Pools = args.PoolNames
+	case ipam.PoolName != "":
+		c.Pools = strings.Split(ipam.PoolName, ",")
+	default:
+		c.Pools = []string{nc.Name}
+	}
+	for i, p := range c.Pools {
+		c.Pools[i] = strings.TrimSpace(p)
+		if c.Pools[i] == "" {
+			return nil, configErr("pool name %d is empty (poolName %q)", i, ipam.PoolName)
+		}
+	}
+	if len(c.Pools) > 2 {
+		return nil, configErr("%d pools named (%s): give one, or two for dual-stack", len(c.Pools), strings.Join(c.Pools, ","))
+	}
+	poolType := args.PoolType
+	fill(&poolType, ipam.PoolType)
+	switch strings.ToLower(poolType) {
+	case "", "ippool":
+		c.PoolType = "ippool"
+	case "cidrpool":
+		c.PoolType = "cidrpool"
+	default:
+		return nil, configErr("poolType %q: want ippool or cidrpool", poolType)
+	}
+	c.Gateway, c.Index = args.AllocateDefaultGateway, args.AllocateIPWithIndex
+
+	env, err := parseEnvArgs(envArgs)
+	if err != nil {
+		return nil, err
+	}
+	c.PodName, c.PodNamespace, c.PodUID = env["K8S_POD_NAME"], env["K8S_POD_NAMESPACE"], env["K8S_POD_UID"]
+	if needPod && (c.PodName == "" || c.PodNamespace == "") {
+		return nil, configErr("CNI_ARGS must carry K8S_POD_NAME and K8S_POD_NAMESPACE")
+	}
+	// Static addresses by priority: runtimeConfig.ips > args.cni.ips > CNI_ARGS IP=.
+	static := nc.RuntimeConfig.IPs
+	if len(static) == 0 {
+		static = args.IPs
+	}
+	if len(static) == 0 && env["IP"] != "" {
+		static = strings.Split(env["IP"], ",")
+	}
+	for _, s := range static {
+		a, err := parseIP(strings.TrimSpace(s))
+		if err != nil {
+			return nil, configErr("requested IP %q is not an IP address", s)
+		}
+		c.RequestedIPs = append(c.RequestedIPs, a)
+	}
+	return c, nil
+}
+
+func fill(dst *string, v string) {
+	if *dst == "" {
+		*dst = v
+	}
+}
+
+func parseIP(s string) (netip.Addr, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		return p.Addr(), err
+	}
+	return netip.ParseAddr(s)
+}
+
+// parseEnvArgs splits CNI_ARGS ("K=V;K2=V2").
+func parseEnvArgs(s string) (map[string]string, error) {
+	out := map[string]string{}
+	if s == "" {
+		return out, nil
+	}
+	for _, kv := range strings.Split(s, ";") {
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, configErr("CNI_ARGS entry %q is not KEY=VALUE", kv)
+		}
+		out[k] = v
+	}
+	return out, nil
+}

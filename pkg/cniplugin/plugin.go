@@ -1,0 +1,320 @@
+package cniplugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+)
+
+// Plugin implements the CNI verbs. Stdout receives the result; nothing else is
+// written there.
+type Plugin struct {
+	Stdout io.Writer
+}
+
+// Funcs returns the verbs for skel.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
+}
+
+type session struct {
+	cfg  *Config
+	conn *grpc.ClientConn
+	ipam nodev1.IPAMServiceClient
+	info infov1.NodeInfoServiceClient
+	ctx  context.Context
+	done func()
+	log  *logger
+}
+
+func open(args *skel.CmdArgs, needPod bool) (*session, error) {
+	cfg, err := LoadConfig(args.StdinData, args.Args, needPod)
+	if err != nil {
+		return nil, toCNIError(err)
+	}
+	target := strings.TrimPrefix(cfg.DaemonSocket, "tcp://")
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid daemonSocket", fmt.Sprintf("%s: %v", cfg.DaemonSocket, err))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+	s := &session{cfg: cfg, conn: conn, ipam: nodev1.NewIPAMServiceClient(conn), info: infov1.NewNodeInfoServiceClient(conn),
+		ctx: ctx, log: newLogger(cfg)}
+	s.done = func() { cancel(); conn.Close(); s.log.close() }
+	return s, nil
+}
+
+func (s *session) params(args *skel.CmdArgs) *nodev1.IPAMParameters {
+	pt := nodev1.PoolType_POOL_TYPE_IPPOOL
+	if s.cfg.PoolType == "cidrpool" {
+		pt = nodev1.PoolType_POOL_TYPE_CIDRPOOL
+	}
+	prm := &nodev1.IPAMParameters{Pools: s.cfg.Pools, CniContainerid: args.ContainerID, CniIfname: args.IfName, PoolType: pt,
+		Metadata: &nodev1.IPAMMetadata{K8SPodName: s.cfg.PodName, K8SPodNamespace: s.cfg.PodNamespace,
+			K8SPodUid: s.cfg.PodUID, DeviceId: s.cfg.DeviceID},
+		Features: &nodev1.IPAMFeatures{AllocateDefaultGateway: s.cfg.Gateway, AllocateIpWithIndex: s.cfg.Index}}
+	for _, a := range s.cfg.RequestedIPs {
+		prm.RequestedIps = append(prm.RequestedIps, a.String())
+	}
+	return prm
+}
+
+// Add allocates and prints the result.
+func (p *Plugin) Add(args *skel.CmdArgs) error {
+	s, err := open(args, true)
+	if err != nil {
+		return err
+	}
+	defer s.done()
+	resp, err := s.ipam.Allocate(s.ctx, &nodev1.AllocateRequest{Parameters: s.params(args)})
+	if err != nil {
+		s.log.printf("ADD %s/%s pools %v: %v", args.ContainerID, args.IfName, s.cfg.Pools, err)
+		return s.grpcError("ADD", err)
+	}
+	res := &current.Result{CNIVersion: current.ImplementedSpecVersion}
+	for _, a := range resp.GetAllocations() {
+		pfx, err := netip.ParsePrefix(a.GetIp())
+		if err != nil {
+			return types.NewError(types.ErrInternal, "the daemon returned an invalid address", a.GetIp())
+		}
+		ipc := &current.IPConfig{Address: net.IPNet{IP: pfx.Addr().AsSlice(), Mask: net.CIDRMask(pfx.Bits(), pfx.Addr().BitLen())}}
+		var gw net.IP
+		if g, err := netip.ParseAddr(a.GetGateway()); err == nil {
+			gw = g.AsSlice()
+			ipc.Gateway = gw
+		}
+		res.IPs = append(res.IPs, ipc)
+		for _, r := range a.GetRoutes() {
+			dst, err := netip.ParsePrefix(r.GetDest())
+			if err != nil {
+				continue
+			}
+			res.Routes = append(res.Routes, &types.Route{Dst: net.IPNet{IP: dst.Addr().AsSlice(),
+				Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())}, GW: gw})
+		}
+	}
+	s.log.printf("ADD %s/%s pools %v: %v", args.ContainerID, args.IfName, s.cfg.Pools, ips(res))
+	out, err := res.GetAsVersion(s.cfg.CNIVersion)
+	if err != nil {
+		return types.NewError(types.ErrIncompatibleCNIVersion, "cannot express the result in the requested version", err.Error())
+	}
+	if err := out.PrintTo(p.Stdout); err != nil {
+		return types.NewError(types.ErrIOFailure, "writing the result", err.Error())
+	}
+	return nil
+}
+
+func ips(r *current.Result) string {
+	var out []string
+	for _, ip := range r.IPs {
+		out = append(out, ip.Address.String())
+	}
+	return strings.Join(out, ",")
+}
+
+// Del releases the interface's addresses; releasing nothing succeeds.
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	s, err := open(args, false)
+	if err != nil {
+		return err
+	}
+	defer s.done()
+	if _, err := s.ipam.Deallocate(s.ctx, &nodev1.DeallocateRequest{Parameters: s.params(args)}); err != nil {
+		s.log.printf("DEL %s/%s: %v", args.ContainerID, args.IfName, err)
+		return s.grpcError("DEL", err)
+	}
+	s.log.printf("DEL %s/%s pools %v", args.ContainerID, args.IfName, s.cfg.Pools)
+	return nil
+}
+
+// Check verifies that the daemon holds the addresses of prevResult for the
+// interface.
+func (p *Plugin) Check(args *skel.CmdArgs) error {
+	s, err := open(args, false)
+	if err != nil {
+		return err
+	}
+	defer s.done()
+	if _, err := s.ipam.IsAllocated(s.ctx, &nodev1.IsAllocatedRequest{Parameters: s.params(args)}); err != nil {
+		return s.grpcError("CHECK", err)
+	}
+	if len(s.cfg.PrevResult) == 0 {
+		return nil
+	}
+	prev, err := parsePrev(s.cfg.CNIVersion, s.cfg.PrevResult)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, "prevResult cannot be read", err.Error())
+	}
+	held := map[string]bool{}
+	for _, pool := range s.cfg.Pools {
+		resp, err := s.info.ListAllocations(s.ctx, &infov1.ListAllocationsRequest{Pool: s.storeKey(pool)})
+		if err != nil {
+			return s.grpcError("CHECK", err)
+		}
+		for _, a := range resp.GetAllocations() {
+			if a.GetContainerId() == args.ContainerID && a.GetIfName() == args.IfName {
+				held[a.GetIp()] = true
+			}
+		}
+	}
+	for _, ip := range prev.IPs {
+		if !held[ip.Address.IP.String()] {
+			return types.NewError(types.ErrInternal, "address not allocated",
+				fmt.Sprintf("prevResult has %s, which the daemon does not hold for %s/%s", ip.Address.String(), args.ContainerID, args.IfName))
+		}
+	}
+	return nil
+}
+
+func parsePrev(cniVersion string, raw json.RawMessage) (*current.Result, error) {
+	var prev map[string]any
+	if err := json.Unmarshal(raw, &prev); err != nil {
+		return nil, err
+	}
+	nc := types.NetConf{CNIVersion: cniVersion, RawPrevResult: prev}
+	if err := version.ParsePrevResult(&nc); err != nil {
+		return nil, err
+	}
+	return current.NewResultFromResult(nc.PrevResult)
+}
+
+func (s *session) storeKey(pool string) string {
+	if s.cfg.PoolType == "cidrpool" {
+		return "cidrpool/" + pool
+	}
+	return pool
+}
+
+// GC releases every allocation of this network's pools whose attachment is not
+// in cni.dev/valid-attachments.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	s, err := open(args, false)
+	if err != nil {
+		return err
+	}
+	defer s.done()
+	valid := map[string]bool{}
+	for _, a := range s.cfg.ValidAttachments {
+		valid[a.ContainerID+"/"+a.IfName] = true
+	}
+	var errs []error
+	for _, pool := range s.cfg.Pools {
+		resp, err := s.info.ListAllocations(s.ctx, &infov1.ListAllocationsRequest{Pool: s.storeKey(pool)})
+		if err != nil {
+			return s.grpcError("GC", err)
+		}
+		for _, a := range resp.GetAllocations() {
+			if valid[a.GetContainerId()+"/"+a.GetIfName()] {
+				continue
+			}
+			prm := s.params(&skel.CmdArgs{ContainerID: a.GetContainerId(), IfName: a.GetIfName()})
+			prm.Pools = []string{pool}
+			if _, err := s.ipam.Deallocate(s.ctx, &nodev1.DeallocateRequest{Parameters: prm}); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			s.log.printf("GC released %s (%s/%s) in pool %s", a.GetIp(), a.GetContainerId(), a.GetIfName(), pool)
+		}
+	}
+	if len(errs) > 0 {
+		return s.grpcError("GC", errors.Join(errs...))
+	}
+	return nil
+}
+
+// Status reports whether ADD can succeed: the daemon answers and every pool has
+// an active block on this node (CNI code 50 otherwise).
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	s, err := open(args, false)
+	if err != nil {
+		return err
+	}
+	defer s.done()
+	resp, err := s.info.ListPools(s.ctx, &infov1.ListPoolsRequest{})
+	if err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, "ipam-node is not reachable",
+			fmt.Sprintf("%s: %v", s.cfg.DaemonSocket, err))
+	}
+	active := map[string]bool{}
+	for _, pl := range resp.GetPools() {
+		active[pl.GetKey()] = pl.GetActive()
+	}
+	for _, pool := range s.cfg.Pools {
+		if !active[s.storeKey(pool)] {
+			return types.NewError(types.ErrPluginNotAvailable, "pool has no block on this node",
+				fmt.Sprintf("%s %q: no active block on this node yet (check the pool's nodeSelector and status)", s.cfg.PoolType, pool))
+		}
+	}
+	return nil
+}
+
+// grpcError maps a daemon error to a CNI error object.
+func (s *session) grpcError(verb string, err error) error {
+	st, _ := status.FromError(err)
+	switch st.Code() {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return types.NewError(types.ErrTryAgainLater, "ipam-node is not reachable; try again later",
+			fmt.Sprintf("%s %s within %s: %s", verb, s.cfg.DaemonSocket, s.cfg.Timeout, st.Message()))
+	case codes.InvalidArgument:
+		return types.NewError(types.ErrInvalidNetworkConfig, "invalid request", st.Message())
+	case codes.NotFound:
+		return types.NewError(types.ErrUnknownContainer, "not found", st.Message())
+	case codes.ResourceExhausted:
+		return types.NewError(types.ErrInternal, "pool exhausted", st.Message())
+	}
+	return types.NewError(types.ErrInternal, verb+" failed", st.Message())
+}
+
+func toCNIError(err error) error {
+	if errors.Is(err, errConfig) {
+		return types.NewError(types.ErrInvalidNetworkConfig, "invalid network configuration", err.Error())
+	}
+	return types.NewError(types.ErrInternal, "nv-ipam failed", err.Error())
+}
+
+// logger appends to logFile; nothing is written to stdout or stderr.
+type logger struct {
+	f     *os.File
+	quiet bool
+}
+
+func newLogger(c *Config) *logger {
+	l := &logger{quiet: c.LogFile == "" || strings.EqualFold(c.LogLevel, "panic") || strings.EqualFold(c.LogLevel, "error")}
+	if !l.quiet {
+		if f, err := os.OpenFile(c.LogFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600); err == nil {
+			l.f = f
+		}
+	}
+	return l
+}
+
+func (l *logger) printf(format string, a ...any) {
+	if l.f != nil {
+		fmt.Fprintf(l.f, "%s nv-ipam: %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, a...))
+	}
+}
+
+func (l *logger) close() {
+	if l.f != nil {
+		_ = l.f.Close()
+	}
+}
