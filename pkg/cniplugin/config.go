@@ -21,6 +21,8 @@ const (
 	DefaultConfDir      = "/etc/cni/net.d/nv-ipam.d"
 	DefaultDaemonSocket = "unix:///var/lib/cni/nv-ipam/daemon.sock"
 	DefaultTimeout      = 5 * time.Second
+	DefaultLogFile      = "/var/log/nv-ipam-cni.log"
+	DefaultLogLevel     = "info"
 	ConfFileName        = "nv-ipam.conf"
 )
 
@@ -34,6 +36,9 @@ type FileConfig struct {
 	ConfDir                  string `json:"confDir,omitempty"`
 	PoolName                 string `json:"poolName,omitempty"`
 	PoolType                 string `json:"poolType,omitempty"`
+	// ForcePoolName makes poolName (or args.cni.poolNames) required instead of
+	// defaulting to the network's name.
+	ForcePoolName *bool `json:"forcePoolName,omitempty"`
 }
 
 type ipamSection struct {
@@ -122,6 +127,9 @@ func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
 		if ipam.DaemonCallTimeoutSeconds == nil {
 			ipam.DaemonCallTimeoutSeconds = fc.DaemonCallTimeoutSeconds
 		}
+		if ipam.ForcePoolName == nil {
+			ipam.ForcePoolName = fc.ForcePoolName
+		}
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, configErr("reading %s: %v", filepath.Join(confDir, ConfFileName), err)
 	}
@@ -129,6 +137,8 @@ func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
 		LogLevel: ipam.LogLevel, DeviceID: nc.DeviceID, Timeout: DefaultTimeout,
 		ValidAttachments: nc.ValidAttachments, PrevResult: nc.PrevResult}
 	fill(&c.DaemonSocket, DefaultDaemonSocket)
+	fill(&c.LogFile, DefaultLogFile)
+	fill(&c.LogLevel, DefaultLogLevel)
 	if t := ipam.DaemonCallTimeoutSeconds; t != nil {
 		if *t <= 0 {
 			return nil, configErr("ipam.daemonCallTimeoutSeconds %d must be positive", *t)
@@ -146,6 +156,8 @@ func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
 		c.Pools = args.PoolNames
 	case ipam.PoolName != "":
 		c.Pools = strings.Split(ipam.PoolName, ",")
+	case ipam.ForcePoolName != nil && *ipam.ForcePoolName:
+		return nil, configErr("forcePoolName is set: ipam.poolName (or args.cni.poolNames) is required")
 	default:
 		c.Pools = []string{nc.Name}
 	}

@@ -39,7 +39,8 @@ func startProcess(t *testing.T, bin, kubeconfig, dir string) *daemonProcess {
 	sock := filepath.Join(dir, "daemon.sock")
 	cmd := exec.Command(bin, "--node-name", node, "--kubeconfig", kubeconfig, "--ippools-namespace", "default",
 		"--store-file", filepath.Join(dir, "store"), "--bind-address", "unix://"+sock,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0")
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0",
+		"--cni-skip-nv-ipam-binary-copy", "--cni-skip-nv-ipam-config-creation")
 	if testing.Verbose() {
 		cmd.Stderr = os.Stderr
 	}
@@ -205,7 +206,7 @@ current-context: c
 	}
 	cmd := exec.Command(bin, "--node-name", node, "--kubeconfig", kubeconfig, "--store-file", filepath.Join(dir, "store"),
 		"--bind-address", "unix://"+filepath.Join(dir, "s.sock"), "--metrics-bind-address", l.Addr().String(),
-		"--health-probe-bind-address", "0")
+		"--health-probe-bind-address", "0", "--cni-skip-nv-ipam-binary-copy", "--cni-skip-nv-ipam-config-creation")
 	out, err := cmd.CombinedOutput()
 	var exitErr *exec.ExitError
 	if !errors.As(err, &exitErr) || exitErr.ExitCode() == 0 {

@@ -55,6 +55,7 @@ func startDaemonLogged(t *testing.T, cfg *rest.Config, dir string, mod func(*ipa
 	o.StoreFile = filepath.Join(dir, "store")
 	o.BindAddress = "unix://" + filepath.Join(dir, "daemon.sock")
 	o.MetricsBindAddress, o.HealthProbeBindAddress = "0", "0"
+	o.CNI.SkipBinaryCopy, o.CNI.SkipConfig = true, true
 	if mod != nil {
 		mod(o)
 	}

@@ -61,6 +61,9 @@ func Run(ctx context.Context, o *Options) error {
 	logger.Info("starting ipam-node", "version", version.String(), "node", o.NodeName, "store", o.StoreFile,
 		"bindAddress", o.BindAddress, "poolsNamespace", o.PoolsNamespace)
 
+	if err := installCNI(&o.CNI); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(filepath.Dir(o.StoreFile), 0o700); err != nil {
 		return fmt.Errorf("creating the store's directory: %w", err)
 	}

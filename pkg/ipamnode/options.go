@@ -24,6 +24,7 @@ type Options struct {
 	CleanupInterval        time.Duration
 	CleanupMisses          int
 	AnnotationInterval     time.Duration
+	CNI                    CNIOptions
 
 	// RestConfig, when set, is used instead of Kubeconfig (tests).
 	RestConfig *rest.Config
@@ -41,6 +42,11 @@ func NewOptions() *Options {
 		CleanupInterval:        time.Minute,
 		CleanupMisses:          3,
 		AnnotationInterval:     10 * time.Second,
+		CNI: CNIOptions{
+			BinDir: "/opt/cni/bin", ConfDir: "/etc/cni/net.d/nv-ipam.d",
+			DaemonSocket: "unix:///var/lib/cni/nv-ipam/daemon.sock", DaemonCallTimeout: 5,
+			LogFile: "/var/log/nv-ipam-cni.log", LogLevel: "info", BinFile: "/nv-ipam",
+		},
 	}
 }
 
@@ -62,6 +68,18 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Consecutive checks that must find an allocation's pod gone (or with another UID) before it is released.")
 	fs.DurationVar(&o.AnnotationInterval, "pools-in-use-interval", o.AnnotationInterval,
 		"How often the node's ipam.hwipam.io/pools-in-use annotation is brought up to date; 0 disables it.")
+	c := &o.CNI
+	fs.StringVar(&c.BinDir, "cni-bin-dir", c.BinDir, "CNI binary directory the nv-ipam plugin is copied into.")
+	fs.StringVar(&c.ConfDir, "cni-conf-dir", c.ConfDir, "Directory nv-ipam.conf is written into (the plugin's confDir).")
+	fs.StringVar(&c.DaemonSocket, "cni-daemon-socket", c.DaemonSocket, "nv-ipam.conf: the daemon socket the plugin calls.")
+	fs.IntVar(&c.DaemonCallTimeout, "cni-daemon-call-timeout", c.DaemonCallTimeout, "nv-ipam.conf: seconds the plugin waits for the daemon.")
+	fs.StringVar(&c.LogFile, "cni-log-file", c.LogFile, "nv-ipam.conf: the plugin's log file.")
+	fs.StringVar(&c.LogLevel, "cni-log-level", c.LogLevel, "nv-ipam.conf: the plugin's log level.")
+	fs.StringVar(&c.BinFile, "cni-nv-ipam-bin-file", c.BinFile, "The nv-ipam plugin binary to install.")
+	fs.BoolVar(&c.SkipBinaryCopy, "cni-skip-nv-ipam-binary-copy", c.SkipBinaryCopy, "Do not copy the plugin binary.")
+	fs.BoolVar(&c.SkipConfig, "cni-skip-nv-ipam-config-creation", c.SkipConfig, "Do not write nv-ipam.conf.")
+	fs.BoolVar(&c.ForcePoolName, "cni-force-pool-name", c.ForcePoolName,
+		"nv-ipam.conf: require poolName in network configs instead of defaulting to the network's name.")
 }
 
 // Validate checks the options.
@@ -78,6 +96,9 @@ func (o *Options) Validate() error {
 	}
 	if _, _, err := parseBindAddress(o.BindAddress); err != nil {
 		errs = append(errs, err)
+	}
+	if o.CNI.DaemonCallTimeout < 1 {
+		errs = append(errs, fmt.Errorf("--cni-daemon-call-timeout %d must be at least 1", o.CNI.DaemonCallTimeout))
 	}
 	if o.AnnotationInterval < 0 {
 		errs = append(errs, fmt.Errorf("--pools-in-use-interval %s must not be negative", o.AnnotationInterval))

@@ -38,7 +38,8 @@ func startNodeDaemon(b *testing.B, bin, kubeconfig, dir string) (*nodeDaemon, ti
 	start := time.Now()
 	cmd := exec.Command(bin, "--node-name", benchNode, "--kubeconfig", kubeconfig, "--ippools-namespace", "default",
 		"--store-file", filepath.Join(dir, "store"), "--bind-address", "unix://"+sock,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0")
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0",
+		"--cni-skip-nv-ipam-binary-copy", "--cni-skip-nv-ipam-config-creation")
 	if testing.Verbose() {
 		cmd.Stderr = os.Stderr
 	}

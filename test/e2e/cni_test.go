@@ -78,12 +78,16 @@ func setup(t *testing.T) *world {
 	for _, p := range []string{"macvlan", "host-device", "bridge"} {
 		copyExec(t, filepath.Join(refBin, p), filepath.Join(w.binDir, p))
 	}
-	copyExec(t, harness.BuildBinary(t, "./cmd/nv-ipam"), filepath.Join(w.binDir, "nv-ipam"))
 	state := t.TempDir()
 	w.socket = filepath.Join(state, "daemon.sock")
+	// The daemon installs the plugin and nv-ipam.conf, as in a cluster; network
+	// configs below name no daemonSocket, so it comes from that file.
 	w.daemonArgs = []string{"--node-name", nodeName, "--kubeconfig", kubeconfig, "--ippools-namespace", "default",
 		"--store-file", filepath.Join(state, "store"), "--bind-address", "unix://" + w.socket,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0"}
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0",
+		"--cni-bin-dir", w.binDir, "--cni-nv-ipam-bin-file", harness.BuildBinary(t, "./cmd/nv-ipam"),
+		"--cni-conf-dir", w.confDir, "--cni-daemon-socket", "unix://" + w.socket, "--cni-daemon-call-timeout", "2",
+		"--cni-log-file", filepath.Join(state, "cni.log")}
 	daemonBin := harness.BuildBinary(t, "./cmd/ipam-node")
 	w.daemonArgs = append([]string{daemonBin}, w.daemonArgs...)
 	w.startDaemon(t)
@@ -104,6 +108,9 @@ func (w *world) startDaemon(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if _, err := os.Stat(w.socket); err == nil {
+			if _, err := os.Stat(filepath.Join(w.binDir, "nv-ipam")); err != nil {
+				t.Fatalf("ipam-node did not install the plugin: %v", err)
+			}
 			return
 		}
 		if time.Now().After(deadline) {
@@ -121,8 +128,8 @@ func (w *world) stopDaemon(t *testing.T) {
 
 func (w *world) conf(version, netType, extra string) []byte {
 	return []byte(fmt.Sprintf(`{"cniVersion": %q, "name": "rail0", "type": %q %s,
-		"ipam": {"type": "nv-ipam", "daemonSocket": "unix://%s", "confDir": %q, "daemonCallTimeoutSeconds": 2}}`,
-		version, netType, extra, w.socket, w.confDir))
+		"ipam": {"type": "nv-ipam", "confDir": %q}}`,
+		version, netType, extra, w.confDir))
 }
 
 func podArgs(name string) string {
