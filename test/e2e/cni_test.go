@@ -59,9 +59,15 @@ func setup(t *testing.T) *world {
 	if err := cp.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}); err != nil {
 		t.Fatal(err)
 	}
-	for name, blk := range map[string][3]string{"rail0": {"192.168.50.0/24", "192.168.50.10", "192.168.50.20"}} {
+	for name, blk := range map[string][4]string{
+		"rail0":   {"192.168.50.0/24", "192.168.50.10", "192.168.50.20", "192.168.50.1"},
+		"rail0v6": {"fd00:50::/64", "fd00:50::10", "fd00:50::20", ""},
+	} {
 		p := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-			Spec: v1alpha1.IPPoolSpec{Subnet: blk[0], PerNodeBlockSize: 11, Gateway: "192.168.50.1", Routes: []v1alpha1.Route{{Dst: "10.200.0.0/16"}}}}
+			Spec: v1alpha1.IPPoolSpec{Subnet: blk[0], PerNodeBlockSize: 11, Gateway: blk[3]}}
+		if name == "rail0" {
+			p.Spec.Routes = []v1alpha1.Route{{Dst: "10.200.0.0/16"}}
+		}
 		if err := cp.Client.Create(ctx, p); err != nil {
 			t.Fatal(err)
 		}
@@ -130,6 +136,24 @@ func (w *world) conf(version, netType, extra string) []byte {
 	return []byte(fmt.Sprintf(`{"cniVersion": %q, "name": "rail0", "type": %q %s,
 		"ipam": {"type": "nv-ipam", "confDir": %q}}`,
 		version, netType, extra, w.confDir))
+}
+
+// waitReady polls the plugin's STATUS until the daemon has synced the pools.
+func (w *world) waitReady(t *testing.T, pools string) {
+	t.Helper()
+	conf := []byte(fmt.Sprintf(`{"cniVersion": "1.1.0", "name": "rail0", "type": "macvlan",
+		"ipam": {"type": "nv-ipam", "confDir": %q, "poolName": %q}}`, w.confDir, pools))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := harness.CNICall{Plugin: filepath.Join(w.binDir, "nv-ipam"), Command: "STATUS", Config: conf, Path: []string{w.binDir}}.Run()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("STATUS never succeeded: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func podArgs(name string) string {
@@ -282,5 +306,66 @@ func TestMalformedConfigIsAnErrorObject(t *testing.T) {
 				t.Errorf("error %+v, want code %d and no panic", cniErr, want)
 			}
 		})
+	}
+}
+
+func TestBridgeTwoPods(t *testing.T) {
+	w := setup(t)
+	node, pod1, pod2 := harness.NewNetNS(t), harness.NewNetNS(t), harness.NewNetNS(t)
+	w.waitReady(t, "rail0")
+	conf := w.conf("0.4.0", "bridge", `, "bridge": "hwbr0"`)
+	var addrs []string
+	for i, pod := range []*harness.NetNS{pod1, pod2} {
+		out, err := harness.CNICall{Plugin: filepath.Join(w.binDir, "bridge"), Command: "ADD", ContainerID: fmt.Sprintf("br-%d", i),
+			NetNS: pod.Path, IfName: "net1", Args: podArgs(fmt.Sprintf("brpod%d", i)), Path: []string{w.binDir}, Config: conf, RunIn: node}.Run()
+		if err != nil {
+			t.Fatalf("bridge ADD %d: %v", i, err)
+		}
+		a := addrOf(t, out)
+		if got := pod.Addrs(t, "net1", netlink.FAMILY_V4); !slices.Equal(got, []string{a}) {
+			t.Errorf("pod %d net1 has %v, want %s", i, got, a)
+		}
+		addrs = append(addrs, a)
+	}
+	if addrs[0] == addrs[1] {
+		t.Fatalf("both pods got %s", addrs[0])
+	}
+	if _, err := pod1.Exec("ping", "-c", "1", "-W", "5", strings.Split(addrs[1], "/")[0]); err != nil {
+		t.Errorf("pod1 cannot reach pod2 over the bridge: %v", err)
+	}
+}
+
+func TestHostDeviceAndDualStack(t *testing.T) {
+	w := setup(t)
+	node, pod, peer := harness.NewNetNS(t), harness.NewNetNS(t), harness.NewNetNS(t)
+	harness.NewVethPair(t, node, "hd0", peer, "hd0peer")
+	w.waitReady(t, "rail0,rail0v6")
+	conf := []byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "rail0", "type": "host-device", "device": "hd0",
+		"ipam": {"type": "nv-ipam", "confDir": %q, "poolName": "rail0,rail0v6"}}`, w.confDir))
+	call := harness.CNICall{Plugin: filepath.Join(w.binDir, "host-device"), Command: "ADD", ContainerID: "hd-1",
+		NetNS: pod.Path, IfName: "net1", Args: podArgs("hdpod"), Path: []string{w.binDir}, Config: conf, RunIn: node}
+	out, err := call.Run()
+	if err != nil {
+		t.Fatalf("host-device ADD: %v", err)
+	}
+	var res current.Result
+	if err := json.Unmarshal(out, &res); err != nil || len(res.IPs) != 2 {
+		t.Fatalf("dual-stack result %s: %v", out, err)
+	}
+	want := []string{res.IPs[0].Address.String(), res.IPs[1].Address.String()}
+	if want[0] != "192.168.50.10/24" || want[1] != "fd00:50::10/64" {
+		t.Errorf("dual-stack addresses = %v", want)
+	}
+	got := append(pod.Addrs(t, "net1", netlink.FAMILY_V4), pod.Addrs(t, "net1", netlink.FAMILY_V6)...)
+	if !slices.Equal(got, want) {
+		t.Errorf("addresses on the moved device = %v, want %v", got, want)
+	}
+	del := call
+	del.Command = "DEL"
+	if _, err := del.Run(); err != nil {
+		t.Fatalf("host-device DEL: %v", err)
+	}
+	if _, err := node.Handle(t).LinkByName("hd0"); err != nil {
+		t.Errorf("host-device did not return hd0 to the node after DEL: %v", err)
 	}
 }
