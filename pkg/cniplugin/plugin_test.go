@@ -1,0 +1,193 @@
+package cniplugin_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"google.golang.org/grpc"
+
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	"github.com/hwipam/hwipam/pkg/cniplugin"
+	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/nodealloc"
+	"github.com/hwipam/hwipam/pkg/nodeservice"
+	"github.com/hwipam/hwipam/pkg/store"
+)
+
+// daemon serves the real node service over a real store on a unix socket.
+func daemon(t *testing.T) (socket string, m *nodealloc.Manager) {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "store"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if m, err = nodealloc.New(st, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.100")
+	if err := m.SetPool(&nodealloc.PoolConfig{Name: "net-a", Kind: nodealloc.KindIPPool, Prefix: netip.MustParsePrefix("10.1.0.0/24"),
+		Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: start, DefaultGateway: true}); err != nil {
+		t.Fatal(err)
+	}
+	socket = filepath.Join(dir, "d.sock")
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	svc := &nodeservice.Service{Manager: m}
+	nodev1.RegisterIPAMServiceServer(srv, svc)
+	infov1.RegisterNodeInfoServiceServer(srv, svc)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return "unix://" + socket, m
+}
+
+func conf(version, socket, extra string) []byte {
+	return []byte(fmt.Sprintf(`{"cniVersion": %q, "name": "net-a", "type": "macvlan", "deviceID": "0000:3b:00.2" %s,
+		"ipam": {"type": "nv-ipam", "daemonSocket": %q, "confDir": "/nonexistent", "logFile": ""}}`, version, extra, socket))
+}
+
+const podArgs = "IgnoreUnknown=1;K8S_POD_NAME=p1;K8S_POD_NAMESPACE=ns;K8S_POD_UID=u1"
+
+func TestVerbsAcrossSpecVersions(t *testing.T) {
+	socket, m := daemon(t)
+	for i, v := range []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+		t.Run(v, func(t *testing.T) {
+			var out bytes.Buffer
+			p := &cniplugin.Plugin{Stdout: &out}
+			args := &skel.CmdArgs{ContainerID: fmt.Sprintf("c%d", i), IfName: "net1", Args: podArgs, StdinData: conf(v, socket, "")}
+			if err := p.Add(args); err != nil {
+				t.Fatalf("ADD: %v", err)
+			}
+			var res map[string]any
+			if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+				t.Fatalf("ADD printed %q: %v", out.String(), err)
+			}
+			want := fmt.Sprintf("10.1.0.%d/24", i+2)
+			if res["cniVersion"] != v || !strings.Contains(out.String(), want) || !strings.Contains(out.String(), "0.0.0.0/0") {
+				t.Errorf("ADD result for %s = %s, want version %s, %s and a default route", v, out.String(), v, want)
+			}
+			if v != "0.3.0" && v != "0.3.1" { // CHECK exists since 0.4.0
+				withPrev := conf(v, socket, `, "prevResult": `+out.String())
+				if err := p.Check(&skel.CmdArgs{ContainerID: args.ContainerID, IfName: "net1", Args: podArgs, StdinData: withPrev}); err != nil {
+					t.Errorf("CHECK: %v", err)
+				}
+			}
+			if err := p.Del(args); err != nil {
+				t.Errorf("DEL: %v", err)
+			}
+			if err := p.Del(args); err != nil {
+				t.Errorf("second DEL: %v", err)
+			}
+		})
+	}
+	if n := len(m.Allocations("")); n != 0 {
+		t.Errorf("%d pools still hold allocations after every DEL", n)
+	}
+}
+
+func TestDeviceIDStaticIPsAndArgs(t *testing.T) {
+	socket, m := daemon(t)
+	var out bytes.Buffer
+	p := &cniplugin.Plugin{Stdout: &out}
+	// runtimeConfig.ips wins over args.cni.ips, which wins over CNI_ARGS IP=.
+	stdin := conf("1.0.0", socket, `, "runtimeConfig": {"ips": ["10.1.0.50/24"]}, "args": {"cni": {"ips": ["10.1.0.60"]}}`)
+	if err := p.Add(&skel.CmdArgs{ContainerID: "s1", IfName: "net1", Args: podArgs + ";IP=10.1.0.70", StdinData: stdin}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "10.1.0.50/24") {
+		t.Errorf("runtimeConfig.ips not used: %s", out.String())
+	}
+	out.Reset()
+	stdin = conf("1.0.0", socket, `, "args": {"cni": {"ips": ["10.1.0.60"]}}`)
+	if err := p.Add(&skel.CmdArgs{ContainerID: "s2", IfName: "net1", Args: podArgs + ";IP=10.1.0.70", StdinData: stdin}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "10.1.0.60/24") {
+		t.Errorf("args.cni.ips not used: %s", out.String())
+	}
+	out.Reset()
+	if err := p.Add(&skel.CmdArgs{ContainerID: "s3", IfName: "net1", Args: podArgs + ";IP=10.1.0.70", StdinData: conf("1.0.0", socket, "")}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "10.1.0.70/24") {
+		t.Errorf("CNI_ARGS IP= not used: %s", out.String())
+	}
+	out.Reset()
+	stdin = conf("1.0.0", socket, `, "args": {"cni": {"allocateIPWithIndex": 9}}`)
+	if err := p.Add(&skel.CmdArgs{ContainerID: "s4", IfName: "net1", Args: podArgs, StdinData: stdin}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "10.1.0.10/24") {
+		t.Errorf("allocateIPWithIndex 9 not used: %s", out.String())
+	}
+	for _, a := range m.Allocations("net-a")["net-a"] {
+		if a.DeviceID != "0000:3b:00.2" || a.PodName != "p1" || a.PodNamespace != "ns" || a.PodUID != "u1" {
+			t.Errorf("allocation %s recorded as %+v, want the deviceID and pod metadata", a.IP, a)
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	socket, _ := daemon(t)
+	p := &cniplugin.Plugin{Stdout: &bytes.Buffer{}}
+	for name, tc := range map[string]struct {
+		stdin string
+		args  string
+		code  uint
+	}{
+		"no ipam section":  {`{"cniVersion": "1.0.0", "name": "n"}`, podArgs, types.ErrInvalidNetworkConfig},
+		"no pod name":      {string(conf("1.0.0", socket, "")), "K8S_POD_NAMESPACE=ns", types.ErrInvalidNetworkConfig},
+		"bad static IP":    {string(conf("1.0.0", socket, `, "runtimeConfig": {"ips": ["nope"]}`)), podArgs, types.ErrInvalidNetworkConfig},
+		"unknown pool":     {strings.Replace(string(conf("1.0.0", socket, "")), `"name": "net-a"`, `"name": "net-z"`, 1), podArgs, types.ErrUnknownContainer},
+		"negative timeout": {strings.Replace(string(conf("1.0.0", socket, "")), `"logFile": ""`, `"daemonCallTimeoutSeconds": -1`, 1), podArgs, types.ErrInvalidNetworkConfig},
+		"daemon not there": {string(conf("1.0.0", "unix:///nonexistent/x.sock", "")), podArgs, types.ErrTryAgainLater},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := p.Add(&skel.CmdArgs{ContainerID: "e", IfName: "net1", Args: tc.args, StdinData: []byte(tc.stdin)})
+			var cniErr *types.Error
+			if !errors.As(err, &cniErr) || cniErr.Code != tc.code {
+				t.Errorf("ADD = %v, want CNI code %d", err, tc.code)
+			}
+		})
+	}
+}
+
+func TestConfFileFillsGapsAndForcePoolName(t *testing.T) {
+	socket, _ := daemon(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, cniplugin.ConfFileName),
+		[]byte(fmt.Sprintf(`{"daemonSocket": %q, "daemonCallTimeoutSeconds": 3, "forcePoolName": true}`, socket)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "net-a", "ipam": {"type": "nv-ipam", "confDir": %q %%s}}`, dir)
+	c, err := cniplugin.LoadConfig([]byte(fmt.Sprintf(base, `, "poolName": "net-a"`)), podArgs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DaemonSocket != socket || c.Timeout.Seconds() != 3 || c.Pools[0] != "net-a" {
+		t.Errorf("config = %+v, want the socket and timeout from the conf file", c)
+	}
+	if _, err := cniplugin.LoadConfig([]byte(fmt.Sprintf(base, "")), podArgs, true); err == nil ||
+		!strings.Contains(err.Error(), "forcePoolName") {
+		t.Errorf("no poolName under forcePoolName = %v", err)
+	}
+	c, err = cniplugin.LoadConfig([]byte(fmt.Sprintf(base, `, "poolName": "a, b", "poolType": "CIDRPool"`)), podArgs, true)
+	if err != nil || len(c.Pools) != 2 || c.Pools[1] != "b" || c.PoolType != "cidrpool" {
+		t.Errorf("two pools, case-insensitive type: %+v %v", c, err)
+	}
+}
