@@ -191,3 +191,23 @@ func TestConfFileFillsGapsAndForcePoolName(t *testing.T) {
 		t.Errorf("two pools, case-insensitive type: %+v %v", c, err)
 	}
 }
+
+func TestExhaustedPoolNamesPoolAndNode(t *testing.T) {
+	socket, m := daemon(t)
+	start, end := netip.MustParseAddr("10.9.0.1"), netip.MustParseAddr("10.9.0.2")
+	if err := m.SetPool(&nodealloc.PoolConfig{Name: "tiny", Kind: nodealloc.KindIPPool, Prefix: netip.MustParsePrefix("10.9.0.0/24"),
+		Block: iprange.Range{Start: start, End: end}, IndexBase: start}); err != nil {
+		t.Fatal(err)
+	}
+	p := &cniplugin.Plugin{Stdout: &bytes.Buffer{}}
+	stdin := []byte(strings.Replace(string(conf("1.0.0", socket, "")), `"name": "net-a"`, `"name": "tiny"`, 1))
+	var err error
+	for i := range 3 {
+		err = p.Add(&skel.CmdArgs{ContainerID: fmt.Sprintf("x%d", i), IfName: "net1", Args: podArgs, StdinData: stdin})
+	}
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Msg != "pool exhausted" || !strings.Contains(cniErr.Details, "pool tiny") ||
+		!strings.Contains(cniErr.Details, "node n1") {
+		t.Errorf("third ADD in a two-address block = %v, want a 'pool exhausted' error naming pool tiny and node n1", err)
+	}
+}

@@ -34,12 +34,17 @@ type nodeDaemon struct {
 
 func startNodeDaemon(b *testing.B, bin, kubeconfig, dir string) (*nodeDaemon, time.Duration) {
 	b.Helper()
+	return startNodeDaemonArgs(b, bin, kubeconfig, dir, "--cni-skip-nv-ipam-binary-copy", "--cni-skip-nv-ipam-config-creation")
+}
+
+func startNodeDaemonArgs(b *testing.B, bin, kubeconfig, dir string, extra ...string) (*nodeDaemon, time.Duration) {
+	b.Helper()
 	sock := filepath.Join(dir, "daemon.sock")
 	start := time.Now()
-	cmd := exec.Command(bin, "--node-name", benchNode, "--kubeconfig", kubeconfig, "--ippools-namespace", "default",
-		"--store-file", filepath.Join(dir, "store"), "--bind-address", "unix://"+sock,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0",
-		"--cni-skip-nv-ipam-binary-copy", "--cni-skip-nv-ipam-config-creation")
+	args := append([]string{"--node-name", benchNode, "--kubeconfig", kubeconfig, "--ippools-namespace", "default",
+		"--store-file", filepath.Join(dir, "store"), "--bind-address", "unix://" + sock,
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0"}, extra...)
+	cmd := exec.Command(bin, args...)
 	if testing.Verbose() {
 		cmd.Stderr = os.Stderr
 	}
