@@ -171,4 +171,3 @@ func fillHostLocal(b *testing.B, dir string, n int) {
 		}
 	}
 }
-
