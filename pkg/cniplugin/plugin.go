@@ -197,6 +197,8 @@ func parsePrev(cniVersion string, raw json.RawMessage) (*current.Result, error) 
 	return current.NewResultFromResult(nc.PrevResult)
 }
 
+// storeKey is v1alpha1.PoolKey, written out here because importing the API package
+// would pull the Kubernetes libraries into a binary that is exec'd per CNI call.
 func (s *session) storeKey(pool string) string {
 	if s.cfg.PoolType == "cidrpool" {
 		return "cidrpool/" + pool

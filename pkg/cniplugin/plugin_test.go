@@ -18,6 +18,7 @@ import (
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/cniplugin"
 	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
@@ -38,7 +39,7 @@ func daemon(t *testing.T) (socket string, m *nodealloc.Manager) {
 		t.Fatal(err)
 	}
 	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.100")
-	if err := m.SetPool(&nodealloc.PoolConfig{Name: "net-a", Kind: nodealloc.KindIPPool, Prefix: netip.MustParsePrefix("10.1.0.0/24"),
+	if err := m.SetPool(&nodealloc.PoolConfig{Name: "net-a", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.1.0.0/24"),
 		Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: start, DefaultGateway: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ func TestConfFileFillsGapsAndForcePoolName(t *testing.T) {
 func TestExhaustedPoolNamesPoolAndNode(t *testing.T) {
 	socket, m := daemon(t)
 	start, end := netip.MustParseAddr("10.9.0.1"), netip.MustParseAddr("10.9.0.2")
-	if err := m.SetPool(&nodealloc.PoolConfig{Name: "tiny", Kind: nodealloc.KindIPPool, Prefix: netip.MustParsePrefix("10.9.0.0/24"),
+	if err := m.SetPool(&nodealloc.PoolConfig{Name: "tiny", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.9.0.0/24"),
 		Block: iprange.Range{Start: start, End: end}, IndexBase: start}); err != nil {
 		t.Fatal(err)
 	}

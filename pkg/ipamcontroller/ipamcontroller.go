@@ -164,7 +164,7 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
-	for _, kind := range []string{poolcontroller.KindIPPool, poolcontroller.KindCIDRPool} {
+	for _, kind := range []string{v1alpha1.KindIPPool, v1alpha1.KindCIDRPool} {
 		r := &poolcontroller.Reconciler{
 			Client:             mgr.GetClient(),
 			Recorder:           mgr.GetEventRecorder("ipam-controller"),

@@ -13,6 +13,7 @@ import (
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/ipamctl"
 	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
@@ -34,7 +35,7 @@ func serve(t *testing.T) string {
 		t.Fatal(err)
 	}
 	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.8")
-	if err := m.SetPool(&nodealloc.PoolConfig{Name: "rail0", Kind: nodealloc.KindIPPool, Prefix: netip.MustParsePrefix("10.1.0.0/24"),
+	if err := m.SetPool(&nodealloc.PoolConfig{Name: "rail0", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.1.0.0/24"),
 		Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: start}); err != nil {
 		t.Fatal(err)
 	}

@@ -12,13 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 )
-
-// PoolsInUseAnnotation is the Node annotation listing, comma separated, the store
-// keys of the pools this node holds allocations in. The ipam-controller keeps a
-// node's block in a listed pool even after the node stops matching the pool.
-const PoolsInUseAnnotation = "ipam.hwipam.io/pools-in-use"
 
 // annotator keeps the annotation up to date. Without RBAC to patch nodes (as under
 // network-operator's node service account) it logs one warning and carries on.
@@ -59,7 +55,7 @@ func (a *annotator) update(ctx context.Context) {
 	if want == "" {
 		value = nil // remove the annotation
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{PoolsInUseAnnotation: value}}})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{v1alpha1.PoolsInUseAnnotation: value}}})
 	if err != nil {
 		a.log.Error(err, "encoding the annotation patch")
 		return

@@ -213,7 +213,7 @@ func TestDaemonServesSyncsAndSurvivesAPIOutage(t *testing.T) {
 	// The node is annotated with the pools in use.
 	waitFor(t, "the pools-in-use annotation", func() bool {
 		var n corev1.Node
-		return c.Get(ctx, client.ObjectKey{Name: node}, &n) == nil && n.Annotations[ipamnode.PoolsInUseAnnotation] == "rail0"
+		return c.Get(ctx, client.ObjectKey{Name: node}, &n) == nil && n.Annotations[v1alpha1.PoolsInUseAnnotation] == "rail0"
 	})
 
 	// Restart with the API server unreachable: the stored block still serves.

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/ipamcontroller"
 	"github.com/hwipam/hwipam/pkg/ipamnode"
 	"github.com/hwipam/hwipam/test/harness"
@@ -97,7 +98,7 @@ func TestNetworkOperatorRBAC(t *testing.T) {
 	if err := c.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := n.Annotations[ipamnode.PoolsInUseAnnotation]; ok {
+	if _, ok := n.Annotations[v1alpha1.PoolsInUseAnnotation]; ok {
 		t.Errorf("annotation written without RBAC: %v", n.Annotations)
 	}
 

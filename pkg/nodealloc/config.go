@@ -10,21 +10,6 @@ import (
 	"github.com/hwipam/hwipam/pkg/iprange"
 )
 
-// Kinds of pools, as the store key and the gRPC pool_type distinguish them.
-const (
-	KindIPPool   = "IPPool"
-	KindCIDRPool = "CIDRPool"
-)
-
-// PoolKey is a pool's key in the store and the pools-in-use annotation: the
-// IPPool's name, or "cidrpool/<name>" (nv-ipam's store keys).
-func PoolKey(kind, name string) string {
-	if kind == KindCIDRPool {
-		return "cidrpool/" + name
-	}
-	return name
-}
-
 // PoolConfig is one pool's block on this node, parsed once at the edge.
 type PoolConfig struct {
 	Name string
@@ -49,7 +34,7 @@ type PoolConfig struct {
 }
 
 // Key is the pool's store key.
-func (c *PoolConfig) Key() string { return PoolKey(c.Kind, c.Name) }
+func (c *PoolConfig) Key() string { return v1alpha1.PoolKey(c.Kind, c.Name) }
 
 // Equal reports whether two configs describe the same block.
 func (c *PoolConfig) Equal(o *PoolConfig) bool {
@@ -80,7 +65,7 @@ func FromIPPool(p *v1alpha1.IPPool, node string) (*PoolConfig, error) {
 	if err1 != nil || err2 != nil || !subnet.Contains(start) || !subnet.Contains(end) || end.Less(start) {
 		return nil, fmt.Errorf("IPPool %s: block %s-%s of node %s is not a range in %s", p.Name, al.StartIP, al.EndIP, node, subnet)
 	}
-	c := &PoolConfig{Name: p.Name, Kind: KindIPPool, Prefix: subnet, Block: iprange.Range{Start: start, End: end},
+	c := &PoolConfig{Name: p.Name, Kind: v1alpha1.KindIPPool, Prefix: subnet, Block: iprange.Range{Start: start, End: end},
 		IndexBase: start, DefaultGateway: p.Spec.DefaultGateway}
 	if p.Spec.Gateway != "" {
 		if c.Gateway, err = v1alpha1.ParseAddr(p.Spec.Gateway); err != nil {
@@ -109,7 +94,7 @@ func FromCIDRPool(p *v1alpha1.CIDRPool, node string) (*PoolConfig, error) {
 	if err != nil || prefix != prefix.Masked() {
 		return nil, fmt.Errorf("CIDRPool %s: prefix %q of node %s is not a network in CIDR notation", p.Name, al.Prefix, node)
 	}
-	c := &PoolConfig{Name: p.Name, Kind: KindCIDRPool, Prefix: prefix, Block: iprange.Usable(prefix),
+	c := &PoolConfig{Name: p.Name, Kind: v1alpha1.KindCIDRPool, Prefix: prefix, Block: iprange.Usable(prefix),
 		IndexBase: prefix.Addr(), DefaultGateway: p.Spec.DefaultGateway}
 	if al.Gateway != "" {
 		if c.Gateway, err = v1alpha1.ParseAddr(al.Gateway); err != nil || !prefix.Contains(c.Gateway) {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/allocator"
 	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/store"
@@ -256,14 +257,14 @@ func (m *Manager) keys(req *Request) ([]string, error) {
 	}
 	kind := req.Kind
 	if kind == "" {
-		kind = KindIPPool
+		kind = v1alpha1.KindIPPool
 	}
 	keys := make([]string, len(req.Pools))
 	for i, name := range req.Pools {
 		if name == "" {
 			return nil, fmt.Errorf("%w: pools[%d] is empty", ErrInvalid, i)
 		}
-		keys[i] = PoolKey(kind, name)
+		keys[i] = v1alpha1.PoolKey(kind, name)
 	}
 	if len(keys) == 2 && keys[0] == keys[1] {
 		return nil, fmt.Errorf("%w: pools: %q is named twice", ErrInvalid, req.Pools[0])
@@ -420,10 +421,10 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 }
 
 func kindOf(req *Request) string {
-	if req.Kind == KindCIDRPool {
-		return KindCIDRPool
+	if req.Kind == v1alpha1.KindCIDRPool {
+		return v1alpha1.KindCIDRPool
 	}
-	return KindIPPool
+	return v1alpha1.KindIPPool
 }
 
 // assignRequested matches each requested address to the pool whose block holds it.

@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/utils/ptr"
 
+	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/store"
@@ -37,14 +38,14 @@ func openManager(t *testing.T, path string) *nodealloc.Manager {
 
 func v4Pool(name string) *nodealloc.PoolConfig {
 	start, end := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.8")
-	return &nodealloc.PoolConfig{Name: name, Kind: nodealloc.KindIPPool, Prefix: netip.MustParsePrefix("10.0.0.0/24"),
+	return &nodealloc.PoolConfig{Name: name, Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.0.0.0/24"),
 		Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: netip.MustParseAddr("10.0.0.1"),
 		Routes: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}, DefaultGateway: true}
 }
 
 func v6Pool(name string) *nodealloc.PoolConfig {
 	p := netip.MustParsePrefix("fd00:1::/64")
-	return &nodealloc.PoolConfig{Name: name, Kind: nodealloc.KindIPPool, Prefix: p, Block: iprange.Usable(p), IndexBase: p.Addr().Next()}
+	return &nodealloc.PoolConfig{Name: name, Kind: v1alpha1.KindIPPool, Prefix: p, Block: iprange.Usable(p), IndexBase: p.Addr().Next()}
 }
 
 func req(cid string, pools ...string) *nodealloc.Request {
@@ -119,7 +120,7 @@ func TestErrorsAndExhaustion(t *testing.T) {
 		"no container":   {&nodealloc.Request{Pools: []string{"rail0"}, IfName: "i"}, nodealloc.ErrInvalid},
 		"no pod name":    {&nodealloc.Request{Pools: []string{"rail0"}, ContainerID: "c", IfName: "i"}, nodealloc.ErrInvalid},
 		"unknown pool":   {req("c", "nope"), nodealloc.ErrUnknownPool},
-		"wrong kind":     {&nodealloc.Request{Pools: []string{"rail0"}, Kind: nodealloc.KindCIDRPool, ContainerID: "c", IfName: "i", Meta: nodealloc.Metadata{PodName: "p", PodNamespace: "n"}}, nodealloc.ErrUnknownPool},
+		"wrong kind":     {&nodealloc.Request{Pools: []string{"rail0"}, Kind: v1alpha1.KindCIDRPool, ContainerID: "c", IfName: "i", Meta: nodealloc.Metadata{PodName: "p", PodNamespace: "n"}}, nodealloc.ErrUnknownPool},
 		"foreign static": {&nodealloc.Request{Pools: []string{"rail0"}, ContainerID: "c", IfName: "i", Meta: nodealloc.Metadata{PodName: "p", PodNamespace: "n"}, RequestedIPs: []netip.Addr{netip.MustParseAddr("192.168.0.1")}}, nodealloc.ErrInvalid},
 	} {
 		if _, err := m.Allocate(tc.r); !errors.Is(err, tc.want) {
@@ -169,7 +170,7 @@ func TestStaticIndexGatewayAndDualStackAllOrNothing(t *testing.T) {
 	if _, err := m.Allocate(clash); !errors.Is(err, nodealloc.ErrInvalid) {
 		t.Errorf("taken static address: %v", err)
 	}
-	if n := len(m.Allocations(nodealloc.PoolKey(nodealloc.KindIPPool, "v6"))["v6"]); n != 1 {
+	if n := len(m.Allocations(v1alpha1.PoolKey(v1alpha1.KindIPPool, "v6"))["v6"]); n != 1 {
 		t.Errorf("v6 holds %d allocations after a failed dual-stack request, want 1", n)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 )
 
@@ -117,7 +118,7 @@ func (s *Service) ListAllocations(_ context.Context, in *infov1.ListAllocationsR
 }
 
 func poolType(kind string) nodev1.PoolType {
-	if kind == nodealloc.KindCIDRPool {
+	if kind == v1alpha1.KindCIDRPool {
 		return nodev1.PoolType_POOL_TYPE_CIDRPOOL
 	}
 	return nodev1.PoolType_POOL_TYPE_IPPOOL
@@ -137,9 +138,9 @@ func toRequest(p *nodev1.IPAMParameters) (*nodealloc.Request, error) {
 	}
 	switch p.GetPoolType() {
 	case nodev1.PoolType_POOL_TYPE_UNSPECIFIED, nodev1.PoolType_POOL_TYPE_IPPOOL:
-		req.Kind = nodealloc.KindIPPool
+		req.Kind = v1alpha1.KindIPPool
 	case nodev1.PoolType_POOL_TYPE_CIDRPOOL:
-		req.Kind = nodealloc.KindCIDRPool
+		req.Kind = v1alpha1.KindCIDRPool
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "parameters.pool_type: unknown value %d", p.GetPoolType())
 	}

@@ -113,7 +113,7 @@ func (a ipPool) allocationsEqual(o pool) bool {
 }
 
 func (a ipPool) network() (iprange.Range, bool) { return parseNetwork(a.p.Spec.Subnet) }
-func (a ipPool) storeKey() string               { return PoolKey(KindIPPool, a.p.Name) }
+func (a ipPool) storeKey() string               { return v1alpha1.PoolKey(v1alpha1.KindIPPool, a.p.Name) }
 
 func (a ipPool) allocatedRanges() []iprange.Range {
 	var out []iprange.Range
@@ -220,7 +220,7 @@ func (a cidrPool) allocationsEqual(o pool) bool {
 }
 
 func (a cidrPool) network() (iprange.Range, bool) { return parseNetwork(a.p.Spec.CIDR) }
-func (a cidrPool) storeKey() string               { return PoolKey(KindCIDRPool, a.p.Name) }
+func (a cidrPool) storeKey() string               { return v1alpha1.PoolKey(v1alpha1.KindCIDRPool, a.p.Name) }
 
 func (a cidrPool) allocatedRanges() []iprange.Range {
 	var out []iprange.Range

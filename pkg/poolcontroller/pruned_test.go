@@ -74,7 +74,7 @@ func TestWorksWhenStatusFieldsArePruned(t *testing.T) {
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	r := &poolcontroller.Reconciler{Client: c, Kind: poolcontroller.KindIPPool, Now: time.Now}
+	r := &poolcontroller.Reconciler{Client: c, Kind: v1alpha1.KindIPPool, Now: time.Now}
 	req := ctrl.Request{NamespacedName: client.ObjectKey{Namespace: "default", Name: "p"}}
 	if _, err := r.Reconcile(ctx, req); err != nil {
 		t.Fatal(err)

@@ -81,7 +81,7 @@ func TestIPPoolStableAcrossRestartsAndUnrelatedChanges(t *testing.T) {
 
 	// The same reconciler again, and a fresh one (a controller restart): no write.
 	f.reconcile(f.ip, "p")
-	restarted := &poolcontroller.Reconciler{Client: cp.Client, Kind: poolcontroller.KindIPPool, Now: f.clock.Now}
+	restarted := &poolcontroller.Reconciler{Client: cp.Client, Kind: v1alpha1.KindIPPool, Now: f.clock.Now}
 	f.reconcile(restarted, "p")
 	if rv := f.ipPool("p").ResourceVersion; rv != before.ResourceVersion {
 		t.Errorf("reconciling an unchanged world wrote the pool (resourceVersion %s -> %s)", before.ResourceVersion, rv)
@@ -136,7 +136,7 @@ func TestIPPoolReleaseGracePeriod(t *testing.T) {
 
 func TestIPPoolKeepsBlockWhileDaemonReportsItInUse(t *testing.T) {
 	f := newFixture(t, 0)
-	n := f.node("a", true, map[string]string{poolcontroller.PoolsInUseAnnotation: "other, p"})
+	n := f.node("a", true, map[string]string{v1alpha1.PoolsInUseAnnotation: "other, p"})
 	f.newIPPool("p", "10.3.0.0/24", 8, nil)
 	f.reconcile(f.ip, "p")
 
@@ -154,7 +154,7 @@ func TestIPPoolKeepsBlockWhileDaemonReportsItInUse(t *testing.T) {
 		t.Errorf("selected %d allocated %d, want 0 and 1", p.Status.SelectedNodes, p.Status.AllocatedNodes)
 	}
 
-	delete(n.Annotations, poolcontroller.PoolsInUseAnnotation)
+	delete(n.Annotations, v1alpha1.PoolsInUseAnnotation)
 	if err := f.c.Update(t.Context(), n); err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +369,7 @@ func TestOverlapNeverHandsOutAnotherPoolsBlocks(t *testing.T) {
 
 func TestCIDRPoolInUseAnnotationUsesStoreKey(t *testing.T) {
 	f := newFixture(t, 0)
-	n := f.node("a", true, map[string]string{poolcontroller.PoolsInUseAnnotation: "c"}) // the IPPool named c, not ours
+	n := f.node("a", true, map[string]string{v1alpha1.PoolsInUseAnnotation: "c"}) // the IPPool named c, not ours
 	f.create(&v1alpha1.CIDRPool{ObjectMeta: metav1.ObjectMeta{Name: "c"}, Spec: v1alpha1.CIDRPoolSpec{
 		CIDR: "10.14.0.0/16", PerNodeNetworkPrefix: 24, NodeSelector: f.selector()}})
 	f.reconcile(f.cidr, "c")
@@ -382,7 +382,7 @@ func TestCIDRPoolInUseAnnotationUsesStoreKey(t *testing.T) {
 		t.Errorf("an annotation naming the IPPool c kept the CIDRPool c's prefix: %v", got)
 	}
 	n.Labels = map[string]string{testLabel: f.label}
-	n.Annotations = map[string]string{poolcontroller.PoolsInUseAnnotation: poolcontroller.PoolKey(poolcontroller.KindCIDRPool, "c")}
+	n.Annotations = map[string]string{v1alpha1.PoolsInUseAnnotation: v1alpha1.PoolKey(v1alpha1.KindCIDRPool, "c")}
 	if err := f.c.Update(t.Context(), n); err != nil {
 		t.Fatal(err)
 	}

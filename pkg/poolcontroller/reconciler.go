@@ -30,19 +30,6 @@ import (
 	"github.com/hwipam/hwipam/pkg/iprange"
 )
 
-// PoolsInUseAnnotation is the Node annotation in which the node daemon lists, comma
-// separated, the pools it holds live allocations in, by their store key: the name
-// of an IPPool, "cidrpool/<name>" for a CIDRPool (nv-ipam's store keys). A node
-// that lists a pool keeps its block in that pool even after it stops matching the
-// pool's nodeSelector.
-const PoolsInUseAnnotation = "ipam.hwipam.io/pools-in-use"
-
-// Kinds of pools, as reconcile requests and metrics name them.
-const (
-	KindIPPool   = "IPPool"
-	KindCIDRPool = "CIDRPool"
-)
-
 // +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools;cidrpools,verbs=get;list;watch
 // +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools/status;cidrpools/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
@@ -55,7 +42,7 @@ type Reconciler struct {
 	Client client.Client
 	// Recorder emits events about pools; nil disables events.
 	Recorder events.EventRecorder
-	// Kind is KindIPPool or KindCIDRPool.
+	// Kind is v1alpha1.KindIPPool or v1alpha1.KindCIDRPool.
 	Kind string
 	// ReleaseGracePeriod is how long the block of a node that is gone or no longer
 	// selected stays reserved before another node may get it; 0 releases at once.
@@ -87,7 +74,7 @@ func (r *Reconciler) now() time.Time {
 }
 
 func (r *Reconciler) newPool() pool {
-	if r.Kind == KindCIDRPool {
+	if r.Kind == v1alpha1.KindCIDRPool {
 		return cidrPool{&v1alpha1.CIDRPool{}}
 	}
 	return ipPool{&v1alpha1.IPPool{}}
@@ -421,7 +408,7 @@ func (s selector) match(n client.Object) bool {
 }
 
 func poolsInUse(n client.Object, key string) bool {
-	v, ok := n.GetAnnotations()[PoolsInUseAnnotation]
+	v, ok := n.GetAnnotations()[v1alpha1.PoolsInUseAnnotation]
 	if !ok {
 		return false
 	}
@@ -431,13 +418,4 @@ func poolsInUse(n client.Object, key string) bool {
 		}
 	}
 	return false
-}
-
-// PoolKey is how the node daemon's store and the pools-in-use annotation name a
-// pool: the IPPool's name, or "cidrpool/<name>".
-func PoolKey(kind, name string) string {
-	if kind == KindCIDRPool {
-		return "cidrpool/" + name
-	}
-	return name
 }

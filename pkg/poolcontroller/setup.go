@@ -25,7 +25,7 @@ import (
 // the event, or that hold a block for it.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, namespace string, maxConcurrent int) error {
 	var forObj client.Object = &v1alpha1.IPPool{}
-	if r.Kind == KindCIDRPool {
+	if r.Kind == v1alpha1.KindCIDRPool {
 		forObj = &v1alpha1.CIDRPool{}
 	}
 	inNamespace := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetNamespace() == namespace })
@@ -90,7 +90,7 @@ func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q nodeQueue) {
 			o, n := e.ObjectOld, e.ObjectNew
 			if mapsEqual(o.GetLabels(), n.GetLabels()) &&
-				o.GetAnnotations()[PoolsInUseAnnotation] == n.GetAnnotations()[PoolsInUseAnnotation] {
+				o.GetAnnotations()[v1alpha1.PoolsInUseAnnotation] == n.GetAnnotations()[v1alpha1.PoolsInUseAnnotation] {
 				return // nothing a pool selects on or reads changed
 			}
 			enqueue(ctx, q, o, n)

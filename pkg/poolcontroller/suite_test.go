@@ -75,7 +75,7 @@ func newFixture(t *testing.T, grace time.Duration) *fixture {
 		return &poolcontroller.Reconciler{Client: cp.Client, Recorder: f.recorder, Kind: kind,
 			ReleaseGracePeriod: grace, Now: f.clock.Now}
 	}
-	f.ip, f.cidr = mk(poolcontroller.KindIPPool), mk(poolcontroller.KindCIDRPool)
+	f.ip, f.cidr = mk(v1alpha1.KindIPPool), mk(v1alpha1.KindCIDRPool)
 	return f
 }
 
