@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -14,47 +13,20 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	"google.golang.org/grpc"
 
-	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
-	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/cniplugin"
 	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
-	"github.com/hwipam/hwipam/pkg/nodeservice"
-	"github.com/hwipam/hwipam/pkg/store"
+	"github.com/hwipam/hwipam/test/harness"
 )
 
-// daemon serves the real node service over a real store on a unix socket.
-func daemon(t *testing.T) (socket string, m *nodealloc.Manager) {
+// daemon serves the real node service with the pool net-a (10.1.0.1-100).
+func daemon(t *testing.T) (string, *nodealloc.Manager) {
 	t.Helper()
-	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "store"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if m, err = nodealloc.New(st, "n1"); err != nil {
-		t.Fatal(err)
-	}
 	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.100")
-	if err := m.SetPool(&nodealloc.PoolConfig{Name: "net-a", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.1.0.0/24"),
-		Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: start, DefaultGateway: true}); err != nil {
-		t.Fatal(err)
-	}
-	socket = filepath.Join(dir, "d.sock")
-	lis, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	svc := &nodeservice.Service{Manager: m}
-	nodev1.RegisterIPAMServiceServer(srv, svc)
-	infov1.RegisterNodeInfoServiceServer(srv, svc)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	return "unix://" + socket, m
+	return harness.ServeNode(t, &nodealloc.PoolConfig{Name: "net-a", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.1.0.0/24"),
+		Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: start, DefaultGateway: true})
 }
 
 func conf(version, socket, extra string) []byte {

@@ -2,60 +2,29 @@ package ipamctl_test
 
 import (
 	"bytes"
-	"context"
-	"net"
 	"net/netip"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc"
-
-	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
-	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/ipamctl"
 	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
-	"github.com/hwipam/hwipam/pkg/nodeservice"
-	"github.com/hwipam/hwipam/pkg/store"
+	"github.com/hwipam/hwipam/test/harness"
 )
 
-// serve runs the real node service over a real store on a unix socket.
+// serve runs the real node service with one pool and one allocation.
 func serve(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "store"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	m, err := nodealloc.New(st, "n1")
-	if err != nil {
-		t.Fatal(err)
-	}
 	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.8")
-	if err := m.SetPool(&nodealloc.PoolConfig{Name: "rail0", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.1.0.0/24"),
-		Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: start}); err != nil {
+	sock, m := harness.ServeNode(t, &nodealloc.PoolConfig{Name: "rail0", Kind: v1alpha1.KindIPPool,
+		Prefix: netip.MustParsePrefix("10.1.0.0/24"), Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: start})
+	if _, err := m.Allocate(&nodealloc.Request{Pools: []string{"rail0"}, ContainerID: "0123456789abcdef", IfName: "net1",
+		Meta: nodealloc.Metadata{PodName: "trainer-0", PodNamespace: "ml", DeviceID: "0000:3b:00.2"}}); err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(dir, "d.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	svc := &nodeservice.Service{Manager: m}
-	nodev1.RegisterIPAMServiceServer(srv, svc)
-	infov1.RegisterNodeInfoServiceServer(srv, svc)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	if _, err := svc.Allocate(context.Background(), &nodev1.AllocateRequest{Parameters: &nodev1.IPAMParameters{
-		Pools: []string{"rail0"}, CniContainerid: "0123456789abcdef", CniIfname: "net1",
-		Metadata: &nodev1.IPAMMetadata{K8SPodName: "trainer-0", K8SPodNamespace: "ml", DeviceId: "0000:3b:00.2"}}}); err != nil {
-		t.Fatal(err)
-	}
-	return "unix://" + sock
+	return sock
 }
 
 func run(t *testing.T, args ...string) (string, error) {

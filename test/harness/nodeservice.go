@@ -1,0 +1,51 @@
+package harness
+
+import (
+	"net"
+	"path/filepath"
+	"testing"
+
+	"google.golang.org/grpc"
+
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	"github.com/hwipam/hwipam/pkg/nodealloc"
+	"github.com/hwipam/hwipam/pkg/nodeservice"
+	"github.com/hwipam/hwipam/pkg/store"
+)
+
+// ServeNode runs the node daemon's gRPC services in-process, over a real store in
+// a temporary directory, on a unix socket, with the given pools active on node
+// "n1". It returns the socket as a unix:// address and the allocation state; both
+// are torn down when the test ends. Tests of gRPC clients (the CNI plugin,
+// ipamctl) use it where the whole daemon process is not the point.
+func ServeNode(tb testing.TB, pools ...*nodealloc.PoolConfig) (string, *nodealloc.Manager) {
+	tb.Helper()
+	dir := tb.TempDir()
+	st, err := store.Open(filepath.Join(dir, "store"), store.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = st.Close() })
+	m, err := nodealloc.New(st, "n1")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, p := range pools {
+		if err := m.SetPool(p); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	sock := filepath.Join(dir, "d.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	svc := &nodeservice.Service{Manager: m}
+	nodev1.RegisterIPAMServiceServer(srv, svc)
+	infov1.RegisterNodeInfoServiceServer(srv, svc)
+	go func() { _ = srv.Serve(lis) }()
+	tb.Cleanup(srv.Stop)
+	return "unix://" + sock, m
+}
