@@ -1,0 +1,269 @@
+// Package fakesysfs builds sysfs trees with the file shapes of real Linux machines
+// with NVIDIA NICs, for tests and benchmarks of nicdiscovery where the hardware is
+// not there: the same files, symlinks and value formats as the captured trees in
+// testdata (hwloc's gathers of a ConnectX-3 and a ConnectX-4 machine) and as the
+// mlx5 driver writes them (sriov_*, virtfnN/physfn, phys_port_name,
+// compat/devlink/mode). It also unpacks those captured trees.
+package fakesysfs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Tree is a sysfs tree under Root (Root/sys/...).
+type Tree struct {
+	Root string
+}
+
+// New creates the skeleton of a tree under root.
+func New(root string) (*Tree, error) {
+	t := &Tree{Root: root}
+	for _, d := range []string{"sys/bus/pci/devices", "sys/bus/pci/drivers", "sys/class/net", "sys/class/infiniband",
+		"sys/devices/virtual/net"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// Function is one PCI function.
+type Function struct {
+	Address string
+	Vendor  uint16
+	Device  uint16
+	// Class is the 24-bit class code, 0x020000 for an Ethernet controller.
+	Class uint32
+	// Driver is the bound driver; "" leaves the function unbound.
+	Driver string
+	// NUMA is written to numa_node (-1: the platform does not say).
+	NUMA     int
+	TotalVFs int
+	NumVFs   int
+	Netdevs  []Netdev
+	RDMA     *RDMA
+}
+
+// Netdev is a network interface of a function.
+type Netdev struct {
+	Name string
+	// Type is the ARPHRD type: 1 Ethernet, 32 IPoIB.
+	Type int
+	// Speed is written to speed; 0 writes "-1" (link down) for Ethernet and leaves
+	// it empty for IPoIB, as the kernel reports them.
+	Speed        int
+	OperState    string
+	MTU          int
+	MAC          string
+	DevPort      int
+	DevID        int
+	PhysPortName string
+	// Master is a bond the netdev is enslaved to; it is created as a virtual netdev.
+	Master string
+	// EswitchMode is written to compat/devlink/mode when set.
+	EswitchMode string
+}
+
+// RDMA is the function's RDMA device.
+type RDMA struct {
+	Name     string
+	NodeGUID string
+	Ports    []RDMAPort
+}
+
+// RDMAPort is a port of an RDMA device.
+type RDMAPort struct {
+	Num       int
+	LinkLayer string
+	// Rate as the kernel writes it: "400 Gb/sec (4X NDR)".
+	Rate  string
+	State string // "4: ACTIVE"
+	// GID0 is the port's first GID, "fe80:0000:0000:0000:<port GUID>".
+	GID0 string
+}
+
+// devDir is where a function's directory lives: under its root complex.
+func (t *Tree) devDir(addr string) string {
+	return filepath.Join(t.Root, "sys", "devices", "pci"+addr[:7], addr)
+}
+
+// Add creates a function.
+func (t *Tree) Add(f Function) error {
+	if len(f.Address) != len("0000:00:00.0") {
+		return fmt.Errorf("bad PCI address %q", f.Address)
+	}
+	dir := t.devDir(f.Address)
+	files := map[string]string{
+		"vendor":    fmt.Sprintf("0x%04x", f.Vendor),
+		"device":    fmt.Sprintf("0x%04x", f.Device),
+		"class":     fmt.Sprintf("0x%06x", f.Class),
+		"numa_node": strconv.Itoa(f.NUMA),
+		"modalias": fmt.Sprintf("pci:v%08Xd%08Xsv%08Xsd%08Xbc%02Xsc%02Xi%02X", f.Vendor, f.Device, f.Vendor, 0,
+			f.Class>>16, (f.Class>>8)&0xff, f.Class&0xff),
+		"uevent": fmt.Sprintf("PCI_CLASS=%X\nPCI_ID=%04X:%04X\nPCI_SLOT_NAME=%s\n", f.Class, f.Vendor, f.Device, f.Address),
+	}
+	if f.Driver != "" {
+		files["uevent"] = "DRIVER=" + f.Driver + "\n" + files["uevent"]
+	}
+	if f.TotalVFs > 0 {
+		files["sriov_totalvfs"] = strconv.Itoa(f.TotalVFs)
+		files["sriov_numvfs"] = strconv.Itoa(f.NumVFs)
+	}
+	if err := writeFiles(dir, files); err != nil {
+		return err
+	}
+	rel, _ := filepath.Rel(filepath.Join(t.Root, "sys/bus/pci/devices"), dir)
+	if err := os.Symlink(rel, filepath.Join(t.Root, "sys/bus/pci/devices", f.Address)); err != nil {
+		return err
+	}
+	if f.Driver != "" {
+		drv := filepath.Join(t.Root, "sys/bus/pci/drivers", f.Driver)
+		if err := os.MkdirAll(drv, 0o755); err != nil {
+			return err
+		}
+		if err := relLink(drv, filepath.Join(dir, "driver")); err != nil {
+			return err
+		}
+	}
+	for _, nd := range f.Netdevs {
+		if err := t.addNetdev(dir, nd); err != nil {
+			return err
+		}
+	}
+	if f.RDMA != nil {
+		if err := t.addRDMA(dir, f.RDMA); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AddVF creates a VF of pf as its virtfn<index>, with the physfn link back.
+func (t *Tree) AddVF(pf string, index int, vf Function) error {
+	if err := t.Add(vf); err != nil {
+		return err
+	}
+	return errors.Join(
+		relLink(t.devDir(vf.Address), filepath.Join(t.devDir(pf), "virtfn"+strconv.Itoa(index))),
+		relLink(t.devDir(pf), filepath.Join(t.devDir(vf.Address), "physfn")))
+}
+
+// Remove takes a function out of the tree, as a hot-unplug or a driver unbind
+// that also removes the device would.
+func (t *Tree) Remove(addr string) error {
+	dir := t.devDir(addr)
+	for _, class := range []string{"net", "infiniband"} {
+		for _, name := range listNames(filepath.Join(dir, class)) {
+			_ = os.Remove(filepath.Join(t.Root, "sys/class", class, name))
+		}
+	}
+	return errors.Join(os.Remove(filepath.Join(t.Root, "sys/bus/pci/devices", addr)), os.RemoveAll(dir))
+}
+
+func (t *Tree) addNetdev(dev string, nd Netdev) error {
+	dir := filepath.Join(dev, "net", nd.Name)
+	speed := ""
+	switch {
+	case nd.Speed > 0:
+		speed = strconv.Itoa(nd.Speed)
+	case nd.Type != 32:
+		speed = "-1"
+	}
+	files := map[string]string{
+		"type": strconv.Itoa(nd.Type), "speed": speed, "operstate": nd.OperState, "mtu": strconv.Itoa(nd.MTU),
+		"address": nd.MAC, "dev_port": strconv.Itoa(nd.DevPort), "dev_id": fmt.Sprintf("0x%x", nd.DevID),
+		"ifindex": "1",
+	}
+	if nd.PhysPortName != "" {
+		files["phys_port_name"] = nd.PhysPortName
+	}
+	if nd.EswitchMode != "" {
+		files["compat/devlink/mode"] = nd.EswitchMode
+	}
+	if err := writeFiles(dir, files); err != nil {
+		return err
+	}
+	if err := relLink(dir, filepath.Join(t.Root, "sys/class/net", nd.Name)); err != nil {
+		return err
+	}
+	if nd.Master != "" {
+		m := filepath.Join(t.Root, "sys/devices/virtual/net", nd.Master)
+		if err := writeFiles(m, map[string]string{"type": "1", "operstate": "up"}); err != nil {
+			return err
+		}
+		if _, err := os.Lstat(filepath.Join(t.Root, "sys/class/net", nd.Master)); err != nil {
+			if err := relLink(m, filepath.Join(t.Root, "sys/class/net", nd.Master)); err != nil {
+				return err
+			}
+		}
+		if err := relLink(m, filepath.Join(dir, "master")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *Tree) addRDMA(dev string, r *RDMA) error {
+	dir := filepath.Join(dev, "infiniband", r.Name)
+	files := map[string]string{"node_guid": r.NodeGUID, "node_type": "1: CA"}
+	for _, p := range r.Ports {
+		pre := filepath.Join("ports", strconv.Itoa(p.Num))
+		files[filepath.Join(pre, "link_layer")] = p.LinkLayer
+		files[filepath.Join(pre, "rate")] = p.Rate
+		files[filepath.Join(pre, "state")] = p.State
+		files[filepath.Join(pre, "phys_state")] = "5: LinkUp"
+		files[filepath.Join(pre, "gids", "0")] = p.GID0
+	}
+	if err := writeFiles(dir, files); err != nil {
+		return err
+	}
+	return relLink(dir, filepath.Join(t.Root, "sys/class/infiniband", r.Name))
+}
+
+func writeFiles(dir string, files map[string]string) error {
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, []byte(content+"\n"), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// relLink makes link point at target with a relative path, as sysfs does.
+func relLink(target, link string) error {
+	if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+		return err
+	}
+	rel, err := filepath.Rel(filepath.Dir(link), target)
+	if err != nil {
+		return err
+	}
+	return os.Symlink(rel, link)
+}
+
+func listNames(dir string) []string {
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	out := make([]string, 0, len(es))
+	for _, e := range es {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// GUID formats a 64-bit GUID the way sysfs does: "0002:c903:00f9:bfa1".
+func GUID(v uint64) string {
+	s := fmt.Sprintf("%016x", v)
+	return strings.Join([]string{s[0:4], s[4:8], s[8:12], s[12:16]}, ":")
+}

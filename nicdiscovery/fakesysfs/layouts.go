@@ -1,0 +1,182 @@
+package fakesysfs
+
+import (
+	"fmt"
+)
+
+// PCI IDs the layouts use.
+const (
+	VendorNVIDIA    = 0x15b3
+	VendorIntel     = 0x8086
+	DeviceCX3       = 0x1003
+	DeviceCX6Dx     = 0x101d
+	DeviceCXVF      = 0x101e
+	DeviceCX7       = 0x1021
+	DeviceBF3       = 0xa2dc
+	DeviceBF3Bridge = 0x197b
+	DeviceBF3Mgmt   = 0xc2d5
+	DeviceCX7Flash  = 0x0218
+	ClassEthernet   = 0x020000
+	ClassIB         = 0x020700
+	ClassOtherNet   = 0x028000
+	ClassBridge     = 0x060400
+	ClassDMA        = 0x080100
+)
+
+// DGXH100Rails are the netdevs of the DGXH100 layout's compute rails, in PCI order.
+var DGXH100Rails = []string{"ibp24s0", "ibp64s0", "ibp79s0", "ibp94s0", "ibp154s0", "ibp192s0", "ibp206s0", "ibp220s0"}
+
+// DGXH100 lays out a DGX-H100-like node: eight single-port ConnectX-7 InfiniBand
+// PFs at 400 Gb/s (NDR), four on each NUMA node, and a dual-port BlueField-3 in
+// Ethernet mode (100 Gb/s and a port without link) with its PCIe switch bridge
+// and SoC management function, a ConnectX-7 stuck in flash recovery and an Intel
+// management port - none of those three is a NIC port of ours.
+func DGXH100(root string) (*Tree, error) {
+	t, err := New(root)
+	if err != nil {
+		return nil, err
+	}
+	buses := []int{0x18, 0x40, 0x4f, 0x5e, 0x9a, 0xc0, 0xce, 0xdc}
+	for i, bus := range buses {
+		addr := fmt.Sprintf("0000:%02x:00.0", bus)
+		name := DGXH100Rails[i]
+		guid := 0xa088c20300a1b200 + uint64(i)
+		err := t.Add(Function{Address: addr, Vendor: VendorNVIDIA, Device: DeviceCX7, Class: ClassIB, Driver: "mlx5_core",
+			NUMA: i / 4, TotalVFs: 16,
+			Netdevs: []Netdev{{Name: name, Type: 32, OperState: "up", MTU: 4092, MAC: ipoibAddr(guid)}},
+			RDMA: &RDMA{Name: fmt.Sprintf("mlx5_%d", i), NodeGUID: GUID(guid), Ports: []RDMAPort{{
+				Num: 1, LinkLayer: "InfiniBand", Rate: "400 Gb/sec (4X NDR)", State: "4: ACTIVE",
+				GID0: "fe80:0000:0000:0000:" + GUID(guid)}}},
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	for port := range 2 {
+		addr := fmt.Sprintf("0000:e1:00.%d", port)
+		speed, state, rstate := 100000, "up", "4: ACTIVE"
+		if port == 1 {
+			speed, state, rstate = 0, "down", "1: DOWN"
+		}
+		err := t.Add(Function{Address: addr, Vendor: VendorNVIDIA, Device: DeviceBF3, Class: ClassEthernet, Driver: "mlx5_core",
+			NUMA: 1, TotalVFs: 16,
+			Netdevs: []Netdev{{Name: fmt.Sprintf("enp225s0f%dnp%d", port, port), Type: 1, Speed: speed, OperState: state,
+				MTU: 9000, MAC: fmt.Sprintf("b8:3f:d2:e1:00:%02x", port), PhysPortName: fmt.Sprintf("p%d", port),
+				EswitchMode: "switchdev"}},
+			RDMA: &RDMA{Name: fmt.Sprintf("mlx5_%d", 8+port), NodeGUID: GUID(0xb83fd20300e10000 + uint64(port)),
+				Ports: []RDMAPort{{Num: 1, LinkLayer: "Ethernet", Rate: "100 Gb/sec (2X HDR)", State: rstate,
+					GID0: "fe80:0000:0000:0000:ba3f:d2ff:fee1:000" + fmt.Sprint(port)}}},
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range []Function{
+		{Address: "0000:df:00.0", Vendor: VendorNVIDIA, Device: DeviceBF3Bridge, Class: ClassBridge, Driver: "pcieport", NUMA: 1},
+		{Address: "0000:e1:00.2", Vendor: VendorNVIDIA, Device: DeviceBF3Mgmt, Class: ClassDMA, NUMA: 1},
+		{Address: "0000:b0:00.0", Vendor: VendorNVIDIA, Device: DeviceCX7Flash, Class: ClassIB, NUMA: 1},
+		{Address: "0000:06:00.0", Vendor: VendorIntel, Device: 0x1533, Class: ClassEthernet, Driver: "igb", NUMA: 0,
+			Netdevs: []Netdev{{Name: "eno1", Type: 1, Speed: 1000, OperState: "up", MTU: 1500, MAC: "3c:ec:ef:00:00:01"}}},
+	} {
+		if err := t.Add(f); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// ipoibAddr is an IPoIB hardware address (QPN, flags and the port GID).
+func ipoibAddr(guid uint64) string {
+	s := "00:00:10:87:fe:80:00:00:00:00:00:00"
+	for i := 7; i >= 0; i-- {
+		s += fmt.Sprintf(":%02x", byte(guid>>(8*i)))
+	}
+	return s
+}
+
+// SRIOV lays out pfs ConnectX-6 Dx Ethernet PFs (100 Gb/s, NUMA -1: a platform
+// without NUMA information) with vfs VFs each, in legacy SR-IOV mode: every VF has
+// its own netdev and RDMA device.
+func SRIOV(root string, pfs, vfs int) (*Tree, error) {
+	t, err := New(root)
+	if err != nil {
+		return nil, err
+	}
+	for p := range pfs {
+		pf := fmt.Sprintf("0000:3b:00.%d", p)
+		err := t.Add(Function{Address: pf, Vendor: VendorNVIDIA, Device: DeviceCX6Dx, Class: ClassEthernet, Driver: "mlx5_core",
+			NUMA: -1, TotalVFs: 127, NumVFs: vfs,
+			Netdevs: []Netdev{{Name: fmt.Sprintf("ens1f%dnp%d", p, p), Type: 1, Speed: 100000, OperState: "up", MTU: 1500,
+				MAC: fmt.Sprintf("0c:42:a1:3b:00:%02x", p), PhysPortName: fmt.Sprintf("p%d", p), EswitchMode: "legacy"}},
+			RDMA: &RDMA{Name: fmt.Sprintf("mlx5_%d", p), NodeGUID: GUID(0x0c42a103003b0000 + uint64(p)), Ports: []RDMAPort{{
+				Num: 1, LinkLayer: "Ethernet", Rate: "100 Gb/sec (4X EDR)", State: "4: ACTIVE",
+				GID0: "fe80:0000:0000:0000:0e42:a1ff:fe3b:00" + fmt.Sprintf("%02x", p)}}},
+		})
+		if err != nil {
+			return nil, err
+		}
+		for v := range vfs {
+			// VFs follow the PFs' functions: PF p's VF v at bus 0x3c+p, device v/8, function v%8.
+			addr := fmt.Sprintf("0000:%02x:%02x.%d", 0x3c+p, v/8, v%8)
+			err := t.AddVF(pf, v, Function{Address: addr, Vendor: VendorNVIDIA, Device: DeviceCXVF, Class: ClassEthernet,
+				Driver: "mlx5_core", NUMA: -1,
+				Netdevs: []Netdev{{Name: fmt.Sprintf("ens1f%dv%d", p, v), Type: 1, Speed: 100000, OperState: "up", MTU: 1500,
+					MAC: fmt.Sprintf("02:00:%02x:00:%02x:%02x", p, v>>8, v&0xff)}},
+				RDMA: &RDMA{Name: fmt.Sprintf("mlx5_%d", pfs+p*vfs+v), Ports: []RDMAPort{{Num: 1, LinkLayer: "Ethernet",
+					Rate: "100 Gb/sec (4X EDR)", State: "4: ACTIVE"}}},
+			})
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	return t, nil
+}
+
+// RoCELAG lays out a dual-port ConnectX-6 Dx whose ports are bonded (RoCE LAG):
+// both netdevs are slaves of bond0, and the one RDMA device, mlx5_bond_0, hangs
+// off the first PF; the second PF has none of its own.
+func RoCELAG(root string) (*Tree, error) {
+	t, err := New(root)
+	if err != nil {
+		return nil, err
+	}
+	for p := range 2 {
+		f := Function{Address: fmt.Sprintf("0000:86:00.%d", p), Vendor: VendorNVIDIA, Device: DeviceCX6Dx, Class: ClassEthernet,
+			Driver: "mlx5_core", NUMA: 1, TotalVFs: 8,
+			Netdevs: []Netdev{{Name: fmt.Sprintf("enp134s0f%dnp%d", p, p), Type: 1, Speed: 25000, OperState: "up", MTU: 9000,
+				MAC: "0c:42:a1:86:00:00", PhysPortName: fmt.Sprintf("p%d", p), Master: "bond0"}}}
+		if p == 0 {
+			f.RDMA = &RDMA{Name: "mlx5_bond_0", NodeGUID: GUID(0x0c42a10300860000), Ports: []RDMAPort{{
+				Num: 1, LinkLayer: "Ethernet", Rate: "50 Gb/sec (2X EDR)", State: "4: ACTIVE",
+				GID0: "fe80:0000:0000:0000:0e42:a1ff:fe86:0000"}}}
+		}
+		if err := t.Add(f); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// VPI lays out a ConnectX-3 Pro VPI card (mlx4: both ports on one function)
+// with port 1 in InfiniBand mode (ib0, FDR) and port 2 in Ethernet mode (40 Gb/s).
+func VPI(root string) (*Tree, error) {
+	t, err := New(root)
+	if err != nil {
+		return nil, err
+	}
+	guid := uint64(0x0002c90300f9c0a0)
+	return t, t.Add(Function{Address: "0000:04:00.0", Vendor: VendorNVIDIA, Device: 0x1007, Class: ClassOtherNet,
+		Driver: "mlx4_core", NUMA: 0,
+		Netdevs: []Netdev{
+			{Name: "ib0", Type: 32, OperState: "up", MTU: 2044, MAC: ipoibAddr(guid + 1)},
+			{Name: "ens1d1", Type: 1, Speed: 40000, OperState: "up", MTU: 1500, MAC: "00:02:c9:f9:c0:a2", DevPort: 1, DevID: 1},
+		},
+		RDMA: &RDMA{Name: "mlx4_0", NodeGUID: GUID(guid), Ports: []RDMAPort{
+			{Num: 1, LinkLayer: "InfiniBand", Rate: "56 Gb/sec (4X FDR)", State: "4: ACTIVE",
+				GID0: "fe80:0000:0000:0000:" + GUID(guid+1)},
+			{Num: 2, LinkLayer: "Ethernet", Rate: "40 Gb/sec (4X QDR)", State: "4: ACTIVE",
+				GID0: "fe80:0000:0000:0000:0202:c9ff:fef9:c0a2"},
+		}},
+	})
+}

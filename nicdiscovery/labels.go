@@ -1,0 +1,150 @@
+package nicdiscovery
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
+)
+
+// LabelPrefix is the prefix of every label the node daemon owns.
+const LabelPrefix = "nic.hwipam.io/"
+
+// Label keys (after LabelPrefix) that are not per netdev.
+const (
+	LabelPresent = LabelPrefix + "present"
+	LabelCount   = LabelPrefix + "count"
+	LabelRDMA    = LabelPrefix + "rdma"
+)
+
+// Rails maps a rail name to the netdev names and PCI addresses that form it; on a
+// node the first of them that is a PF port there names the rail's netdev.
+type Rails map[string][]string
+
+// LoadRails reads a rail map, YAML:
+//
+//	rail0: [ibp24s0, "0000:18:00.0"]
+//	rail1: [ibp64s0]
+func LoadRails(path string) (Rails, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the rail map: %w", err)
+	}
+	var r Rails
+	if err := yaml.UnmarshalStrict(b, &r); err != nil {
+		return nil, fmt.Errorf("rail map %s: %w; want a map of rail name to a list of netdev names or PCI addresses", path, err)
+	}
+	for name, members := range r {
+		if errs := validation.IsQualifiedName(LabelPrefix + "rail." + name); len(errs) > 0 {
+			return nil, fmt.Errorf("rail map %s: rail name %q does not make a valid label key: %s", path, name, strings.Join(errs, "; "))
+		}
+		if len(members) == 0 {
+			return nil, fmt.Errorf("rail map %s: rail %q lists no netdev or PCI address", path, name)
+		}
+	}
+	return r, nil
+}
+
+// invalidLabelChars are the characters a label name or value cannot hold.
+var invalidLabelChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+
+// labelSafe makes s a valid label value and name part: invalid characters become
+// "_", and it must start and end with a letter or digit. "" when nothing is left.
+func labelSafe(s string) string {
+	s = invalidLabelChars.ReplaceAllString(s, "_")
+	s = strings.TrimFunc(s, func(r rune) bool {
+		return (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9')
+	})
+	return s
+}
+
+// Labels is the label set of DESIGN.md §4 for an inventory, with a warning for
+// each netdev or rail that cannot be labelled. Labels hold only slow-changing
+// facts: never a link's state.
+func Labels(inv *Inventory, rails Rails) (map[string]string, []string) {
+	labels := map[string]string{}
+	var warnings []string
+	byNetdev := map[string]string{} // netdev → its label name part
+	firstNetdev := map[string]string{}
+	ports, pfs := 0, 0
+	for _, n := range inv.NICs {
+		if len(n.RDMADevices) > 0 {
+			labels[LabelRDMA] = "true"
+		}
+		if n.Function != FunctionPF {
+			continue
+		}
+		pfs++
+		for _, p := range n.Ports {
+			if p.Netdev == "" {
+				continue
+			}
+			ports++
+			key := labelSafe(p.Netdev)
+			if key == "" || len(key) > validation.LabelValueMaxLength-len(".model") {
+				warnings = append(warnings, fmt.Sprintf("netdev %q of %s cannot be made a label key; not labelled", p.Netdev, n.PCIAddress))
+				continue
+			}
+			if key != p.Netdev {
+				warnings = append(warnings, fmt.Sprintf("netdev %q is labelled as %q", p.Netdev, key))
+			}
+			if _, dup := labels[LabelPrefix+key]; dup {
+				warnings = append(warnings, fmt.Sprintf("netdev %q of %s gives the label key %q another netdev has; not labelled",
+					p.Netdev, n.PCIAddress, key))
+				continue
+			}
+			kind := "eth"
+			if p.LinkLayer == LinkLayerInfiniBand {
+				kind = "ib"
+			}
+			base := LabelPrefix + key
+			labels[base] = kind
+			if m := labelSafe(n.Model); m != "" && len(m) <= validation.LabelValueMaxLength {
+				labels[base+".model"] = m
+			}
+			if p.SpeedMbps > 0 {
+				labels[base+".speed"] = strconv.Itoa(p.SpeedMbps)
+			}
+			labels[base+".vfs"] = strconv.Itoa(n.SRIOVNumVFs)
+			if n.NUMANode >= 0 {
+				labels[base+".numa"] = strconv.Itoa(n.NUMANode)
+			}
+			byNetdev[p.Netdev] = key
+			if _, ok := firstNetdev[n.PCIAddress]; !ok {
+				firstNetdev[n.PCIAddress] = p.Netdev
+			}
+		}
+	}
+	if pfs > 0 {
+		labels[LabelPresent] = "true"
+		labels[LabelCount] = strconv.Itoa(ports)
+	}
+	names := make([]string, 0, len(rails))
+	for name := range rails {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		key := LabelPrefix + "rail." + name
+		if errs := validation.IsQualifiedName(key); len(errs) > 0 {
+			warnings = append(warnings, fmt.Sprintf("rail %q does not make a valid label key; not labelled", name))
+			continue
+		}
+		for _, member := range rails[name] {
+			netdev := member
+			if nd, ok := firstNetdev[member]; ok {
+				netdev = nd
+			}
+			if v, ok := byNetdev[netdev]; ok {
+				labels[key] = v
+				break
+			}
+		}
+	}
+	return labels, warnings
+}

@@ -1,0 +1,48 @@
+package nicdiscovery
+
+import (
+	"github.com/go-logr/logr"
+	"github.com/vishvananda/netlink"
+)
+
+// addLive fills in what only the running kernel knows precisely: each netdev's
+// operstate, MTU, MAC and addresses from rtnetlink, and each PF's eswitch mode
+// from devlink. Failures (no devlink family, a netdev gone since the sysfs read)
+// leave the sysfs values.
+func addLive(nics []NIC, log logr.Logger) {
+	for i := range nics {
+		n := &nics[i]
+		if n.Function == FunctionPF && n.Driver == "mlx5_core" {
+			if dev, err := netlink.DevLinkGetDeviceByName("pci", n.PCIAddress); err == nil && dev.Attrs.Eswitch.Mode != "" {
+				n.EswitchMode = dev.Attrs.Eswitch.Mode
+			} else if err != nil {
+				log.V(1).Info("devlink did not answer", "address", n.PCIAddress, "error", err.Error())
+			}
+		}
+		for j := range n.Ports {
+			p := &n.Ports[j]
+			if p.Netdev == "" {
+				continue
+			}
+			link, err := netlink.LinkByName(p.Netdev)
+			if err != nil {
+				log.V(1).Info("netlink: no such link", "netdev", p.Netdev, "error", err.Error())
+				continue
+			}
+			a := link.Attrs()
+			p.OperState = a.OperState.String()
+			p.MTU = a.MTU
+			if len(a.HardwareAddr) > 0 {
+				p.MAC = a.HardwareAddr.String()
+			}
+			addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+			if err != nil {
+				continue
+			}
+			p.Addresses = p.Addresses[:0]
+			for _, ad := range addrs {
+				p.Addresses = append(p.Addresses, ad.IPNet.String())
+			}
+		}
+	}
+}

@@ -1,0 +1,354 @@
+// Package nicdiscovery inventories the NVIDIA (vendor 0x15b3) NIC functions of a
+// node from a sysfs tree, plus netlink when the tree is the live one, and derives
+// the node labels that let a pool's nodeSelector follow a physical rail.
+//
+// The root directory is an option: tests and `ipamctl nics --sysfs-root` scan
+// captured trees; the node daemon scans "/".
+package nicdiscovery
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/go-logr/logr"
+)
+
+// Options configure a scan.
+type Options struct {
+	// Root is the directory that contains sys/; "" means "/".
+	Root string
+	// Logger receives warnings (ghw's among them); the zero value discards them.
+	Logger logr.Logger
+	// Live adds netlink attributes (operstate, MTU, MAC, addresses, devlink
+	// eswitch mode). Nil means: when Root is "/".
+	Live *bool
+	// PCIIDs is a pci.ids file for models the built-in table does not know; ""
+	// looks under Root and then on the host.
+	PCIIDs string
+}
+
+// Scan inventories the NVIDIA NIC functions under o.Root.
+func Scan(ctx context.Context, o Options) (*Inventory, error) {
+	root := o.Root
+	if root == "" {
+		root = "/"
+	}
+	root, err := filepath.Abs(root)
+	if err != nil {
+		return nil, fmt.Errorf("sysfs root %q: %w", o.Root, err)
+	}
+	log := o.Logger
+	funcs, err := enumerate(ctx, root, log)
+	if err != nil {
+		return nil, err
+	}
+	inv := &Inventory{Root: root, NICs: []NIC{}}
+	var names *pciNames
+	for _, f := range funcs {
+		if f.vendorID != VendorNVIDIA {
+			continue
+		}
+		if why := notNIC(f.deviceID, f.classID); why != "" {
+			log.V(1).Info("not a NIC", "address", f.address, "device", fmt.Sprintf("%04x", f.deviceID), "reason", why)
+			continue
+		}
+		dir := filepath.Join(root, "sys", "bus", "pci", "devices", f.address)
+		n := readFunction(dir, f)
+		m, known := knownModel(f.deviceID)
+		if !known && len(n.Netdevs) == 0 && len(n.RDMADevices) == 0 && n.Driver != "mlx4_core" && n.Driver != "mlx5_core" {
+			log.V(1).Info("skipping an NVIDIA function that is neither a known NIC nor bound to a NIC driver",
+				"address", f.address, "device", n.DeviceID)
+			continue
+		}
+		if known {
+			n.Model = m.name
+		} else {
+			if names == nil {
+				names = loadPCINames(o.PCIIDs, root, log)
+			}
+			n.Model = names.lookup(f.vendorID, f.deviceID)
+		}
+		if n.PhysFn != "" || m.vf {
+			n.Function = FunctionVF
+		}
+		inv.NICs = append(inv.NICs, n)
+	}
+	slices.SortFunc(inv.NICs, func(a, b NIC) int { return cmp.Compare(a.PCIAddress, b.PCIAddress) })
+	nameVFs(inv.NICs)
+	live := root == "/"
+	if o.Live != nil {
+		live = *o.Live
+	}
+	if live {
+		addLive(inv.NICs, log)
+	}
+	return inv, nil
+}
+
+// nameVFs names a generic VF (0x101e) after its PF: "ConnectX-7 VF".
+func nameVFs(nics []NIC) {
+	byAddr := make(map[string]int, len(nics))
+	for i := range nics {
+		byAddr[nics[i].PCIAddress] = i
+	}
+	for i := range nics {
+		n := &nics[i]
+		if n.Function != FunctionVF || n.DeviceID != "101e" || n.PhysFn == "" {
+			continue
+		}
+		if pf, ok := byAddr[n.PhysFn]; ok && nics[pf].Function == FunctionPF {
+			n.Model = nics[pf].Model + " VF"
+		}
+	}
+}
+
+// representorName matches the phys_port_name of a switchdev representor (pf0vf3,
+// c1pf0sf2), as opposed to an uplink (p0) or a plain port.
+var representorName = regexp.MustCompile(`^(c\d+)?pf\d+(vf|sf)\d+$`)
+
+// readFunction reads one function's sysfs directory.
+func readFunction(dir string, f pciFunction) NIC {
+	n := NIC{
+		PCIAddress:  f.address,
+		VendorID:    fmt.Sprintf("%04x", f.vendorID),
+		DeviceID:    fmt.Sprintf("%04x", f.deviceID),
+		Function:    FunctionPF,
+		Driver:      readDriver(dir),
+		NUMANode:    readInt(filepath.Join(dir, "numa_node"), -1),
+		Netdevs:     []string{},
+		RDMADevices: listDir(filepath.Join(dir, "infiniband")),
+	}
+	if pf, err := os.Readlink(filepath.Join(dir, "physfn")); err == nil {
+		n.PhysFn = filepath.Base(pf)
+	}
+	n.SRIOVTotalVFs = readInt(filepath.Join(dir, "sriov_totalvfs"), 0)
+	n.SRIOVNumVFs = readInt(filepath.Join(dir, "sriov_numvfs"), 0)
+
+	var rdma rdmaDevice
+	if len(n.RDMADevices) > 0 {
+		rdma = readRDMA(filepath.Join(dir, "infiniband", n.RDMADevices[0]), n.RDMADevices[0])
+	}
+	used := map[int]bool{}
+	for _, name := range listDir(filepath.Join(dir, "net")) {
+		nd := filepath.Join(dir, "net", name)
+		if representorName.MatchString(readString(filepath.Join(nd, "phys_port_name"))) {
+			n.Representors = append(n.Representors, name)
+			continue
+		}
+		n.Netdevs = append(n.Netdevs, name)
+		p := Port{
+			Netdev:     name,
+			Number:     portNumber(nd),
+			NetdevType: readInt(filepath.Join(nd, "type"), 0),
+			SpeedMbps:  netdevSpeed(readString(filepath.Join(nd, "speed"))),
+			OperState:  readString(filepath.Join(nd, "operstate")),
+			MTU:        readInt(filepath.Join(nd, "mtu"), 0),
+		}
+		if p.NetdevType == arphrdEther {
+			p.MAC = readString(filepath.Join(nd, "address"))
+		}
+		if m, err := os.Readlink(filepath.Join(nd, "master")); err == nil {
+			p.Master = filepath.Base(m)
+		}
+		if rp, ok := rdma.ports[p.Number]; ok {
+			rp.fill(&p, rdma.name)
+			used[p.Number] = true
+		}
+		if p.LinkLayer == "" {
+			p.LinkLayer = linkLayerOfType(p.NetdevType)
+		}
+		if n.EswitchMode == "" {
+			n.EswitchMode = readString(filepath.Join(nd, "compat", "devlink", "mode"))
+		}
+		n.Ports = append(n.Ports, p)
+	}
+	for num, rp := range rdma.ports {
+		if !used[num] {
+			p := Port{Number: num}
+			rp.fill(&p, rdma.name)
+			n.Ports = append(n.Ports, p)
+		}
+	}
+	slices.SortFunc(n.Ports, func(a, b Port) int {
+		return cmp.Or(cmp.Compare(a.Number, b.Number), cmp.Compare(a.Netdev, b.Netdev))
+	})
+	if len(n.Ports) > 0 {
+		p := n.Ports[0]
+		n.LinkLayer, n.SpeedMbps, n.PortState, n.PortGUID = p.LinkLayer, p.SpeedMbps, p.PortState, p.PortGUID
+	}
+	return n
+}
+
+// ARPHRD types of the netdevs a NIC has.
+const (
+	arphrdEther      = 1
+	arphrdInfiniBand = 32
+)
+
+func linkLayerOfType(t int) string {
+	switch t {
+	case arphrdEther:
+		return LinkLayerEthernet
+	case arphrdInfiniBand:
+		return LinkLayerInfiniBand
+	}
+	return ""
+}
+
+// portNumber is the netdev's port on its function, from 1: mlx4 puts two ports'
+// netdevs on one function and numbers them by dev_port (dev_id on older kernels
+// for IPoIB).
+func portNumber(nd string) int {
+	if p := readInt(filepath.Join(nd, "dev_port"), 0); p > 0 {
+		return p + 1
+	}
+	if s := readString(filepath.Join(nd, "dev_id")); s != "" {
+		if id, err := strconv.ParseInt(strings.TrimPrefix(s, "0x"), 16, 32); err == nil && id > 0 {
+			return int(id) + 1
+		}
+	}
+	return 1
+}
+
+// netdevSpeed parses net/<if>/speed: Mb/s, or -1 / 4294967295 / empty / unreadable
+// (EINVAL) when the link is down or the driver does not say.
+func netdevSpeed(s string) int {
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v <= 0 || v >= 0xffffffff {
+		return 0
+	}
+	return int(v)
+}
+
+// ibRate parses an RDMA port's rate, "56 Gb/sec (4X FDR)" or "2.5 Gb/sec (1X SDR)",
+// into Mb/s; 0 when it does not parse.
+func ibRate(s string) int {
+	num, unit, ok := strings.Cut(strings.TrimSpace(s), " ")
+	if !ok {
+		return 0
+	}
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || v <= 0 {
+		return 0
+	}
+	switch {
+	case strings.HasPrefix(unit, "Gb/sec"):
+		return int(v*1000 + 0.5)
+	case strings.HasPrefix(unit, "Mb/sec"):
+		return int(v + 0.5)
+	}
+	return 0
+}
+
+// rdmaDevice is an RDMA device's ports by number.
+type rdmaDevice struct {
+	name  string
+	ports map[int]rdmaPort
+}
+
+type rdmaPort struct {
+	num       int
+	linkLayer string
+	speed     int
+	state     string
+	guid      string
+}
+
+func (rp rdmaPort) fill(p *Port, dev string) {
+	p.RDMADevice, p.RDMAPort = dev, rp.num
+	if rp.linkLayer != "" {
+		p.LinkLayer = rp.linkLayer
+	}
+	if p.SpeedMbps == 0 {
+		p.SpeedMbps = rp.speed
+	}
+	p.PortState = rp.state
+	if p.LinkLayer == LinkLayerInfiniBand {
+		p.PortGUID = rp.guid
+	}
+}
+
+func readRDMA(dir, name string) rdmaDevice {
+	d := rdmaDevice{name: name, ports: map[int]rdmaPort{}}
+	for _, e := range listDir(filepath.Join(dir, "ports")) {
+		num, err := strconv.Atoi(e)
+		if err != nil {
+			continue
+		}
+		pd := filepath.Join(dir, "ports", e)
+		rp := rdmaPort{num: num, linkLayer: readString(filepath.Join(pd, "link_layer")),
+			speed: ibRate(readString(filepath.Join(pd, "rate")))}
+		// "4: ACTIVE"
+		rp.state = readString(filepath.Join(pd, "state"))
+		if _, after, ok := strings.Cut(rp.state, ": "); ok {
+			rp.state = after
+		}
+		rp.guid = portGUID(readString(filepath.Join(pd, "gids", "0")))
+		d.ports[num] = rp
+	}
+	return d
+}
+
+// portGUID is the interface ID (low 64 bits) of a port's GID 0,
+// "fe80:0000:0000:0000:0002:c903:00f9:bfa1" → "0002:c903:00f9:bfa1"; "" when unset.
+func portGUID(gid string) string {
+	parts := strings.Split(gid, ":")
+	if len(parts) != 8 {
+		return ""
+	}
+	g := strings.Join(parts[4:], ":")
+	if g == "0000:0000:0000:0000" {
+		return ""
+	}
+	return g
+}
+
+// readDriver is the bound driver's name: the driver link's target, or the uevent's
+// DRIVER= line (a captured tree may lack the drivers directory the link points to).
+func readDriver(dir string) string {
+	if t, err := os.Readlink(filepath.Join(dir, "driver")); err == nil {
+		return filepath.Base(t)
+	}
+	for line := range strings.Lines(readString(filepath.Join(dir, "uevent"))) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "DRIVER="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func readString(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func readInt(path string, def int) int {
+	v, err := strconv.Atoi(readString(path))
+	if err != nil {
+		return def
+	}
+	return v
+}
+
+// listDir is the sorted entry names of dir; none when it does not exist.
+func listDir(dir string) []string {
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		return []string{}
+	}
+	out := make([]string, 0, len(es))
+	for _, e := range es {
+		out = append(out, e.Name())
+	}
+	return out
+}

@@ -1,0 +1,366 @@
+package nicdiscovery_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/vishvananda/netlink"
+
+	"github.com/hwipam/hwipam/nicdiscovery"
+	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
+	"github.com/hwipam/hwipam/test/harness"
+)
+
+var notLive = false
+
+func scan(t *testing.T, root string) *nicdiscovery.Inventory {
+	t.Helper()
+	inv, err := nicdiscovery.Scan(context.Background(), nicdiscovery.Options{Root: root, Logger: testr.New(t), Live: &notLive})
+	if err != nil {
+		t.Fatalf("Scan(%s): %v", root, err)
+	}
+	return inv
+}
+
+func extract(t *testing.T, name string) string {
+	t.Helper()
+	root, err := fakesysfs.Extract(filepath.Join("testdata", "sysfs", name), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// The real ConnectX-3 capture: one mlx4 function, class 0x028000 (not 0x0207), IPoIB.
+func TestCapturedConnectX3(t *testing.T) {
+	inv := scan(t, extract(t, "hwloc-32em64t-2n8c-cx3-ib.tar.bz2"))
+	want := []nicdiscovery.NIC{{
+		PCIAddress: "0000:82:00.0", VendorID: "15b3", DeviceID: "1003", Model: "ConnectX-3", Function: "PF",
+		Driver: "mlx4_core", NUMANode: 1, Netdevs: []string{"ib0"}, LinkLayer: "InfiniBand", SpeedMbps: 56000,
+		RDMADevices: []string{"mlx4_0"}, PortState: "ACTIVE", PortGUID: "0002:c903:00f9:bfa1",
+		Ports: []nicdiscovery.Port{{
+			Netdev: "ib0", Number: 1, LinkLayer: "InfiniBand", SpeedMbps: 56000, NetdevType: 32, RDMADevice: "mlx4_0",
+			RDMAPort: 1, PortState: "ACTIVE", PortGUID: "0002:c903:00f9:bfa1", OperState: "up", MTU: 2044,
+		}},
+	}}
+	if !reflect.DeepEqual(inv.NICs, want) {
+		t.Fatalf("inventory:\n got %s\nwant %s", js(inv.NICs), js(want))
+	}
+	labels, warnings := nicdiscovery.Labels(inv, nil)
+	wantLabels := map[string]string{
+		"nic.hwipam.io/present": "true", "nic.hwipam.io/count": "1", "nic.hwipam.io/rdma": "true",
+		"nic.hwipam.io/ib0": "ib", "nic.hwipam.io/ib0.model": "ConnectX-3", "nic.hwipam.io/ib0.speed": "56000",
+		"nic.hwipam.io/ib0.vfs": "0", "nic.hwipam.io/ib0.numa": "1",
+	}
+	if !reflect.DeepEqual(labels, wantLabels) || len(warnings) != 0 {
+		t.Fatalf("labels %v (warnings %v), want %v", labels, warnings, wantLabels)
+	}
+}
+
+// The real ConnectX-4 capture: two functions without netdevs or RDMA devices, and
+// Intel ports that are not ours.
+func TestCapturedConnectX4WithoutNetdevs(t *testing.T) {
+	inv := scan(t, extract(t, "hwloc-32intel64-2p8co2t-cx4-ib.tar.bz2"))
+	var addrs []string
+	for _, n := range inv.NICs {
+		addrs = append(addrs, n.PCIAddress)
+		if n.Model != "ConnectX-4" || n.Function != "PF" || n.DeviceID != "1013" || len(n.Netdevs) != 0 ||
+			len(n.RDMADevices) != 0 || len(n.Ports) != 0 || n.SpeedMbps != 0 || n.LinkLayer != "" {
+			t.Errorf("%s: %s", n.PCIAddress, js(n))
+		}
+	}
+	if want := []string{"0000:1a:00.0", "0000:3e:00.0"}; !reflect.DeepEqual(addrs, want) {
+		t.Fatalf("functions %v, want %v (the Intel ports enp96s0f0/1 must not be reported)", addrs, want)
+	}
+	labels, _ := nicdiscovery.Labels(inv, nil)
+	want := map[string]string{"nic.hwipam.io/present": "true", "nic.hwipam.io/count": "0"}
+	if !reflect.DeepEqual(labels, want) {
+		t.Fatalf("labels %v, want %v", labels, want)
+	}
+}
+
+func TestDGXH100(t *testing.T) {
+	tree, err := fakesysfs.DGXH100(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := scan(t, tree.Root)
+	if len(inv.NICs) != 10 {
+		t.Fatalf("%d functions, want 8 ConnectX-7 + 2 BlueField-3 (no bridge, SoC management, flash recovery or Intel): %s",
+			len(inv.NICs), js(inv.NICs))
+	}
+	for i, n := range inv.NICs[:8] {
+		if n.Model != "ConnectX-7" || n.LinkLayer != "InfiniBand" || n.SpeedMbps != 400000 || n.NUMANode != i/4 ||
+			n.Netdevs[0] != fakesysfs.DGXH100Rails[i] || n.PortState != "ACTIVE" || n.PortGUID == "" || n.SRIOVTotalVFs != 16 {
+			t.Errorf("CX-7 %d: %s", i, js(n))
+		}
+	}
+	bf := inv.NICs[8:]
+	if bf[0].Model != "BlueField-3" || bf[0].LinkLayer != "Ethernet" || bf[0].SpeedMbps != 100000 || bf[0].EswitchMode != "switchdev" ||
+		bf[0].PortGUID != "" {
+		t.Errorf("BlueField-3 port 0: %s", js(bf[0]))
+	}
+	// No link: the netdev says -1; the RDMA port's rate is what the port would run at.
+	if bf[1].Ports[0].OperState != "down" || bf[1].PortState != "DOWN" {
+		t.Errorf("BlueField-3 port 1: %s", js(bf[1]))
+	}
+	labels, warnings := nicdiscovery.Labels(inv, nicdiscovery.Rails{
+		"compute0": {"ibp24s0"}, "compute7": {"0000:dc:00.0"}, "storage": {"nosuch0", "enp225s0f0np0"}, "absent": {"eth9"},
+	})
+	if len(warnings) != 0 {
+		t.Errorf("warnings: %v", warnings)
+	}
+	for k, v := range map[string]string{
+		"nic.hwipam.io/count": "10", "nic.hwipam.io/ibp24s0": "ib", "nic.hwipam.io/ibp220s0.numa": "1",
+		"nic.hwipam.io/ibp220s0.speed": "400000", "nic.hwipam.io/ibp94s0.numa": "0", "nic.hwipam.io/enp225s0f0np0": "eth",
+		"nic.hwipam.io/enp225s0f0np0.model": "BlueField-3", "nic.hwipam.io/rail.compute0": "ibp24s0",
+		"nic.hwipam.io/rail.compute7": "ibp220s0", "nic.hwipam.io/rail.storage": "enp225s0f0np0",
+	} {
+		if labels[k] != v {
+			t.Errorf("label %s=%q, want %q", k, labels[k], v)
+		}
+	}
+	for _, k := range []string{"nic.hwipam.io/rail.absent", "nic.hwipam.io/eno1"} {
+		if _, ok := labels[k]; ok {
+			t.Errorf("label %s should not be there", k)
+		}
+	}
+}
+
+// 2 PFs × 64 VFs: every VF is found, with its PF, and named after it.
+func TestSRIOV64VFs(t *testing.T) {
+	tree, err := fakesysfs.SRIOV(t.TempDir(), 2, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := scan(t, tree.Root)
+	pfs, vfs := 0, map[string]int{}
+	for _, n := range inv.NICs {
+		switch n.Function {
+		case "PF":
+			pfs++
+			if n.SRIOVNumVFs != 64 || n.SRIOVTotalVFs != 127 || n.Model != "ConnectX-6 Dx" || n.NUMANode != -1 || n.EswitchMode != "legacy" {
+				t.Errorf("PF %s", js(n))
+			}
+		case "VF":
+			vfs[n.PhysFn]++
+			if n.Model != "ConnectX-6 Dx VF" || len(n.Netdevs) != 1 || len(n.RDMADevices) != 1 || n.NUMANode != -1 {
+				t.Errorf("VF %s", js(n))
+			}
+		}
+	}
+	if pfs != 2 || vfs["0000:3b:00.0"] != 64 || vfs["0000:3b:00.1"] != 64 {
+		t.Fatalf("%d PFs and VFs per PF %v, want 2 and 64 each", pfs, vfs)
+	}
+	labels, _ := nicdiscovery.Labels(inv, nil)
+	if labels["nic.hwipam.io/count"] != "2" || labels["nic.hwipam.io/ens1f0np0.vfs"] != "64" {
+		t.Fatalf("labels %v", labels)
+	}
+	if _, ok := labels["nic.hwipam.io/ens1f0np0.numa"]; ok {
+		t.Fatal("NUMA node -1 must not be labelled (it is not a valid label value)")
+	}
+	for k := range labels {
+		if strings.Contains(k, "v0") {
+			t.Fatalf("a VF netdev is labelled: %s", k)
+		}
+	}
+}
+
+func TestRoCELAG(t *testing.T) {
+	tree, err := fakesysfs.RoCELAG(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := scan(t, tree.Root)
+	if len(inv.NICs) != 2 {
+		t.Fatalf("%s", js(inv.NICs))
+	}
+	pf0, pf1 := inv.NICs[0], inv.NICs[1]
+	if !reflect.DeepEqual(pf0.RDMADevices, []string{"mlx5_bond_0"}) || pf0.Ports[0].Master != "bond0" || pf0.SpeedMbps != 25000 {
+		t.Errorf("PF0 %s", js(pf0))
+	}
+	if len(pf1.RDMADevices) != 0 || pf1.LinkLayer != "Ethernet" || pf1.SpeedMbps != 25000 || pf1.Ports[0].Master != "bond0" {
+		t.Errorf("PF1 (no RDMA device of its own) %s", js(pf1))
+	}
+	labels, _ := nicdiscovery.Labels(inv, nil)
+	if labels["nic.hwipam.io/enp134s0f1np1"] != "eth" || labels["nic.hwipam.io/rdma"] != "true" || labels["nic.hwipam.io/count"] != "2" {
+		t.Fatalf("labels %v", labels)
+	}
+}
+
+// A mlx4 VPI card: two ports on one function, port 1 InfiniBand, port 2 Ethernet.
+func TestVPI(t *testing.T) {
+	tree, err := fakesysfs.VPI(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := scan(t, tree.Root)
+	if len(inv.NICs) != 1 || len(inv.NICs[0].Ports) != 2 {
+		t.Fatalf("%s", js(inv.NICs))
+	}
+	n := inv.NICs[0]
+	p1, p2 := n.Ports[0], n.Ports[1]
+	if p1.Netdev != "ib0" || p1.LinkLayer != "InfiniBand" || p1.SpeedMbps != 56000 || p1.PortGUID != "0002:c903:00f9:c0a1" {
+		t.Errorf("port 1 %s", js(p1))
+	}
+	if p2.Netdev != "ens1d1" || p2.Number != 2 || p2.LinkLayer != "Ethernet" || p2.SpeedMbps != 40000 || p2.PortGUID != "" || p2.RDMAPort != 2 {
+		t.Errorf("port 2 %s", js(p2))
+	}
+	if n.Model != "ConnectX-3 Pro" || n.LinkLayer != "InfiniBand" {
+		t.Errorf("%s", js(n))
+	}
+	labels, _ := nicdiscovery.Labels(inv, nil)
+	if labels["nic.hwipam.io/ib0"] != "ib" || labels["nic.hwipam.io/ens1d1"] != "eth" || labels["nic.hwipam.io/count"] != "2" {
+		t.Fatalf("labels %v", labels)
+	}
+}
+
+func TestNoNICs(t *testing.T) {
+	tree, err := fakesysfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tree.Add(fakesysfs.Function{Address: "0000:00:19.0", Vendor: 0x8086, Device: 0x15b7, Class: 0x020000, Driver: "e1000e",
+		Netdevs: []fakesysfs.Netdev{{Name: "eno1", Type: 1, Speed: 1000}}}); err != nil {
+		t.Fatal(err)
+	}
+	inv := scan(t, tree.Root)
+	labels, _ := nicdiscovery.Labels(inv, nil)
+	if len(inv.NICs) != 0 || len(labels) != 0 {
+		t.Fatalf("inventory %s labels %v", js(inv.NICs), labels)
+	}
+}
+
+func TestBadRoot(t *testing.T) {
+	_, err := nicdiscovery.Scan(context.Background(), nicdiscovery.Options{Root: t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "must be a directory that contains sys/") {
+		t.Fatalf("error %v", err)
+	}
+}
+
+// A function without a driver: known by its ID, no netdev, no RDMA device.
+func TestUnboundFunction(t *testing.T) {
+	tree, err := fakesysfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tree.Add(fakesysfs.Function{Address: "0000:17:00.0", Vendor: 0x15b3, Device: 0x1021, Class: 0x020700, NUMA: 0}); err != nil {
+		t.Fatal(err)
+	}
+	// An unknown NVIDIA function without a driver is not taken for a NIC.
+	if err := tree.Add(fakesysfs.Function{Address: "0000:17:00.1", Vendor: 0x15b3, Device: 0x9999, Class: 0x120000, NUMA: 0}); err != nil {
+		t.Fatal(err)
+	}
+	inv := scan(t, tree.Root)
+	if len(inv.NICs) != 1 || inv.NICs[0].Driver != "" || inv.NICs[0].Model != "ConnectX-7" || len(inv.NICs[0].Netdevs) != 0 {
+		t.Fatalf("%s", js(inv.NICs))
+	}
+}
+
+func TestLabelSanitising(t *testing.T) {
+	inv := &nicdiscovery.Inventory{NICs: []nicdiscovery.NIC{
+		{PCIAddress: "0000:01:00.0", Function: "PF", Model: "ConnectX-6 Dx", NUMANode: 0, Ports: []nicdiscovery.Port{
+			{Netdev: "eth@0", LinkLayer: "Ethernet", SpeedMbps: 0},
+			{Netdev: "eth_0", LinkLayer: "Ethernet"}, // same key as eth@0
+			{Netdev: "--", LinkLayer: "Ethernet"},    // nothing valid left
+		}},
+	}}
+	labels, warnings := nicdiscovery.Labels(inv, nil)
+	if labels["nic.hwipam.io/eth_0"] != "eth" || labels["nic.hwipam.io/eth_0.model"] != "ConnectX-6_Dx" {
+		t.Fatalf("labels %v", labels)
+	}
+	if _, ok := labels["nic.hwipam.io/eth_0.speed"]; ok {
+		t.Fatal("an unknown speed must not be labelled")
+	}
+	if len(warnings) != 3 {
+		t.Fatalf("warnings %q, want a rename, a collision and an impossible name", warnings)
+	}
+}
+
+func TestLoadRails(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, []byte("rail0: [ibp24s0, \"0000:18:00.0\"]\nrail1:\n- ibp64s0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := nicdiscovery.LoadRails(good)
+	if err != nil || len(r) != 2 || r["rail0"][1] != "0000:18:00.0" {
+		t.Fatalf("%v %v", r, err)
+	}
+	for content, want := range map[string]string{
+		"rail 0: [a]\n":  "does not make a valid label key",
+		"rail0: []\n":    "lists no netdev",
+		"rail0: ibp1\n":  "want a map of rail name",
+		"- just a list\n": "want a map of rail name",
+	} {
+		p := filepath.Join(dir, "bad.yaml")
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nicdiscovery.LoadRails(p); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want %q", content, err, want)
+		}
+	}
+}
+
+func js(v any) string {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
+
+// The live machine: whatever it has, a scan of "/" succeeds.
+func TestLiveRoot(t *testing.T) {
+	inv, err := nicdiscovery.Scan(context.Background(), nicdiscovery.Options{Logger: testr.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inv.Root != "/" {
+		t.Fatalf("root %q", inv.Root)
+	}
+}
+
+// Live attributes come from netlink: a veth in the host stands in for the tree's
+// netdev (same name), and its MTU and address show up in the inventory.
+func TestLiveNetlinkAttributes(t *testing.T) {
+	harness.RequireRoot(t)
+	name := fmt.Sprintf("hwnd%d", os.Getpid()%100000)
+	link := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: 1400}, PeerName: name + "p"}
+	if err := netlink.LinkAdd(link); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(link) })
+	addr, err := netlink.ParseAddr("10.99.0.1/24")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.AddrAdd(link, addr); err != nil {
+		t.Fatal(err)
+	}
+	tree, err := fakesysfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tree.Add(fakesysfs.Function{Address: "0000:3b:00.0", Vendor: 0x15b3, Device: 0x101d, Class: 0x020000, Driver: "mlx5_core",
+		Netdevs: []fakesysfs.Netdev{{Name: name, Type: 1, Speed: 100000, OperState: "up", MTU: 9000, MAC: "0c:42:a1:00:00:01"}}}); err != nil {
+		t.Fatal(err)
+	}
+	live := true
+	inv, err := nicdiscovery.Scan(context.Background(), nicdiscovery.Options{Root: tree.Root, Logger: testr.New(t), Live: &live})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := inv.NICs[0].Ports[0]
+	if p.MTU != 1400 || !reflect.DeepEqual(p.Addresses, []string{"10.99.0.1/24"}) || p.OperState != "down" || p.MAC == "0c:42:a1:00:00:01" {
+		t.Fatalf("live attributes not taken from netlink: %s", js(p))
+	}
+}

@@ -1,0 +1,78 @@
+package nicdiscovery
+
+// Function kinds.
+const (
+	FunctionPF = "PF"
+	FunctionVF = "VF"
+)
+
+// Link layers.
+const (
+	LinkLayerEthernet   = "Ethernet"
+	LinkLayerInfiniBand = "InfiniBand"
+)
+
+// Inventory is what a scan found.
+type Inventory struct {
+	// Root is the directory holding sys/ that was scanned.
+	Root string `json:"root"`
+	// NICs are the NVIDIA NIC functions, PFs and VFs, by PCI address.
+	NICs []NIC `json:"nics"`
+}
+
+// NIC is one NVIDIA NIC PCI function.
+type NIC struct {
+	PCIAddress string `json:"pciAddress"`
+	// VendorID and DeviceID are four lower-case hex digits, as in lspci -n.
+	VendorID string `json:"vendorID"`
+	DeviceID string `json:"deviceID"`
+	Model    string `json:"model"`
+	// Function is PF or VF; PhysFn is the PF of a VF.
+	Function string `json:"function"`
+	PhysFn   string `json:"physfn,omitempty"`
+	// Driver is the bound driver, "" when none is bound.
+	Driver string `json:"driver"`
+	// NUMANode is -1 when the platform does not say.
+	NUMANode int `json:"numaNode"`
+	// Netdevs are the function's own network interfaces, without switchdev
+	// representors (those are listed in Representors).
+	Netdevs []string `json:"netdevs"`
+	// LinkLayer, SpeedMbps, PortState and PortGUID describe the first port; Ports
+	// has every port.
+	LinkLayer string `json:"linkLayer,omitempty"`
+	// SpeedMbps is 0 when unknown (no link, no driver).
+	SpeedMbps     int      `json:"speedMbps"`
+	RDMADevices   []string `json:"rdmaDevices"`
+	SRIOVTotalVFs int      `json:"sriovTotalVFs"`
+	SRIOVNumVFs   int      `json:"sriovNumVFs"`
+	PortState     string   `json:"portState,omitempty"`
+	PortGUID      string   `json:"portGUID,omitempty"`
+	// EswitchMode is legacy or switchdev where devlink (or the driver's compat
+	// sysfs file) answers.
+	EswitchMode  string   `json:"eswitchMode,omitempty"`
+	Representors []string `json:"representors,omitempty"`
+	Ports        []Port   `json:"ports,omitempty"`
+}
+
+// Port is one network port of a function: a netdev, its RDMA port, or both.
+type Port struct {
+	// Netdev is "" for an RDMA port without a network interface (an IB port
+	// without IPoIB).
+	Netdev string `json:"netdev,omitempty"`
+	// Number is the port number on the function, from 1.
+	Number    int    `json:"number"`
+	LinkLayer string `json:"linkLayer,omitempty"`
+	SpeedMbps int    `json:"speedMbps"`
+	// NetdevType is the ARPHRD type: 1 Ethernet, 32 InfiniBand (IPoIB).
+	NetdevType int    `json:"netdevType,omitempty"`
+	RDMADevice string `json:"rdmaDevice,omitempty"`
+	RDMAPort   int    `json:"rdmaPort,omitempty"`
+	PortState  string `json:"portState,omitempty"`
+	PortGUID   string `json:"portGUID,omitempty"`
+	// Master is the bond or bridge the netdev is enslaved to (RoCE LAG: bond0).
+	Master    string   `json:"master,omitempty"`
+	OperState string   `json:"operState,omitempty"`
+	MTU       int      `json:"mtu,omitempty"`
+	MAC       string   `json:"mac,omitempty"`
+	Addresses []string `json:"addresses,omitempty"`
+}
