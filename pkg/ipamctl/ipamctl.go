@@ -40,6 +40,6 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		},
 	})
-	root.AddCommand(poolsCommand(), allocationsCommand())
+	root.AddCommand(poolsCommand(), allocationsCommand(), nicsCommand(), labelsCommand())
 	return root.ExecuteContext(ctx)
 }
