@@ -295,9 +295,9 @@ func TestLoadRails(t *testing.T) {
 		t.Fatalf("%v %v", r, err)
 	}
 	for content, want := range map[string]string{
-		"rail 0: [a]\n":  "does not make a valid label key",
-		"rail0: []\n":    "lists no netdev",
-		"rail0: ibp1\n":  "want a map of rail name",
+		"rail 0: [a]\n":   "does not make a valid label key",
+		"rail0: []\n":     "lists no netdev",
+		"rail0: ibp1\n":   "want a map of rail name",
 		"- just a list\n": "want a map of rail name",
 	} {
 		p := filepath.Join(dir, "bad.yaml")

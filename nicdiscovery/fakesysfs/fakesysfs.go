@@ -87,6 +87,11 @@ type RDMAPort struct {
 	GID0 string
 }
 
+// sys is a path under Root/sys.
+func (t *Tree) sys(parts ...string) string {
+	return filepath.Join(append([]string{t.Root, "sys"}, parts...)...)
+}
+
 // devDir is where a function's directory lives: under its root complex.
 func (t *Tree) devDir(addr string) string {
 	return filepath.Join(t.Root, "sys", "devices", "pci"+addr[:7], addr)
@@ -117,12 +122,12 @@ func (t *Tree) Add(f Function) error {
 	if err := writeFiles(dir, files); err != nil {
 		return err
 	}
-	rel, _ := filepath.Rel(filepath.Join(t.Root, "sys/bus/pci/devices"), dir)
-	if err := os.Symlink(rel, filepath.Join(t.Root, "sys/bus/pci/devices", f.Address)); err != nil {
+	rel, _ := filepath.Rel(t.sys("bus", "pci", "devices"), dir)
+	if err := os.Symlink(rel, t.sys("bus", "pci", "devices", f.Address)); err != nil {
 		return err
 	}
 	if f.Driver != "" {
-		drv := filepath.Join(t.Root, "sys/bus/pci/drivers", f.Driver)
+		drv := t.sys("bus", "pci", "drivers", f.Driver)
 		if err := os.MkdirAll(drv, 0o755); err != nil {
 			return err
 		}
@@ -159,10 +164,10 @@ func (t *Tree) Remove(addr string) error {
 	dir := t.devDir(addr)
 	for _, class := range []string{"net", "infiniband"} {
 		for _, name := range listNames(filepath.Join(dir, class)) {
-			_ = os.Remove(filepath.Join(t.Root, "sys/class", class, name))
+			_ = os.Remove(t.sys("class", class, name))
 		}
 	}
-	return errors.Join(os.Remove(filepath.Join(t.Root, "sys/bus/pci/devices", addr)), os.RemoveAll(dir))
+	return errors.Join(os.Remove(t.sys("bus", "pci", "devices", addr)), os.RemoveAll(dir))
 }
 
 func (t *Tree) addNetdev(dev string, nd Netdev) error {
@@ -188,16 +193,16 @@ func (t *Tree) addNetdev(dev string, nd Netdev) error {
 	if err := writeFiles(dir, files); err != nil {
 		return err
 	}
-	if err := relLink(dir, filepath.Join(t.Root, "sys/class/net", nd.Name)); err != nil {
+	if err := relLink(dir, t.sys("class", "net", nd.Name)); err != nil {
 		return err
 	}
 	if nd.Master != "" {
-		m := filepath.Join(t.Root, "sys/devices/virtual/net", nd.Master)
+		m := t.sys("devices", "virtual", "net", nd.Master)
 		if err := writeFiles(m, map[string]string{"type": "1", "operstate": "up"}); err != nil {
 			return err
 		}
-		if _, err := os.Lstat(filepath.Join(t.Root, "sys/class/net", nd.Master)); err != nil {
-			if err := relLink(m, filepath.Join(t.Root, "sys/class/net", nd.Master)); err != nil {
+		if _, err := os.Lstat(t.sys("class", "net", nd.Master)); err != nil {
+			if err := relLink(m, t.sys("class", "net", nd.Master)); err != nil {
 				return err
 			}
 		}
@@ -222,7 +227,7 @@ func (t *Tree) addRDMA(dev string, r *RDMA) error {
 	if err := writeFiles(dir, files); err != nil {
 		return err
 	}
-	return relLink(dir, filepath.Join(t.Root, "sys/class/infiniband", r.Name))
+	return relLink(dir, t.sys("class", "infiniband", r.Name))
 }
 
 func writeFiles(dir string, files map[string]string) error {

@@ -166,7 +166,7 @@ func VPI(root string) (*Tree, error) {
 		return nil, err
 	}
 	guid := uint64(0x0002c90300f9c0a0)
-	return t, t.Add(Function{Address: "0000:04:00.0", Vendor: VendorNVIDIA, Device: 0x1007, Class: ClassOtherNet,
+	err = t.Add(Function{Address: "0000:04:00.0", Vendor: VendorNVIDIA, Device: 0x1007, Class: ClassOtherNet,
 		Driver: "mlx4_core", NUMA: 0,
 		Netdevs: []Netdev{
 			{Name: "ib0", Type: 32, OperState: "up", MTU: 2044, MAC: ipoibAddr(guid + 1)},
@@ -179,4 +179,5 @@ func VPI(root string) (*Tree, error) {
 				GID0: "fe80:0000:0000:0000:0202:c9ff:fef9:c0a2"},
 		}},
 	})
+	return t, err
 }

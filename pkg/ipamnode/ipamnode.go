@@ -1,6 +1,7 @@
 // Package ipamnode runs the ipam-node daemon: the durable store, the allocation
 // state, the gRPC API on a unix socket, the pool sync from the API server, the
-// stale-allocation cleaner and the node's pools-in-use annotation, all under one
+// stale-allocation cleaner, the node's pools-in-use annotation and its NIC labels
+// (nicdiscovery, published by server-side apply), all under one
 // errgroup so that any fatal error stops the process with a non-zero exit.
 // Nothing on the allocation path calls the API server: with the API server down
 // the daemon keeps allocating from the blocks it last learned.
@@ -35,6 +36,7 @@ import (
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/pkg/daemon"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/nodeservice"
@@ -43,10 +45,12 @@ import (
 )
 
 // RBAC of the node daemon. Pools and pods are all network-operator grants; patch on
-// nodes (the pools-in-use annotation) is optional and degrades to a warning.
+// nodes (the pools-in-use annotation, the NIC labels) and nodefeatures (the NIC
+// labels with --nic-labels=nodefeature) are optional and degrade to a warning.
 // +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools;cidrpools,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;patch
+// +kubebuilder:rbac:groups=nfd.k8s-sigs.io,resources=nodefeatures,verbs=get;create;patch
 
 // shutdownGrace bounds how long in-flight requests may take after SIGTERM.
 const shutdownGrace = 10 * time.Second
@@ -58,9 +62,16 @@ func Run(ctx context.Context, o *Options) error {
 	}
 	logger := logr.FromContextOrDiscard(ctx)
 	ctrl.SetLogger(logger)
+	var err error
 	logger.Info("starting ipam-node", "version", version.String(), "node", o.NodeName, "store", o.StoreFile,
 		"bindAddress", o.BindAddress, "poolsNamespace", o.PoolsNamespace)
 
+	var rails nicdiscovery.Rails
+	if o.RailConfig != "" {
+		if rails, err = nicdiscovery.LoadRails(o.RailConfig); err != nil {
+			return err
+		}
+	}
 	if err := installCNI(&o.CNI); err != nil {
 		return err
 	}
@@ -135,6 +146,13 @@ func Run(ctx context.Context, o *Options) error {
 		if err := mgr.Add(&annotator{client: mgr.GetClient(), manager: mgrState, node: o.NodeName,
 			interval: o.AnnotationInterval, log: logger.WithName("pools-in-use")}); err != nil {
 			return fmt.Errorf("adding the pools-in-use annotator: %w", err)
+		}
+	}
+	if o.NICLabels != NICLabelsOff {
+		if err := mgr.Add(&nicLabeler{client: mgr.GetClient(), reader: mgr.GetAPIReader(), node: o.NodeName, mode: o.NICLabels,
+			namespace: o.NodeFeatureNamespace, root: o.SysfsRoot, rails: rails, interval: o.NICRescanInterval,
+			log: logger.WithName("nic-labels")}); err != nil {
+			return fmt.Errorf("adding the NIC labeler: %w", err)
 		}
 	}
 	var serving atomic.Bool
@@ -223,5 +241,6 @@ func restMapper() meta.RESTMapper {
 	}
 	m.Add(corev1.SchemeGroupVersion.WithKind("Pod"), meta.RESTScopeNamespace)
 	m.Add(corev1.SchemeGroupVersion.WithKind("Node"), meta.RESTScopeRoot)
+	m.Add(NodeFeatureGVK, meta.RESTScopeNamespace)
 	return m
 }

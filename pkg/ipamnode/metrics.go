@@ -29,6 +29,14 @@ var (
 		Name: "hwipam_node_cleanup_releases_total",
 		Help: "Allocations released because their pod no longer exists.",
 	})
+	nicCount = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hwipam_node_nics",
+		Help: "NVIDIA NIC functions (PFs and VFs) the last NIC scan found.",
+	})
+	nicLabelWrites = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hwipam_node_nic_label_writes_total",
+		Help: "Times the NIC label set changed and was published (Node labels or NodeFeature).",
+	})
 
 	// current is the daemon whose state the collector reports (one per process;
 	// tests run several in turn).
@@ -80,7 +88,7 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 func registerMetrics(m *nodealloc.Manager, st *store.Store) {
 	current.Store(&daemonState{manager: m, store: st})
 	registerM.Do(func() {
-		metrics.Registry.MustRegister(requestDuration, cleanupReleases, stateCollector{})
+		metrics.Registry.MustRegister(requestDuration, cleanupReleases, nicCount, nicLabelWrites, stateCollector{})
 	})
 }
 

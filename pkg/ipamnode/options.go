@@ -26,6 +26,13 @@ type Options struct {
 	AnnotationInterval     time.Duration
 	CNI                    CNIOptions
 
+	// NIC discovery and labels.
+	NICLabels            string
+	NICRescanInterval    time.Duration
+	RailConfig           string
+	SysfsRoot            string
+	NodeFeatureNamespace string
+
 	// RestConfig, when set, is used instead of Kubeconfig (tests).
 	RestConfig *rest.Config
 }
@@ -42,6 +49,10 @@ func NewOptions() *Options {
 		CleanupInterval:        time.Minute,
 		CleanupMisses:          3,
 		AnnotationInterval:     10 * time.Second,
+		NICLabels:              NICLabelsNode,
+		NICRescanInterval:      time.Minute,
+		SysfsRoot:              "/",
+		NodeFeatureNamespace:   os.Getenv("POD_NAMESPACE"),
 		CNI: CNIOptions{
 			BinDir: "/opt/cni/bin", ConfDir: "/etc/cni/net.d/nv-ipam.d",
 			DaemonSocket: "unix:///var/lib/cni/nv-ipam/daemon.sock", DaemonCallTimeout: 5,
@@ -68,6 +79,16 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Consecutive checks that must find an allocation's pod gone (or with another UID) before it is released.")
 	fs.DurationVar(&o.AnnotationInterval, "pools-in-use-interval", o.AnnotationInterval,
 		"How often the node's ipam.hwipam.io/pools-in-use annotation is brought up to date; 0 disables it.")
+	fs.StringVar(&o.NICLabels, "nic-labels", o.NICLabels,
+		"Where the nic.hwipam.io labels of this node's NVIDIA NICs go: node (the Node's labels, by server-side apply), "+
+			"nodefeature (an NFD NodeFeature object) or off.")
+	fs.DurationVar(&o.NICRescanInterval, "nic-rescan-interval", o.NICRescanInterval,
+		"How often the NICs are rescanned (also on SIGHUP and when a netdev appears or goes away).")
+	fs.StringVar(&o.RailConfig, "rail-config", o.RailConfig,
+		"Rail map, YAML: rail name to a list of netdev names and/or PCI addresses; adds nic.hwipam.io/rail.<name>=<netdev>.")
+	fs.StringVar(&o.SysfsRoot, "sysfs-root", o.SysfsRoot, "Directory that contains the sys/ tree the NICs are read from.")
+	fs.StringVar(&o.NodeFeatureNamespace, "nodefeature-namespace", o.NodeFeatureNamespace,
+		"Namespace of the NodeFeature object with --nic-labels=nodefeature (default $POD_NAMESPACE).")
 	c := &o.CNI
 	fs.StringVar(&c.BinDir, "cni-bin-dir", c.BinDir, "CNI binary directory the nv-ipam plugin is copied into.")
 	fs.StringVar(&c.ConfDir, "cni-conf-dir", c.ConfDir, "Directory nv-ipam.conf is written into (the plugin's confDir).")
@@ -106,6 +127,18 @@ func (o *Options) Validate() error {
 	if o.CleanupInterval < 0 || o.CleanupMisses < 1 {
 		errs = append(errs, fmt.Errorf("--cleanup-interval %s must not be negative and --cleanup-misses %d must be at least 1",
 			o.CleanupInterval, o.CleanupMisses))
+	}
+	switch o.NICLabels {
+	case NICLabelsNode, NICLabelsOff:
+	case NICLabelsNodeFeature:
+		if o.NodeFeatureNamespace == "" {
+			errs = append(errs, errors.New("--nic-labels=nodefeature needs --nodefeature-namespace (or $POD_NAMESPACE)"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--nic-labels %q: want node, nodefeature or off", o.NICLabels))
+	}
+	if o.NICLabels != NICLabelsOff && o.NICRescanInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--nic-rescan-interval %s must be positive", o.NICRescanInterval))
 	}
 	return errors.Join(errs...)
 }

@@ -17,6 +17,7 @@ import (
 
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/ipamcontroller"
 	"github.com/hwipam/hwipam/pkg/ipamnode"
 	"github.com/hwipam/hwipam/test/harness"
@@ -65,8 +66,14 @@ func TestNetworkOperatorRBAC(t *testing.T) {
 	healthAddr := fmt.Sprintf("127.0.0.1:%d", freePortFor(t))
 	var mu sync.Mutex
 	var logs []string
+	tree, err := fakesysfs.DGXH100(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
 	d := startDaemonLogged(t, restricted, t.TempDir(), func(o *ipamnode.Options) {
 		o.AnnotationInterval = 100 * time.Millisecond
+		o.SysfsRoot = tree.Root
+		o.NICRescanInterval = 100 * time.Millisecond
 		o.MetricsBindAddress = metricsAddr
 		o.HealthProbeBindAddress = healthAddr
 	}, func(line string) {
@@ -78,21 +85,30 @@ func TestNetworkOperatorRBAC(t *testing.T) {
 		_, err := d.ipam.Allocate(ctx, &nodev1.AllocateRequest{Parameters: params("c1", "p")})
 		return err == nil
 	})
-	warnings := func() int {
+	count := func(subs ...string) int {
 		mu.Lock()
 		defer mu.Unlock()
 		n := 0
 		for _, l := range logs {
-			if strings.Contains(l, "cannot annotate this node") && strings.Contains(l, "patch on nodes") {
+			all := true
+			for _, s := range subs {
+				all = all && strings.Contains(l, s)
+			}
+			if all {
 				n++
 			}
 		}
 		return n
 	}
-	waitFor(t, "the RBAC warning", func() bool { return warnings() > 0 })
-	time.Sleep(500 * time.Millisecond) // several more annotation attempts
-	if n := warnings(); n != 1 {
-		t.Errorf("%d RBAC warnings, want exactly one", n)
+	annotation := []string{"cannot annotate this node", "patch on nodes"}
+	labels := []string{"cannot publish the NIC labels (allocation is not affected)", "patch on nodes"}
+	waitFor(t, "the RBAC warnings", func() bool { return count(annotation...) > 0 && count(labels...) > 0 })
+	time.Sleep(500 * time.Millisecond) // several more annotation attempts and NIC scans
+	if n := count(annotation...); n != 1 {
+		t.Errorf("%d pools-in-use RBAC warnings, want exactly one", n)
+	}
+	if n := count(labels...); n != 1 {
+		t.Errorf("%d NIC label RBAC warnings, want exactly one", n)
 	}
 	var n corev1.Node
 	if err := c.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
@@ -100,6 +116,9 @@ func TestNetworkOperatorRBAC(t *testing.T) {
 	}
 	if _, ok := n.Annotations[v1alpha1.PoolsInUseAnnotation]; ok {
 		t.Errorf("annotation written without RBAC: %v", n.Annotations)
+	}
+	if len(n.Labels) != 0 {
+		t.Errorf("labels written without RBAC: %v", n.Labels)
 	}
 
 	waitFor(t, "/readyz", func() bool {
@@ -122,6 +141,7 @@ func TestNetworkOperatorRBAC(t *testing.T) {
 		`hwipam_node_pool_active{pool="p"} 1`,
 		`hwipam_node_request_duration_seconds_count{code="OK",method="/nvidia.ipam.node.v1.IPAMService/Allocate"}`,
 		`hwipam_node_store_transactions_total`,
+		`hwipam_node_nics 10`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
