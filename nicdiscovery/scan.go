@@ -266,7 +266,9 @@ func (rp rdmaPort) fill(p *Port, dev string) {
 	if rp.linkLayer != "" {
 		p.LinkLayer = rp.linkLayer
 	}
-	if p.SpeedMbps == 0 {
+	// A port that is not ACTIVE reports the lowest rate (or a stale one): not a
+	// speed anyone should select on.
+	if p.SpeedMbps == 0 && rp.state == "ACTIVE" {
 		p.SpeedMbps = rp.speed
 	}
 	p.PortState = rp.state

@@ -107,9 +107,12 @@ func TestDGXH100(t *testing.T) {
 		bf[0].PortGUID != "" {
 		t.Errorf("BlueField-3 port 0: %s", js(bf[0]))
 	}
-	// No link: the netdev says -1; the RDMA port's rate is what the port would run at.
-	if bf[1].Ports[0].OperState != "down" || bf[1].PortState != "DOWN" {
+	// No link: the netdev says -1 and the RDMA port is DOWN, so its rate is not a speed.
+	if bf[1].Ports[0].OperState != "down" || bf[1].PortState != "DOWN" || bf[1].SpeedMbps != 0 {
 		t.Errorf("BlueField-3 port 1: %s", js(bf[1]))
+	}
+	if _, ok := labels0(inv)["nic.hwipam.io/enp225s0f1np1.speed"]; ok {
+		t.Error("a port without link has a speed label")
 	}
 	labels, warnings := nicdiscovery.Labels(inv, nicdiscovery.Rails{
 		"compute0": {"ibp24s0"}, "compute7": {"0000:dc:00.0"}, "storage": {"nosuch0", "enp225s0f0np0"}, "absent": {"eth9"},
@@ -363,4 +366,9 @@ func TestLiveNetlinkAttributes(t *testing.T) {
 	if p.MTU != 1400 || !reflect.DeepEqual(p.Addresses, []string{"10.99.0.1/24"}) || p.OperState != "down" || p.MAC == "0c:42:a1:00:00:01" {
 		t.Fatalf("live attributes not taken from netlink: %s", js(p))
 	}
+}
+
+func labels0(inv *nicdiscovery.Inventory) map[string]string {
+	l, _ := nicdiscovery.Labels(inv, nil)
+	return l
 }

@@ -40,7 +40,8 @@ type NIC struct {
 	// LinkLayer, SpeedMbps, PortState and PortGUID describe the first port; Ports
 	// has every port.
 	LinkLayer string `json:"linkLayer,omitempty"`
-	// SpeedMbps is 0 when unknown (no link, no driver).
+	// SpeedMbps is 0 when unknown: no link (a down Ethernet port, an RDMA port
+	// that is not ACTIVE), no driver.
 	SpeedMbps     int      `json:"speedMbps"`
 	RDMADevices   []string `json:"rdmaDevices"`
 	SRIOVTotalVFs int      `json:"sriovTotalVFs"`

@@ -149,6 +149,13 @@ func (l *nicLabeler) publish(ctx context.Context) {
 			l.log.Info("warning: NIC labels: " + w)
 		}
 	}
+	if l.last == nil {
+		// After a restart, what this daemon published before is the base: nothing
+		// is written when it still holds, and a down port keeps its speed.
+		if have, owned, err := l.published(ctx); err == nil && owned {
+			l.last = have
+		}
+	}
 	l.keepSpeeds(labels)
 	if l.last != nil && maps.Equal(labels, l.last) {
 		return
@@ -156,7 +163,7 @@ func (l *nicLabeler) publish(ctx context.Context) {
 	have, owned, err := l.published(ctx)
 	switch {
 	case err == nil && owned && maps.Equal(have, labels):
-		l.last = labels // after a restart: already there, nothing to write
+		l.last = labels
 		return
 	case apierrors.IsNotFound(err) && l.mode == NICLabelsNode:
 		// Never create the Node (server-side apply would): --node-name is wrong.

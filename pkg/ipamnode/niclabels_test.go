@@ -100,6 +100,19 @@ func TestNICLabelsFollowTheHardware(t *testing.T) {
 			rv, n.ResourceVersion, w, writes())
 	}
 
+	// A port loses its link: the kernel then reports the lowest rate and a DOWN
+	// state; the labels (and so the pools the node is in) stay as they are.
+	port := filepath.Join(tree.Root, "sys", "bus", "pci", "devices", "0000:40:00.0", "infiniband", "mlx5_1", "ports", "1")
+	writeFile(t, filepath.Join(port, "state"), "1: DOWN\n")
+	writeFile(t, filepath.Join(port, "rate"), "10 Gb/sec (4X SDR)\n")
+	if l := expectedLabels(t, tree.Root); l["nic.hwipam.io/ibp64s0.speed"] != "" {
+		t.Fatalf("a down port has a speed in the inventory: %v", l)
+	}
+	time.Sleep(600 * time.Millisecond)
+	if got, n := nicLabels(t, c, node); !maps.Equal(got, want) || n.ResourceVersion != rv || writes() != w {
+		t.Fatalf("a link going down changed the labels: %v", got)
+	}
+
 	// A rail NIC goes away: its five keys go, the count drops, the rest stays.
 	if err := tree.Remove("0000:18:00.0"); err != nil {
 		t.Fatal(err)
@@ -108,6 +121,7 @@ func TestNICLabelsFollowTheHardware(t *testing.T) {
 	if _, ok := want["nic.hwipam.io/ibp24s0"]; ok || want["nic.hwipam.io/count"] != "9" {
 		t.Fatalf("label set after the removal: %v", want)
 	}
+	want["nic.hwipam.io/ibp64s0.speed"] = "400000" // still down: the last known speed stays
 	waitFor(t, "the removed NIC's labels to go", func() bool {
 		got, _ := nicLabels(t, c, node)
 		return maps.Equal(got, want)
