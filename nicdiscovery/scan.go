@@ -127,9 +127,11 @@ func readFunction(dir string, f pciFunction) NIC {
 	}
 	if pf, err := os.Readlink(filepath.Join(dir, "physfn")); err == nil {
 		n.PhysFn = filepath.Base(pf)
+	} else {
+		// Only a PF has VFs (and an eswitch).
+		n.SRIOVTotalVFs = readInt(filepath.Join(dir, "sriov_totalvfs"), 0)
+		n.SRIOVNumVFs = readInt(filepath.Join(dir, "sriov_numvfs"), 0)
 	}
-	n.SRIOVTotalVFs = readInt(filepath.Join(dir, "sriov_totalvfs"), 0)
-	n.SRIOVNumVFs = readInt(filepath.Join(dir, "sriov_numvfs"), 0)
 
 	var rdma rdmaDevice
 	if len(n.RDMADevices) > 0 {
@@ -164,7 +166,7 @@ func readFunction(dir string, f pciFunction) NIC {
 		if p.LinkLayer == "" {
 			p.LinkLayer = linkLayerOfType(p.NetdevType)
 		}
-		if n.EswitchMode == "" {
+		if n.EswitchMode == "" && n.PhysFn == "" {
 			n.EswitchMode = readString(filepath.Join(nd, "compat", "devlink", "mode"))
 		}
 		n.Ports = append(n.Ports, p)
