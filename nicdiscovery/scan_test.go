@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	"github.com/vishvananda/netlink"
+	"sigs.k8s.io/yaml"
 
 	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
@@ -371,4 +372,39 @@ func TestLiveNetlinkAttributes(t *testing.T) {
 func labels0(inv *nicdiscovery.Inventory) map[string]string {
 	l, _ := nicdiscovery.Labels(inv, nil)
 	return l
+}
+
+// The example rail map in deploy/examples parses and names the DGX tree's rails.
+func TestExampleRailConfig(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "deploy", "examples", "rail-config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm struct {
+		Data map[string]string `json:"data"`
+	}
+	if err := yaml.Unmarshal(b, &cm); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "rails.yaml")
+	if err := os.WriteFile(p, []byte(cm.Data["rails.yaml"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rails, err := nicdiscovery.LoadRails(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree, err := fakesysfs.DGXH100(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels, warnings := nicdiscovery.Labels(scan(t, tree.Root), rails)
+	for i, nd := range fakesysfs.DGXH100Rails {
+		if k := fmt.Sprintf("nic.hwipam.io/rail.rail%d", i); labels[k] != nd {
+			t.Errorf("%s=%q, want %q", k, labels[k], nd)
+		}
+	}
+	if len(warnings) != 0 {
+		t.Errorf("warnings %v", warnings)
+	}
 }
