@@ -14,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/jaypipes/ghw"
 	"github.com/jaypipes/ghw/pkg/pci"
+	"golang.org/x/sys/unix"
 )
 
 // pciFunction is one PCI function as ghw enumerated it.
@@ -29,18 +30,36 @@ type pciFunction struct {
 // its WithPCIDB option for this), and fails outright when there is none.
 var ghwMu sync.Mutex
 
-// pciIDsPath is where the built-in table was written for ghw, once per process.
-var pciIDsPath = sync.OnceValues(func() (string, error) {
-	f, err := os.CreateTemp("", "hwipam-pci.ids-*")
+// pciIDs holds the built-in table in pci.ids format in an anonymous memory file
+// for ghw, for the life of the process: nothing is written to disk (the node
+// daemon runs with a read-only root filesystem).
+var pciIDs struct {
+	sync.Mutex
+	path string
+}
+
+func pciIDsPath() (string, error) {
+	pciIDs.Lock()
+	defer pciIDs.Unlock()
+	if pciIDs.path != "" {
+		return pciIDs.path, nil
+	}
+	fd, err := unix.MemfdCreate("hwipam-pci.ids", unix.MFD_CLOEXEC)
 	if err != nil {
-		return "", fmt.Errorf("writing the built-in PCI ID table for ghw: %w", err)
+		return "", fmt.Errorf("creating the in-memory PCI ID table ghw needs: %w", err)
 	}
-	_, werr := f.Write(pciIDsFile())
-	if err := errors.Join(werr, f.Close()); err != nil {
-		return "", fmt.Errorf("writing the built-in PCI ID table for ghw: %w", err)
+	b := pciIDsFile()
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
+		if err != nil {
+			_ = unix.Close(fd)
+			return "", fmt.Errorf("writing the in-memory PCI ID table ghw needs: %w", err)
+		}
+		b = b[n:]
 	}
-	return f.Name(), nil
-})
+	pciIDs.path = fmt.Sprintf("/proc/self/fd/%d", fd)
+	return pciIDs.path, nil
+}
 
 // hostPCIIDs are the places a pci.ids file is looked for, under the scan root first
 // and then on the host.

@@ -63,6 +63,12 @@ func labelSafe(s string) string {
 	return s
 }
 
+// ownsPorts tells whether a function's ports are the node's NIC ports: a PF, or a
+// VF whose PF is not on this node (passed through to a VM).
+func ownsPorts(n NIC) bool {
+	return n.Function == FunctionPF || n.PhysFn == ""
+}
+
 // Labels is the label set of DESIGN.md §4 for an inventory, with a warning for
 // each netdev or rail that cannot be labelled. Labels hold only slow-changing
 // facts: never a link's state.
@@ -76,7 +82,7 @@ func Labels(inv *Inventory, rails Rails) (map[string]string, []string) {
 		if len(n.RDMADevices) > 0 {
 			labels[LabelRDMA] = "true"
 		}
-		if n.Function != FunctionPF {
+		if !ownsPorts(n) {
 			continue
 		}
 		pfs++

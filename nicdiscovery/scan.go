@@ -109,9 +109,10 @@ func nameVFs(nics []NIC) {
 	}
 }
 
-// representorName matches the phys_port_name of a switchdev representor (pf0vf3,
-// c1pf0sf2), as opposed to an uplink (p0) or a plain port.
-var representorName = regexp.MustCompile(`^(c\d+)?pf\d+(vf|sf)\d+$`)
+// representorName matches the phys_port_name of a switchdev representor: of a VF
+// (pf0vf3), an SF (c1pf0sf2) or a PF (pf0, the host PF seen from a BlueField's Arm
+// side: pf0hpf), as opposed to an uplink (p0) or a port without one.
+var representorName = regexp.MustCompile(`^(c\d+)?pf\d+`)
 
 // readFunction reads one function's sysfs directory.
 func readFunction(dir string, f pciFunction) NIC {
@@ -140,6 +141,11 @@ func readFunction(dir string, f pciFunction) NIC {
 	used := map[int]bool{}
 	for _, name := range listDir(filepath.Join(dir, "net")) {
 		nd := filepath.Join(dir, "net", name)
+		if isChild(nd) {
+			// An IPoIB child (ib0.8001, one per pod with ipoib-cni) or another
+			// stacked device: not a port, and it comes and goes with pods.
+			continue
+		}
 		if representorName.MatchString(readString(filepath.Join(nd, "phys_port_name"))) {
 			n.Representors = append(n.Representors, name)
 			continue
@@ -172,7 +178,9 @@ func readFunction(dir string, f pciFunction) NIC {
 		n.Ports = append(n.Ports, p)
 	}
 	for num, rp := range rdma.ports {
-		if !used[num] {
+		// An InfiniBand port without IPoIB has no netdev but is a port; the extra
+		// Ethernet ports of a switchdev PF's RDMA device are its representors'.
+		if !used[num] && rp.linkLayer == LinkLayerInfiniBand {
 			p := Port{Number: num}
 			rp.fill(&p, rdma.name)
 			n.Ports = append(n.Ports, p)
@@ -202,6 +210,13 @@ func linkLayerOfType(t int) string {
 		return LinkLayerInfiniBand
 	}
 	return ""
+}
+
+// isChild tells a netdev stacked on another (its iflink is another's ifindex),
+// such as an IPoIB child interface, from a port's own netdev.
+func isChild(nd string) bool {
+	idx, link := readInt(filepath.Join(nd, "ifindex"), 0), readInt(filepath.Join(nd, "iflink"), 0)
+	return idx > 0 && link > 0 && idx != link
 }
 
 // portNumber is the netdev's port on its function, from 1: mlx4 puts two ports'

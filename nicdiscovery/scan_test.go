@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	"github.com/vishvananda/netlink"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"github.com/hwipam/hwipam/nicdiscovery"
@@ -96,6 +97,9 @@ func TestDGXH100(t *testing.T) {
 	if len(inv.NICs) != 10 {
 		t.Fatalf("%d functions, want 8 ConnectX-7 + 2 BlueField-3 (no bridge, SoC management, flash recovery or Intel): %s",
 			len(inv.NICs), js(inv.NICs))
+	}
+	if got := inv.NICs[0].Netdevs; !reflect.DeepEqual(got, []string{"ibp24s0"}) {
+		t.Errorf("netdevs of the first rail %v: the IPoIB child ibp24s0.8001 is not a port", got)
 	}
 	for i, n := range inv.NICs[:8] {
 		if n.Model != "ConnectX-7" || n.LinkLayer != "InfiniBand" || n.SpeedMbps != 400000 || n.NUMANode != i/4 ||
@@ -406,5 +410,77 @@ func TestExampleRailConfig(t *testing.T) {
 	}
 	if len(warnings) != 0 {
 		t.Errorf("warnings %v", warnings)
+	}
+}
+
+// switchdev: the representors are not ports (nor are their RDMA ports), the uplink is.
+func TestSwitchdev(t *testing.T) {
+	tree, err := fakesysfs.Switchdev(t.TempDir(), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := scan(t, tree.Root)
+	if len(inv.NICs) != 5 {
+		t.Fatalf("%s", js(inv.NICs))
+	}
+	pf := inv.NICs[0]
+	if !reflect.DeepEqual(pf.Netdevs, []string{"enp59s0f0np0"}) || len(pf.Representors) != 4 || len(pf.Ports) != 1 ||
+		pf.EswitchMode != "switchdev" || pf.SRIOVNumVFs != 4 {
+		t.Fatalf("PF %s", js(pf))
+	}
+	labels := labels0(inv)
+	if labels["nic.hwipam.io/count"] != "1" || labels["nic.hwipam.io/enp59s0f0np0.vfs"] != "4" {
+		t.Fatalf("labels %v", labels)
+	}
+	for k := range labels {
+		if strings.Contains(k, "r0") || strings.Contains(k, "v0") {
+			t.Errorf("a representor or VF is labelled: %s", k)
+		}
+	}
+}
+
+// A VF passed through to a VM, with no PF on the machine, is the node's NIC port.
+func TestPassthroughVF(t *testing.T) {
+	tree, err := fakesysfs.PassthroughVF(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := scan(t, tree.Root)
+	if len(inv.NICs) != 1 || inv.NICs[0].Function != "VF" || inv.NICs[0].PhysFn != "" || inv.NICs[0].Model != "ConnectX VF" {
+		t.Fatalf("%s", js(inv.NICs))
+	}
+	want := map[string]string{"nic.hwipam.io/present": "true", "nic.hwipam.io/count": "1", "nic.hwipam.io/rdma": "true",
+		"nic.hwipam.io/ens5": "eth", "nic.hwipam.io/ens5.model": "ConnectX_VF", "nic.hwipam.io/ens5.speed": "200000",
+		"nic.hwipam.io/ens5.vfs": "0"}
+	if got := labels0(inv); !reflect.DeepEqual(got, want) {
+		t.Fatalf("labels %v, want %v", got, want)
+	}
+}
+
+// Every label of every layout, and of the captured trees, is a valid key and value.
+func TestLabelsAreValid(t *testing.T) {
+	roots := []string{extract(t, "hwloc-32em64t-2n8c-cx3-ib.tar.bz2"), extract(t, "hwloc-32intel64-2p8co2t-cx4-ib.tar.bz2")}
+	for _, build := range []func(string) (*fakesysfs.Tree, error){
+		fakesysfs.DGXH100, fakesysfs.RoCELAG, fakesysfs.VPI, fakesysfs.PassthroughVF,
+		func(r string) (*fakesysfs.Tree, error) { return fakesysfs.SRIOV(r, 2, 8) },
+		func(r string) (*fakesysfs.Tree, error) { return fakesysfs.Switchdev(r, 4) },
+	} {
+		tree, err := build(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots = append(roots, tree.Root)
+	}
+	rails := nicdiscovery.Rails{"a": {"ib0"}, "b.c": {"0000:18:00.0"}, "d-e_f": {"enp134s0f1np1"}}
+	for _, root := range roots {
+		labels, _ := nicdiscovery.Labels(scan(t, root), rails)
+		for k, v := range labels {
+			if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+				t.Errorf("%s: key %q: %v", root, k, errs)
+			}
+			if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+				t.Errorf("%s: %s value %q: %v", root, k, v, errs)
+			}
+		}
 	}
 }

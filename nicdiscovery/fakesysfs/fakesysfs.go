@@ -18,11 +18,13 @@ import (
 // Tree is a sysfs tree under Root (Root/sys/...).
 type Tree struct {
 	Root string
+
+	ifindex map[string]int // netdev name → its ifindex
 }
 
 // New creates the skeleton of a tree under root.
 func New(root string) (*Tree, error) {
-	t := &Tree{Root: root}
+	t := &Tree{Root: root, ifindex: map[string]int{}}
 	for _, d := range []string{"sys/bus/pci/devices", "sys/bus/pci/drivers", "sys/class/net", "sys/class/infiniband",
 		"sys/devices/virtual/net"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
@@ -55,7 +57,7 @@ type Netdev struct {
 	// Type is the ARPHRD type: 1 Ethernet, 32 IPoIB.
 	Type int
 	// Speed is written to speed; 0 writes "-1" (link down) for Ethernet and leaves
-	// it empty for IPoIB, as the kernel reports them.
+	// it empty for IPoIB, as older kernels do (the ConnectX-3 capture).
 	Speed        int
 	OperState    string
 	MTU          int
@@ -67,6 +69,9 @@ type Netdev struct {
 	Master string
 	// EswitchMode is written to compat/devlink/mode when set.
 	EswitchMode string
+	// Parent makes this a stacked netdev (an IPoIB child such as ib0.8001): its
+	// iflink is the parent's ifindex. The parent must be added first.
+	Parent string
 }
 
 // RDMA is the function's RDMA device.
@@ -170,6 +175,12 @@ func (t *Tree) Remove(addr string) error {
 	return errors.Join(os.Remove(t.sys("bus", "pci", "devices", addr)), os.RemoveAll(dir))
 }
 
+// MoveNetdev takes a netdev out of the function's net/ directory, as moving it into
+// a pod's or VM's network namespace (host-device CNI) does on the host.
+func (t *Tree) MoveNetdev(addr, name string) error {
+	return errors.Join(os.Remove(t.sys("class", "net", name)), os.RemoveAll(filepath.Join(t.devDir(addr), "net", name)))
+}
+
 func (t *Tree) addNetdev(dev string, nd Netdev) error {
 	dir := filepath.Join(dev, "net", nd.Name)
 	speed := ""
@@ -182,7 +193,17 @@ func (t *Tree) addNetdev(dev string, nd Netdev) error {
 	files := map[string]string{
 		"type": strconv.Itoa(nd.Type), "speed": speed, "operstate": nd.OperState, "mtu": strconv.Itoa(nd.MTU),
 		"address": nd.MAC, "dev_port": strconv.Itoa(nd.DevPort), "dev_id": fmt.Sprintf("0x%x", nd.DevID),
-		"ifindex": "1",
+	}
+	idx := len(t.ifindex) + 2 // 1 is lo
+	t.ifindex[nd.Name] = idx
+	files["ifindex"] = strconv.Itoa(idx)
+	files["iflink"] = strconv.Itoa(idx)
+	if nd.Parent != "" {
+		p, ok := t.ifindex[nd.Parent]
+		if !ok {
+			return fmt.Errorf("netdev %s: parent %s not added yet", nd.Name, nd.Parent)
+		}
+		files["iflink"] = strconv.Itoa(p)
 	}
 	if nd.PhysPortName != "" {
 		files["phys_port_name"] = nd.PhysPortName

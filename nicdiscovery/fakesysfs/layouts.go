@@ -43,7 +43,7 @@ func DGXH100(root string) (*Tree, error) {
 		guid := 0xa088c20300a1b200 + uint64(i)
 		err := t.Add(Function{Address: addr, Vendor: VendorNVIDIA, Device: DeviceCX7, Class: ClassIB, Driver: "mlx5_core",
 			NUMA: i / 4, TotalVFs: 16,
-			Netdevs: []Netdev{{Name: name, Type: 32, OperState: "up", MTU: 4092, MAC: ipoibAddr(guid)}},
+			Netdevs: []Netdev{{Name: name, Type: 32, Speed: 400000, OperState: "up", MTU: 4092, MAC: ipoibAddr(guid)}},
 			RDMA: &RDMA{Name: fmt.Sprintf("mlx5_%d", i), NodeGUID: GUID(guid), Ports: []RDMAPort{{
 				Num: 1, LinkLayer: "InfiniBand", Rate: "400 Gb/sec (4X NDR)", State: "4: ACTIVE",
 				GID0: "fe80:0000:0000:0000:" + GUID(guid)}}},
@@ -51,6 +51,11 @@ func DGXH100(root string) (*Tree, error) {
 		if err != nil {
 			return nil, err
 		}
+	}
+	// A pod's IPoIB child interface (ipoib-cni) on the first rail, still on the host.
+	if err := t.addNetdev(t.devDir("0000:18:00.0"), Netdev{Name: "ibp24s0.8001", Type: 32, Speed: 400000, OperState: "up",
+		MTU: 4092, MAC: ipoibAddr(0xa088c20300a1b200), Parent: "ibp24s0"}); err != nil {
+		return nil, err
 	}
 	for port := range 2 {
 		addr := fmt.Sprintf("0000:e1:00.%d", port)
@@ -179,5 +184,55 @@ func VPI(root string) (*Tree, error) {
 				GID0: "fe80:0000:0000:0000:0202:c9ff:fef9:c0a2"},
 		}},
 	})
+	return t, err
+}
+
+// Switchdev lays out a ConnectX-6 Dx PF in switchdev mode with vfs VFs: the PF's
+// net/ holds the uplink (phys_port_name p0) and one representor per VF (pf0vfN), its
+// RDMA device has a port for the uplink and one per representor, and each VF has
+// its own netdev and RDMA device.
+func Switchdev(root string, vfs int) (*Tree, error) {
+	t, err := New(root)
+	if err != nil {
+		return nil, err
+	}
+	pf := "0000:3b:00.0"
+	nds := []Netdev{{Name: "enp59s0f0np0", Type: 1, Speed: 100000, OperState: "up", MTU: 9000, MAC: "0c:42:a1:3b:00:00",
+		PhysPortName: "p0", EswitchMode: "switchdev"}}
+	ports := []RDMAPort{{Num: 1, LinkLayer: "Ethernet", Rate: "100 Gb/sec (4X EDR)", State: "4: ACTIVE"}}
+	for v := range vfs {
+		nds = append(nds, Netdev{Name: fmt.Sprintf("enp59s0f0r%d", v), Type: 1, OperState: "up", MTU: 1500,
+			MAC: fmt.Sprintf("ce:00:00:3b:00:%02x", v), PhysPortName: fmt.Sprintf("pf0vf%d", v), DevPort: 0})
+		ports = append(ports, RDMAPort{Num: 2 + v, LinkLayer: "Ethernet", Rate: "100 Gb/sec (4X EDR)", State: "4: ACTIVE"})
+	}
+	if err := t.Add(Function{Address: pf, Vendor: VendorNVIDIA, Device: DeviceCX6Dx, Class: ClassEthernet, Driver: "mlx5_core",
+		NUMA: 0, TotalVFs: 8, NumVFs: vfs, Netdevs: nds, RDMA: &RDMA{Name: "mlx5_0", Ports: ports}}); err != nil {
+		return nil, err
+	}
+	for v := range vfs {
+		if err := t.AddVF(pf, v, Function{Address: fmt.Sprintf("0000:3b:00.%d", 2+v), Vendor: VendorNVIDIA, Device: DeviceCXVF,
+			Class: ClassEthernet, Driver: "mlx5_core", NUMA: 0,
+			Netdevs: []Netdev{{Name: fmt.Sprintf("enp59s0f0v%d", v), Type: 1, Speed: 100000, OperState: "up", MTU: 1500,
+				MAC: fmt.Sprintf("02:00:00:3b:00:%02x", v)}},
+			RDMA: &RDMA{Name: fmt.Sprintf("mlx5_%d", 1+v), Ports: []RDMAPort{{Num: 1, LinkLayer: "Ethernet",
+				Rate: "100 Gb/sec (4X EDR)", State: "4: ACTIVE"}}}}); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// PassthroughVF lays out a VM's view of a ConnectX-7 VF passed through to it: a VF
+// device ID with no PF on the machine.
+func PassthroughVF(root string) (*Tree, error) {
+	t, err := New(root)
+	if err != nil {
+		return nil, err
+	}
+	err = t.Add(Function{Address: "0000:00:05.0", Vendor: VendorNVIDIA, Device: DeviceCXVF, Class: ClassEthernet,
+		Driver: "mlx5_core", NUMA: -1,
+		Netdevs: []Netdev{{Name: "ens5", Type: 1, Speed: 200000, OperState: "up", MTU: 9000, MAC: "02:00:00:00:05:00"}},
+		RDMA: &RDMA{Name: "mlx5_0", Ports: []RDMAPort{{Num: 1, LinkLayer: "Ethernet", Rate: "200 Gb/sec (4X HDR)",
+			State: "4: ACTIVE"}}}})
 	return t, err
 }
