@@ -283,9 +283,12 @@ func (rp rdmaPort) fill(p *Port, dev string) {
 	if rp.linkLayer != "" {
 		p.LinkLayer = rp.linkLayer
 	}
-	// A port that is not ACTIVE reports the lowest rate (or a stale one): not a
-	// speed anyone should select on.
-	if p.SpeedMbps == 0 && rp.state == "ACTIVE" {
+	// A port that is not ACTIVE reports the lowest rate (or a stale one), and its
+	// netdev may still show the last speed: not a speed anyone should select on.
+	switch {
+	case rp.state != "" && rp.state != "ACTIVE":
+		p.SpeedMbps = 0
+	case p.SpeedMbps == 0:
 		p.SpeedMbps = rp.speed
 	}
 	p.PortState = rp.state

@@ -15,8 +15,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -148,12 +150,28 @@ func Run(ctx context.Context, o *Options) error {
 			return fmt.Errorf("adding the pools-in-use annotator: %w", err)
 		}
 	}
+	// SIGHUP asks for a NIC rescan; it is caught for the daemon's whole life, so
+	// that it never ends the process (its default action).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	if o.NICLabels != NICLabelsOff {
 		if err := mgr.Add(&nicLabeler{client: mgr.GetClient(), reader: mgr.GetAPIReader(), node: o.NodeName, mode: o.NICLabels,
-			namespace: o.NodeFeatureNamespace, root: o.SysfsRoot, rails: rails, interval: o.NICRescanInterval,
+			namespace: o.NodeFeatureNamespace, root: o.SysfsRoot, rails: rails, interval: o.NICRescanInterval, hup: hup,
 			log: logger.WithName("nic-labels")}); err != nil {
 			return fmt.Errorf("adding the NIC labeler: %w", err)
 		}
+	} else {
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-hup:
+					logger.Info("SIGHUP ignored: --nic-labels=off, nothing to rescan")
+				}
+			}
+		}()
 	}
 	var serving atomic.Bool
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {

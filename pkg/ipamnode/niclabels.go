@@ -2,12 +2,11 @@ package ipamnode
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -19,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -44,8 +44,8 @@ const nfdNodeNameLabel = "nfd.node.kubernetes.io/node-name"
 
 // nicLabeler scans the node's NICs and publishes the label set whenever it
 // changes: periodically, on SIGHUP, and (on the live root) when a netdev appears
-// or goes away. Every error is logged and retried at the next scan: labels never
-// stop allocation.
+// or goes away. Every error is logged once and retried at the next scan: labels
+// never stop allocation.
 type nicLabeler struct {
 	client    client.Client
 	reader    client.Reader
@@ -55,12 +55,19 @@ type nicLabeler struct {
 	root      string
 	rails     nicdiscovery.Rails
 	interval  time.Duration
+	hup       <-chan os.Signal
 	log       logr.Logger
 
-	last         map[string]string // what was last published
+	last         map[string]string // what is published, as far as we know; nil until read
+	netdevs      map[string]nicPorts
 	lastWarnings string
-	lastScanErr  string
-	warned       bool
+	problem      string // the last problem logged, so each is logged once
+}
+
+// nicPorts are a function's netdev ports as last seen in the host namespace.
+type nicPorts struct {
+	driver string
+	ports  []nicdiscovery.Port
 }
 
 // NeedLeaderElection implements manager.LeaderElectionRunnable.
@@ -69,17 +76,13 @@ func (*nicLabeler) NeedLeaderElection() bool { return false }
 // Start implements manager.Runnable.
 func (l *nicLabeler) Start(ctx context.Context) error {
 	rescan := make(chan struct{}, 1)
-	trigger := func() {
-		select {
-		case rescan <- struct{}{}:
-		default:
-		}
-	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	if l.root == "/" {
-		l.watchLinks(ctx, trigger)
+		go l.watchLinks(ctx, func() {
+			select {
+			case rescan <- struct{}{}:
+			default:
+			}
+		})
 	}
 	t := time.NewTicker(l.interval)
 	defer t.Stop()
@@ -88,7 +91,7 @@ func (l *nicLabeler) Start(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-hup:
+		case <-l.hup:
 			l.log.Info("SIGHUP: rescanning the NICs")
 		case <-rescan:
 			// Let a burst of link events (a driver reload adds many) settle.
@@ -104,44 +107,74 @@ func (l *nicLabeler) Start(ctx context.Context) error {
 }
 
 // watchLinks triggers a rescan when a netdev is added, renamed or deleted (not on
-// the operstate changes that are most of rtnetlink's link messages).
+// the operstate changes that are most of rtnetlink's link messages). The
+// subscription ends on a receive error (ENOBUFS under heavy churn); it is renewed,
+// with a rescan since events may have been lost.
 func (l *nicLabeler) watchLinks(ctx context.Context, trigger func()) {
-	updates := make(chan netlink.LinkUpdate, 64)
-	err := netlink.LinkSubscribeWithOptions(updates, ctx.Done(), netlink.LinkSubscribeOptions{
-		ErrorCallback: func(err error) { l.log.V(1).Info("link events", "error", err.Error()) },
-	})
-	if err != nil {
-		l.log.Info("warning: cannot watch link events; NIC changes are noticed at the next periodic scan", "error", err.Error())
-		return
-	}
-	go func() {
-		names := map[int32]string{}
-		for u := range updates {
-			idx, name := u.Index, u.Attrs().Name
-			switch {
-			case u.Header.Type == unix.RTM_DELLINK:
-				delete(names, idx)
-			case names[idx] == name:
-				continue
-			default:
-				names[idx] = name
+	warned := false
+	for ctx.Err() == nil {
+		updates := make(chan netlink.LinkUpdate, 256)
+		err := netlink.LinkSubscribeWithOptions(updates, ctx.Done(), netlink.LinkSubscribeOptions{
+			ReceiveBufferSize: 1 << 20,
+			ErrorCallback:     func(err error) { l.log.V(1).Info("link events", "error", err.Error()) },
+		})
+		if err != nil {
+			if !warned {
+				warned = true
+				l.log.Info("warning: cannot watch link events; NIC changes are noticed at the next periodic scan",
+					"error", err.Error())
 			}
+		} else {
+			warned = false
+			names := map[int32]string{}
+			for u := range updates {
+				idx, name := u.Index, u.Attrs().Name
+				switch {
+				case u.Header.Type == unix.RTM_DELLINK:
+					delete(names, idx)
+				case names[idx] == name:
+					continue
+				default:
+					names[idx] = name
+				}
+				trigger()
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			l.log.Info("the link event subscription ended; renewing it")
 			trigger()
 		}
-	}()
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// report logs a problem once (until another problem, or a success, replaces it).
+func (l *nicLabeler) report(msg string, err error, kv ...any) {
+	key := msg
+	if err != nil {
+		key += ": " + err.Error()
+		kv = append(kv, "error", err.Error())
+	}
+	if key == l.problem {
+		return
+	}
+	l.problem = key
+	l.log.Info("warning: "+msg, kv...)
 }
 
 func (l *nicLabeler) publish(ctx context.Context) {
-	inv, err := nicdiscovery.Scan(ctx, nicdiscovery.Options{Root: l.root, Logger: l.log})
+	no := false
+	inv, err := nicdiscovery.Scan(ctx, nicdiscovery.Options{Root: l.root, Logger: l.log, Live: &no})
 	if err != nil {
-		if msg := err.Error(); msg != l.lastScanErr {
-			l.lastScanErr = msg
-			l.log.Info("warning: scanning the NICs failed; labels are left as they are", "error", msg)
-		}
+		l.report("scanning the NICs failed; the labels are left as they are", err)
 		return
 	}
-	l.lastScanErr = ""
 	nicCount.Set(float64(len(inv.NICs)))
+	l.keepNetdevs(inv)
 	labels, warnings := nicdiscovery.Labels(inv, l.rails)
 	if w := strings.Join(warnings, "; "); w != l.lastWarnings {
 		l.lastWarnings = w
@@ -149,64 +182,118 @@ func (l *nicLabeler) publish(ctx context.Context) {
 			l.log.Info("warning: NIC labels: " + w)
 		}
 	}
+	if l.last != nil {
+		l.keepSpeeds(labels)
+		if maps.Equal(labels, l.last) {
+			return
+		}
+	}
+	cur, err := l.published(ctx)
+	switch {
+	case err == nil:
+	case apierrors.IsNotFound(err) && l.mode == NICLabelsNodeFeature:
+		cur = &publishedLabels{owned: true, labels: map[string]string{}} // created by the apply
+	case apierrors.IsNotFound(err):
+		// Never create the Node (server-side apply would).
+		l.report("cannot publish the NIC labels: this node does not exist in the API; check --node-name", nil, "node", l.node)
+		return
+	default:
+		// Not knowing what is there (API server down, no RBAC to read): publishing
+		// blind could drop a down port's speed; wait for the next scan.
+		l.reportWriteError(err)
+		return
+	}
 	if l.last == nil {
 		// After a restart, what this daemon published before is the base: nothing
 		// is written when it still holds, and a down port keeps its speed.
-		if have, owned, err := l.published(ctx); err == nil && owned {
-			l.last = have
+		l.last = map[string]string{}
+		if cur.owned {
+			l.last = cur.labels
 		}
+		l.keepSpeeds(labels)
 	}
-	l.keepSpeeds(labels)
-	if l.last != nil && maps.Equal(labels, l.last) {
-		return
-	}
-	have, owned, err := l.published(ctx)
-	switch {
-	case err == nil && owned && maps.Equal(have, labels):
-		l.last = labels
-		return
-	case apierrors.IsNotFound(err) && l.mode == NICLabelsNode:
-		// Never create the Node (server-side apply would): --node-name is wrong.
-		if !l.warned {
-			l.warned = true
-			l.log.Info("warning: this node does not exist in the API; check --node-name", "node", l.node)
-		}
+	if cur.owned && maps.Equal(cur.labels, labels) {
+		l.last, l.problem = labels, ""
 		return
 	}
 	switch l.mode {
 	case NICLabelsNode:
-		err = l.client.Apply(ctx, corev1ac.Node(l.node).WithLabels(labels),
+		// The UID makes the apply fail rather than create a Node deleted since.
+		err = l.client.Apply(ctx, corev1ac.Node(l.node).WithUID(cur.uid).WithLabels(labels),
 			client.FieldOwner(NICLabelFieldManager), client.ForceOwnership)
 	case NICLabelsNodeFeature:
-		err = l.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(l.nodeFeature(labels)),
-			client.FieldOwner(NICLabelFieldManager), client.ForceOwnership)
+		if len(labels) == 0 {
+			// No NIC left: the object goes (an apply that empties spec.labels
+			// leaves null there, which NodeFeature's schema refuses).
+			err = client.IgnoreNotFound(l.client.Delete(ctx, l.nodeFeature(nil)))
+		} else {
+			err = l.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(l.nodeFeature(labels)),
+				client.FieldOwner(NICLabelFieldManager), client.ForceOwnership)
+		}
 	}
+	if err != nil {
+		l.reportWriteError(err)
+		return
+	}
+	nicLabelWrites.Inc()
+	l.log.Info("published the NIC labels", "mode", l.mode, "labels", len(labels), "added", diffKeys(labels, l.last),
+		"removed", diffKeys(l.last, labels))
+	l.last, l.problem = labels, ""
+}
+
+func (l *nicLabeler) reportWriteError(err error) {
 	switch {
-	case err == nil:
-		nicLabelWrites.Inc()
-		l.log.Info("published the NIC labels", "mode", l.mode, "labels", len(labels), "added", diffKeys(labels, l.last),
-			"removed", diffKeys(l.last, labels))
-		l.last = labels
-		l.warned = false
 	case apierrors.IsForbidden(err):
-		if !l.warned {
-			l.warned = true
-			what := "patch on nodes"
-			if l.mode == NICLabelsNodeFeature {
-				what = "get, create and patch on nodefeatures.nfd.k8s-sigs.io in namespace " + l.namespace
-			}
-			l.log.Info("warning: cannot publish the NIC labels (allocation is not affected); pools that select "+
-				"nodes by nic.hwipam.io labels will not find this node. Grant "+what+" to the node's service account, "+
-				"or run with --nic-labels=off.", "node", l.node, "error", err.Error())
+		what := "get and patch on nodes"
+		if l.mode == NICLabelsNodeFeature {
+			what = "get, create and patch on nodefeatures.nfd.k8s-sigs.io in namespace " + l.namespace
 		}
-	case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
-		if !l.warned {
-			l.warned = true
-			l.log.Info("warning: cannot publish the NIC labels: is NFD's NodeFeature CRD installed? (or use --nic-labels=node)",
-				"error", err.Error())
-		}
+		l.report("cannot publish the NIC labels (allocation is not affected); pools that select nodes by "+
+			"nic.hwipam.io labels will not find this node. Grant "+what+" to the node's service account, "+
+			"or run with --nic-labels=off.", err, "node", l.node)
+	case meta.IsNoMatchError(err) || l.mode == NICLabelsNodeFeature && apierrors.IsNotFound(err):
+		l.report("cannot publish the NIC labels: is NFD's NodeFeature CRD installed? (or use --nic-labels=node)", err)
 	default:
-		l.log.V(1).Info("publishing the NIC labels failed; will retry", "error", err.Error())
+		l.report(fmt.Sprintf("publishing the NIC labels failed; retrying every %s", l.interval), err)
+	}
+}
+
+// keepNetdevs keeps the ports of a NIC function whose netdevs left the host's
+// network namespace (a PF moved into a pod or VM) or are briefly gone, for as long
+// as the function is there with the same driver: its labels stay, and the node
+// stays in the pools that select it.
+func (l *nicLabeler) keepNetdevs(inv *nicdiscovery.Inventory) {
+	seen := make(map[string]bool, len(inv.NICs))
+	for i := range inv.NICs {
+		n := &inv.NICs[i]
+		seen[n.PCIAddress] = true
+		var ports []nicdiscovery.Port
+		for _, p := range n.Ports {
+			if p.Netdev != "" {
+				ports = append(ports, p)
+			}
+		}
+		prev, had := l.netdevs[n.PCIAddress]
+		switch {
+		case len(ports) > 0:
+			if l.netdevs == nil {
+				l.netdevs = map[string]nicPorts{}
+			}
+			l.netdevs[n.PCIAddress] = nicPorts{driver: n.Driver, ports: ports}
+		case had && prev.driver == n.Driver && n.Driver != "":
+			l.log.V(1).Info("keeping the labels of a NIC whose netdevs are not in the host namespace", "address", n.PCIAddress)
+			n.Ports = append(slices.Clone(prev.ports), n.Ports...)
+			for _, p := range prev.ports {
+				n.Netdevs = append(n.Netdevs, p.Netdev)
+			}
+		default:
+			delete(l.netdevs, n.PCIAddress)
+		}
+	}
+	for addr := range l.netdevs {
+		if !seen[addr] {
+			delete(l.netdevs, addr)
+		}
 	}
 }
 
@@ -225,9 +312,16 @@ func (l *nicLabeler) keepSpeeds(labels map[string]string) {
 	}
 }
 
-// published reads the labels our field manager has on the object, and whether it
-// owns them (a restart finds them there and writes nothing).
-func (l *nicLabeler) published(ctx context.Context) (map[string]string, bool, error) {
+// publishedLabels is what the object carries under our prefix (Node) or in its
+// spec (NodeFeature), and whether our field manager owns it.
+type publishedLabels struct {
+	labels map[string]string
+	owned  bool
+	uid    types.UID
+}
+
+// published reads the object the labels go to.
+func (l *nicLabeler) published(ctx context.Context) (*publishedLabels, error) {
 	var obj client.Object
 	switch l.mode {
 	case NICLabelsNode:
@@ -240,22 +334,22 @@ func (l *nicLabeler) published(ctx context.Context) (map[string]string, bool, er
 		obj = u
 	}
 	if err := l.reader.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	owned := slices.ContainsFunc(obj.GetManagedFields(), func(mf metav1.ManagedFieldsEntry) bool {
+	p := &publishedLabels{labels: map[string]string{}, uid: obj.GetUID()}
+	p.owned = slices.ContainsFunc(obj.GetManagedFields(), func(mf metav1.ManagedFieldsEntry) bool {
 		return mf.Manager == NICLabelFieldManager && mf.Operation == metav1.ManagedFieldsOperationApply
 	})
-	have := map[string]string{}
 	if u, ok := obj.(*unstructured.Unstructured); ok {
-		have, _, _ = unstructured.NestedStringMap(u.Object, "spec", "labels")
+		p.labels, _, _ = unstructured.NestedStringMap(u.Object, "spec", "labels")
 	} else {
 		for k, v := range obj.GetLabels() {
 			if strings.HasPrefix(k, nicdiscovery.LabelPrefix) {
-				have[k] = v
+				p.labels[k] = v
 			}
 		}
 	}
-	return have, owned, nil
+	return p, nil
 }
 
 func nodeFeatureName(node string) string { return "hwipam-" + node }

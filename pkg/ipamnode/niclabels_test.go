@@ -9,10 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -113,27 +116,6 @@ func TestNICLabelsFollowTheHardware(t *testing.T) {
 		t.Fatalf("a link going down changed the labels: %v", got)
 	}
 
-	// A rail NIC goes away: its five keys go, the count drops, the rest stays.
-	if err := tree.Remove("0000:18:00.0"); err != nil {
-		t.Fatal(err)
-	}
-	want = expectedLabels(t, tree.Root)
-	if _, ok := want["nic.hwipam.io/ibp24s0"]; ok || want["nic.hwipam.io/count"] != "9" {
-		t.Fatalf("label set after the removal: %v", want)
-	}
-	want["nic.hwipam.io/ibp64s0.speed"] = "400000" // still down: the last known speed stays
-	waitFor(t, "the removed NIC's labels to go", func() bool {
-		got, _ := nicLabels(t, c, node)
-		return maps.Equal(got, want)
-	})
-	_, n = nicLabels(t, c, node)
-	checkForeign(n)
-	for k := range n.Labels {
-		if strings.HasPrefix(k, "nic.hwipam.io/ibp24s0") {
-			t.Errorf("label %s of the removed NIC is still there", k)
-		}
-	}
-
 	// A restart finds its labels in place and does not write. (The counter is the
 	// process's, so it carries over to the second daemon in this test.)
 	w = writes()
@@ -147,6 +129,45 @@ func TestNICLabelsFollowTheHardware(t *testing.T) {
 	time.Sleep(time.Second)
 	if _, n := nicLabels(t, c, node); n.ResourceVersion != rv || writes() != w {
 		t.Fatalf("the restarted daemon applied unchanged labels (Node %s -> %s, writes %s -> %s)", rv, n.ResourceVersion, w, writes())
+	}
+
+	// A PF's netdev moves into a pod (host-device): the function is still there,
+	// so its labels stay.
+	moved := map[string]string{}
+	for k, v := range want {
+		if strings.HasPrefix(k, "nic.hwipam.io/ibp79s0") {
+			moved[k] = v
+		}
+	}
+	if err := tree.MoveNetdev("0000:4f:00.0", "ibp79s0"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(600 * time.Millisecond)
+	if got, n := nicLabels(t, c, node); !maps.Equal(got, want) || n.ResourceVersion != rv || writes() != w {
+		t.Fatalf("a netdev moving into a pod changed the labels: %v", got)
+	}
+
+	// A rail NIC goes away: its five keys go, the count drops, the rest stays.
+	if err := tree.Remove("0000:18:00.0"); err != nil {
+		t.Fatal(err)
+	}
+	want = expectedLabels(t, tree.Root)
+	if _, ok := want["nic.hwipam.io/ibp24s0"]; ok || want["nic.hwipam.io/count"] != "8" {
+		t.Fatalf("label set after the removal: %v", want)
+	}
+	want["nic.hwipam.io/ibp64s0.speed"] = "400000" // still down: the last known speed stays
+	maps.Copy(want, moved)                         // still in the pod
+	want["nic.hwipam.io/count"] = "9"
+	waitFor(t, "the removed NIC's labels to go", func() bool {
+		got, _ := nicLabels(t, c, node)
+		return maps.Equal(got, want)
+	})
+	_, n = nicLabels(t, c, node)
+	checkForeign(n)
+	for k := range n.Labels {
+		if strings.HasPrefix(k, "nic.hwipam.io/ibp24s0") {
+			t.Errorf("label %s of the removed NIC is still there", k)
+		}
 	}
 }
 
@@ -285,6 +306,57 @@ func TestNICLabelsAsNodeFeature(t *testing.T) {
 	}
 	if got, _ := nicLabels(t, c, node); len(got) != 0 {
 		t.Errorf("nodefeature mode labelled the Node: %v", got)
+	}
+
+	// SIGHUP rescans at once (the interval is a minute here) and does not end the
+	// process.
+	if err := tree.Remove("0000:04:00.0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the NodeFeature to go after SIGHUP", func() bool {
+		err := c.Get(t.Context(), client.ObjectKey{Namespace: "default", Name: "hwipam-" + node}, nf)
+		return apierrors.IsNotFound(err)
+	})
+}
+
+// A wrong --node-name: the daemon says so once and never creates a Node.
+func TestNICLabelsNeverCreateANode(t *testing.T) {
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
+	tree, err := fakesysfs.VPI(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	warnings := 0
+	d := startDaemonLogged(t, cp.Config, t.TempDir(), func(o *ipamnode.Options) {
+		o.NodeName = "no-such-node"
+		o.SysfsRoot = tree.Root
+		o.NICRescanInterval = 100 * time.Millisecond
+	}, func(line string) {
+		if strings.Contains(line, "cannot publish the NIC labels: this node does not exist in the API; check --node-name") {
+			mu.Lock()
+			warnings++
+			mu.Unlock()
+		}
+	})
+	waitFor(t, "the warning", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return warnings > 0
+	})
+	time.Sleep(500 * time.Millisecond)
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	var nodes corev1.NodeList
+	if err := cp.Client.List(t.Context(), &nodes); err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes.Items) != 0 || warnings != 1 {
+		t.Fatalf("%d nodes (want none) and %d warnings (want one)", len(nodes.Items), warnings)
 	}
 }
 
