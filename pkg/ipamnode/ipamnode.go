@@ -52,7 +52,7 @@ import (
 // +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools;cidrpools,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;patch
-// +kubebuilder:rbac:groups=nfd.k8s-sigs.io,resources=nodefeatures,verbs=get;create;patch
+// +kubebuilder:rbac:groups=nfd.k8s-sigs.io,resources=nodefeatures,verbs=get;create;patch;delete
 
 // shutdownGrace bounds how long in-flight requests may take after SIGTERM.
 const shutdownGrace = 10 * time.Second

@@ -246,7 +246,7 @@ func (l *nicLabeler) reportWriteError(err error) {
 	case apierrors.IsForbidden(err):
 		what := "get and patch on nodes"
 		if l.mode == NICLabelsNodeFeature {
-			what = "get, create and patch on nodefeatures.nfd.k8s-sigs.io in namespace " + l.namespace
+			what = "get, create, patch and delete on nodefeatures.nfd.k8s-sigs.io in namespace " + l.namespace
 		}
 		l.report("cannot publish the NIC labels (allocation is not affected); pools that select nodes by "+
 			"nic.hwipam.io labels will not find this node. Grant "+what+" to the node's service account, "+
