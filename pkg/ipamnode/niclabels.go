@@ -62,7 +62,12 @@ type nicLabeler struct {
 	netdevs      map[string]nicPorts
 	lastWarnings string
 	problem      string // the last problem logged, so each is logged once
+	scans        int
 }
+
+// driftCheckEvery is how many scans apart the published labels are read back even
+// when the hardware did not change.
+const driftCheckEvery = 10
 
 // nicPorts are a function's netdev ports as last seen in the host namespace.
 type nicPorts struct {
@@ -182,9 +187,12 @@ func (l *nicLabeler) publish(ctx context.Context) {
 			l.log.Info("warning: NIC labels: " + w)
 		}
 	}
+	l.scans++
 	if l.last != nil {
 		l.keepSpeeds(labels)
-		if maps.Equal(labels, l.last) {
+		// Unchanged: nothing to do, except every tenth scan, which reads the
+		// object back and restores labels someone else removed or changed.
+		if maps.Equal(labels, l.last) && l.scans%driftCheckEvery != 0 {
 			return
 		}
 	}

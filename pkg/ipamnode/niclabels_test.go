@@ -103,6 +103,29 @@ func TestNICLabelsFollowTheHardware(t *testing.T) {
 			rv, n.ResourceVersion, w, writes())
 	}
 
+	// Someone removes and changes labels the daemon owns: they are put back within
+	// ten scans; a foreign label added meanwhile stays.
+	var edit corev1.Node
+	if err := c.Get(t.Context(), client.ObjectKey{Name: node}, &edit); err != nil {
+		t.Fatal(err)
+	}
+	delete(edit.Labels, "nic.hwipam.io/ibp94s0")
+	edit.Labels["nic.hwipam.io/ibp154s0.numa"] = "7"
+	edit.Labels["rack"] = "r12"
+	if err := c.Update(t.Context(), &edit); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the labels to be restored", func() bool {
+		got, _ := nicLabels(t, c, node)
+		return maps.Equal(got, want)
+	})
+	_, n = nicLabels(t, c, node)
+	if n.Labels["rack"] != "r12" {
+		t.Fatalf("a foreign label was removed: %v", n.Labels)
+	}
+	foreign["rack"] = "r12"
+	rv, w = n.ResourceVersion, writes()
+
 	// A port loses its link: the kernel then reports the lowest rate and a DOWN
 	// state; the labels (and so the pools the node is in) stay as they are.
 	port := filepath.Join(tree.Root, "sys", "bus", "pci", "devices", "0000:40:00.0", "infiniband", "mlx5_1", "ports", "1")
