@@ -484,3 +484,18 @@ func TestLabelsAreValid(t *testing.T) {
 		}
 	}
 }
+
+// ghw gives up on the whole bus when one device has no modalias: say so.
+func TestDeviceWithoutModalias(t *testing.T) {
+	tree, err := fakesysfs.VPI(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(tree.Root, "sys", "bus", "pci", "devices", "0000:04:00.0", "modalias")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = nicdiscovery.Scan(context.Background(), nicdiscovery.Options{Root: tree.Root, Live: &notLive})
+	if err == nil || !strings.Contains(err.Error(), "no readable modalias") {
+		t.Fatalf("error %v", err)
+	}
+}
