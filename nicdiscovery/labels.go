@@ -50,6 +50,9 @@ func LoadRails(path string) (Rails, error) {
 	return r, nil
 }
 
+// reservedKeys are the label names a netdev name cannot take.
+var reservedKeys = map[string]bool{"present": true, "count": true, "rdma": true}
+
 // invalidLabelChars are the characters a label name or value cannot hold.
 var invalidLabelChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 
@@ -91,9 +94,11 @@ func Labels(inv *Inventory, rails Rails) (map[string]string, []string) {
 				continue
 			}
 			ports++
-			key := labelSafe(p.Netdev)
-			if key == "" || len(key) > validation.LabelValueMaxLength-len(".model") {
-				warnings = append(warnings, fmt.Sprintf("netdev %q of %s cannot be made a label key; not labelled", p.Netdev, n.PCIAddress))
+			// "." separates a netdev's keys (ib0.speed, rail.x): not part of a name.
+			key := labelSafe(strings.ReplaceAll(p.Netdev, ".", "_"))
+			if key == "" || len(key) > validation.LabelValueMaxLength-len(".model") || reservedKeys[key] {
+				warnings = append(warnings, fmt.Sprintf("netdev %q of %s cannot be made a label key of its own; not labelled",
+					p.Netdev, n.PCIAddress))
 				continue
 			}
 			if key != p.Netdev {

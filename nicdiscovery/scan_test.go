@@ -278,17 +278,22 @@ func TestLabelSanitising(t *testing.T) {
 			{Netdev: "eth@0", LinkLayer: "Ethernet", SpeedMbps: 0},
 			{Netdev: "eth_0", LinkLayer: "Ethernet"}, // same key as eth@0
 			{Netdev: "--", LinkLayer: "Ethernet"},    // nothing valid left
+			{Netdev: "count", LinkLayer: "Ethernet"}, // would be the count label
+			{Netdev: "a.speed", LinkLayer: "Ethernet", SpeedMbps: 1000},
 		}},
 	}}
 	labels, warnings := nicdiscovery.Labels(inv, nil)
+	if labels["nic.hwipam.io/count"] != "5" || labels["nic.hwipam.io/a_speed"] != "eth" || labels["nic.hwipam.io/a_speed.speed"] != "1000" {
+		t.Fatalf("labels %v", labels)
+	}
 	if labels["nic.hwipam.io/eth_0"] != "eth" || labels["nic.hwipam.io/eth_0.model"] != "ConnectX-6_Dx" {
 		t.Fatalf("labels %v", labels)
 	}
 	if _, ok := labels["nic.hwipam.io/eth_0.speed"]; ok {
 		t.Fatal("an unknown speed must not be labelled")
 	}
-	if len(warnings) != 3 {
-		t.Fatalf("warnings %q, want a rename, a collision and an impossible name", warnings)
+	if len(warnings) != 5 {
+		t.Fatalf("warnings %q, want two renames, a collision and two impossible names", warnings)
 	}
 }
 

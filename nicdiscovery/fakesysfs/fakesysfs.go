@@ -175,6 +175,23 @@ func (t *Tree) Remove(addr string) error {
 	return errors.Join(os.Remove(t.sys("bus", "pci", "devices", addr)), os.RemoveAll(dir))
 }
 
+// Unbind unbinds the function's driver (as a driver reload does for a moment).
+func (t *Tree) Unbind(addr string) error {
+	dir := t.devDir(addr)
+	b, err := os.ReadFile(filepath.Join(dir, "uevent"))
+	if err != nil {
+		return err
+	}
+	var keep []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if !strings.HasPrefix(l, "DRIVER=") {
+			keep = append(keep, l)
+		}
+	}
+	return errors.Join(os.Remove(filepath.Join(dir, "driver")),
+		os.WriteFile(filepath.Join(dir, "uevent"), []byte(strings.Join(keep, "\n")+"\n"), 0o644))
+}
+
 // MoveNetdev takes a netdev out of the function's net/ directory, as moving it into
 // a pod's or VM's network namespace (host-device CNI) does on the host.
 func (t *Tree) MoveNetdev(addr, name string) error {

@@ -33,6 +33,10 @@ var (
 		Name: "hwipam_node_nics",
 		Help: "NVIDIA NIC functions (PFs and VFs) the last NIC scan found.",
 	})
+	nicScans = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "hwipam_node_nic_scans_total",
+		Help: "NIC scans (periodic, SIGHUP, link events).",
+	})
 	nicLabelWrites = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hwipam_node_nic_label_writes_total",
 		Help: "Times the NIC label set changed and was published (Node labels or NodeFeature).",
@@ -88,7 +92,7 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 func registerMetrics(m *nodealloc.Manager, st *store.Store) {
 	current.Store(&daemonState{manager: m, store: st})
 	registerM.Do(func() {
-		metrics.Registry.MustRegister(requestDuration, cleanupReleases, nicCount, nicLabelWrites, stateCollector{})
+		metrics.Registry.MustRegister(requestDuration, cleanupReleases, nicCount, nicScans, nicLabelWrites, stateCollector{})
 	})
 }
 

@@ -2,6 +2,7 @@ package ipamnode
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -62,12 +63,12 @@ type nicLabeler struct {
 	netdevs      map[string]nicPorts
 	lastWarnings string
 	problem      string // the last problem logged, so each is logged once
-	scans        int
+	lastRead     time.Time
 }
 
-// driftCheckEvery is how many scans apart the published labels are read back even
-// when the hardware did not change.
-const driftCheckEvery = 10
+// driftCheckIntervals is how many rescan intervals apart the published labels are
+// read back even when the hardware did not change.
+const driftCheckIntervals = 5
 
 // nicPorts are a function's netdev ports as last seen in the host namespace.
 type nicPorts struct {
@@ -118,12 +119,16 @@ func (l *nicLabeler) Start(ctx context.Context) error {
 func (l *nicLabeler) watchLinks(ctx context.Context, trigger func()) {
 	warned := false
 	for ctx.Err() == nil {
+		// Its own context per subscription: netlink closes the socket only when
+		// done closes, not when a receive error ends the subscription.
+		sctx, cancel := context.WithCancel(ctx)
 		updates := make(chan netlink.LinkUpdate, 256)
-		err := netlink.LinkSubscribeWithOptions(updates, ctx.Done(), netlink.LinkSubscribeOptions{
+		err := netlink.LinkSubscribeWithOptions(updates, sctx.Done(), netlink.LinkSubscribeOptions{
 			ReceiveBufferSize: 1 << 20,
 			ErrorCallback:     func(err error) { l.log.V(1).Info("link events", "error", err.Error()) },
 		})
 		if err != nil {
+			cancel()
 			if !warned {
 				warned = true
 				l.log.Info("warning: cannot watch link events; NIC changes are noticed at the next periodic scan",
@@ -144,6 +149,7 @@ func (l *nicLabeler) watchLinks(ctx context.Context, trigger func()) {
 				}
 				trigger()
 			}
+			cancel()
 			if ctx.Err() != nil {
 				return
 			}
@@ -173,6 +179,7 @@ func (l *nicLabeler) report(msg string, err error, kv ...any) {
 
 func (l *nicLabeler) publish(ctx context.Context) {
 	no := false
+	nicScans.Inc()
 	inv, err := nicdiscovery.Scan(ctx, nicdiscovery.Options{Root: l.root, Logger: l.log, Live: &no})
 	if err != nil {
 		l.report("scanning the NICs failed; the labels are left as they are", err)
@@ -187,15 +194,15 @@ func (l *nicLabeler) publish(ctx context.Context) {
 			l.log.Info("warning: NIC labels: " + w)
 		}
 	}
-	l.scans++
 	if l.last != nil {
 		l.keepSpeeds(labels)
-		// Unchanged: nothing to do, except every tenth scan, which reads the
-		// object back and restores labels someone else removed or changed.
-		if maps.Equal(labels, l.last) && l.scans%driftCheckEvery != 0 {
+		// Unchanged: nothing to do, except every few intervals, when the object is
+		// read back to restore labels someone else removed or changed.
+		if maps.Equal(labels, l.last) && time.Since(l.lastRead) < driftCheckIntervals*l.interval {
 			return
 		}
 	}
+	l.lastRead = time.Now()
 	cur, err := l.published(ctx)
 	switch {
 	case err == nil:
@@ -220,7 +227,9 @@ func (l *nicLabeler) publish(ctx context.Context) {
 		}
 		l.keepSpeeds(labels)
 	}
-	if cur.owned && maps.Equal(cur.labels, labels) {
+	// An apply of no labels leaves our manager owning nothing, and the API server
+	// then drops its entry: "not owned" and nothing to publish is in place too.
+	if maps.Equal(cur.labels, labels) && (cur.owned || len(labels) == 0) {
 		l.last, l.problem = labels, ""
 		return
 	}
@@ -288,7 +297,9 @@ func (l *nicLabeler) keepNetdevs(inv *nicdiscovery.Inventory) {
 				l.netdevs = map[string]nicPorts{}
 			}
 			l.netdevs[n.PCIAddress] = nicPorts{driver: n.Driver, ports: ports}
-		case had && prev.driver == n.Driver && n.Driver != "":
+		case had && (n.Driver == "" || n.Driver == prev.driver):
+			// The same driver, or none for the moment (a reload); another driver
+			// (vfio-pci: the PF went to a VM) ends it.
 			l.log.V(1).Info("keeping the labels of a NIC whose netdevs are not in the host namespace", "address", n.PCIAddress)
 			n.Ports = append(slices.Clone(prev.ports), n.Ports...)
 			for _, p := range prev.ports {
@@ -344,16 +355,31 @@ func (l *nicLabeler) published(ctx context.Context) (*publishedLabels, error) {
 	if err := l.reader.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 		return nil, err
 	}
-	p := &publishedLabels{labels: map[string]string{}, uid: obj.GetUID()}
-	p.owned = slices.ContainsFunc(obj.GetManagedFields(), func(mf metav1.ManagedFieldsEntry) bool {
-		return mf.Manager == NICLabelFieldManager && mf.Operation == metav1.ManagedFieldsOperationApply
-	})
+	// Only the keys our field manager owns are ours: a nic.hwipam.io/ key someone
+	// else set is neither compared nor taken over.
+	path, values := []string{"f:metadata", "f:labels"}, obj.GetLabels()
 	if u, ok := obj.(*unstructured.Unstructured); ok {
-		p.labels, _, _ = unstructured.NestedStringMap(u.Object, "spec", "labels")
-	} else {
-		for k, v := range obj.GetLabels() {
-			if strings.HasPrefix(k, nicdiscovery.LabelPrefix) {
-				p.labels[k] = v
+		path = []string{"f:spec", "f:labels"}
+		values, _, _ = unstructured.NestedStringMap(u.Object, "spec", "labels")
+	}
+	p := &publishedLabels{labels: map[string]string{}, uid: obj.GetUID()}
+	for _, mf := range obj.GetManagedFields() {
+		if mf.Manager != NICLabelFieldManager || mf.Operation != metav1.ManagedFieldsOperationApply || mf.FieldsV1 == nil {
+			continue
+		}
+		p.owned = true
+		var fields map[string]any
+		if err := json.Unmarshal(mf.FieldsV1.GetRawBytes(), &fields); err != nil {
+			return nil, fmt.Errorf("reading the managed fields of %s: %w", l.node, err)
+		}
+		for _, step := range path {
+			fields, _ = fields[step].(map[string]any)
+		}
+		for f := range fields {
+			if k, ok := strings.CutPrefix(f, "f:"); ok {
+				if v, ok := values[k]; ok {
+					p.labels[k] = v
+				}
 			}
 		}
 	}

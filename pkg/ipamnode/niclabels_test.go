@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,6 +30,9 @@ import (
 	"github.com/hwipam/hwipam/test/harness"
 )
 
+// foreignNIC is a label under our prefix that an admin set; the daemon leaves it.
+const foreignNIC = "nic.hwipam.io/site-note"
+
 // expectedLabels is what nicdiscovery derives from the tree, computed independently
 // of the daemon.
 func expectedLabels(t *testing.T, root string) map[string]string {
@@ -49,7 +53,7 @@ func nicLabels(t *testing.T, c client.Client, name string) (map[string]string, *
 	}
 	out := map[string]string{}
 	for k, v := range n.Labels {
-		if strings.HasPrefix(k, nicdiscovery.LabelPrefix) {
+		if strings.HasPrefix(k, nicdiscovery.LabelPrefix) && k != foreignNIC {
 			out[k] = v
 		}
 	}
@@ -62,7 +66,9 @@ func nicLabels(t *testing.T, c client.Client, name string) (map[string]string, *
 func TestNICLabelsFollowTheHardware(t *testing.T) {
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	c := cp.Client
-	foreign := map[string]string{"team": "ml", "kubernetes.io/hostname": node, "feature.node.kubernetes.io/pci-15b3.present": "true"}
+	// Foreign labels, one of them under our prefix (set by an admin): never ours.
+	foreign := map[string]string{"team": "ml", "kubernetes.io/hostname": node, "feature.node.kubernetes.io/pci-15b3.present": "true",
+		foreignNIC: "keep-me"}
 	if err := c.Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: foreign}}); err != nil {
 		t.Fatal(err)
 	}
@@ -81,6 +87,10 @@ func TestNICLabelsFollowTheHardware(t *testing.T) {
 		o.MetricsBindAddress = metricsAddr
 	}
 	writes := func() string { return metric(t, metricsAddr, "hwipam_node_nic_label_writes_total") }
+	scans := func() int {
+		n, _ := strconv.Atoi(metric(t, metricsAddr, "hwipam_node_nic_scans_total"))
+		return n
+	}
 	d := startDaemon(t, cp.Config, t.TempDir(), opts)
 	checkForeign := func(n *corev1.Node) {
 		t.Helper()
@@ -97,7 +107,7 @@ func TestNICLabelsFollowTheHardware(t *testing.T) {
 	_, n := nicLabels(t, c, node)
 	checkForeign(n)
 	rv, w := n.ResourceVersion, writes()
-	time.Sleep(600 * time.Millisecond) // several rescans, nothing changed
+	time.Sleep(800 * time.Millisecond) // several rescans and a read-back, nothing changed
 	if _, n := nicLabels(t, c, node); n.ResourceVersion != rv || writes() != w {
 		t.Fatalf("the labels were applied again although the NIC set did not change (Node %s -> %s, writes %s -> %s)",
 			rv, n.ResourceVersion, w, writes())
@@ -149,7 +159,8 @@ func TestNICLabelsFollowTheHardware(t *testing.T) {
 	rv = n.ResourceVersion
 	startDaemon(t, cp.Config, t.TempDir(), opts)
 	waitFor(t, "the restarted daemon's metrics", func() bool { return writes() != "" })
-	time.Sleep(time.Second)
+	s0 := scans()
+	waitFor(t, "the restarted daemon's scans", func() bool { return scans() >= s0+8 })
 	if _, n := nicLabels(t, c, node); n.ResourceVersion != rv || writes() != w {
 		t.Fatalf("the restarted daemon applied unchanged labels (Node %s -> %s, writes %s -> %s)", rv, n.ResourceVersion, w, writes())
 	}
@@ -168,6 +179,14 @@ func TestNICLabelsFollowTheHardware(t *testing.T) {
 	time.Sleep(600 * time.Millisecond)
 	if got, n := nicLabels(t, c, node); !maps.Equal(got, want) || n.ResourceVersion != rv || writes() != w {
 		t.Fatalf("a netdev moving into a pod changed the labels: %v", got)
+	}
+	// ... and its driver is reloaded meanwhile (unbound for a moment).
+	if err := tree.Unbind("0000:4f:00.0"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(600 * time.Millisecond)
+	if got, n := nicLabels(t, c, node); !maps.Equal(got, want) || n.ResourceVersion != rv || writes() != w {
+		t.Fatalf("an unbound driver changed the labels: %v", got)
 	}
 
 	// A rail NIC goes away: its five keys go, the count drops, the rest stays.
@@ -380,6 +399,32 @@ func TestNICLabelsNeverCreateANode(t *testing.T) {
 	}
 	if len(nodes.Items) != 0 || warnings != 1 {
 		t.Fatalf("%d nodes (want none) and %d warnings (want one)", len(nodes.Items), warnings)
+	}
+
+	// A node without NVIDIA NICs: nothing to publish, and nothing is written, also
+	// not when the labels are read back.
+	if err := cp.Client.Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
+		t.Fatal(err)
+	}
+	empty, err := fakesysfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePortFor(t))
+	startDaemon(t, cp.Config, t.TempDir(), func(o *ipamnode.Options) {
+		o.SysfsRoot = empty.Root
+		o.NICRescanInterval = 50 * time.Millisecond
+		o.MetricsBindAddress = metricsAddr
+	})
+	waitFor(t, "the metrics", func() bool { return metric(t, metricsAddr, "hwipam_node_nic_scans_total") != "" })
+	s0, _ := strconv.Atoi(metric(t, metricsAddr, "hwipam_node_nic_scans_total"))
+	w0 := metric(t, metricsAddr, "hwipam_node_nic_label_writes_total")
+	waitFor(t, "twenty scans", func() bool {
+		s, _ := strconv.Atoi(metric(t, metricsAddr, "hwipam_node_nic_scans_total"))
+		return s >= s0+20
+	})
+	if w := metric(t, metricsAddr, "hwipam_node_nic_label_writes_total"); w != w0 {
+		t.Fatalf("a node without NICs had its labels written %s -> %s times", w0, w)
 	}
 }
 
