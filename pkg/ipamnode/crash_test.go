@@ -18,11 +18,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
-	"github.com/hwipam/hwipam/pkg/ipamcontroller"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -71,11 +69,7 @@ func startProcess(t *testing.T, bin, kubeconfig, dir string) *daemonProcess {
 // allocate, restarts it over the same store, and checks that every Allocate that
 // returned success is still there and that no address is owned twice.
 func TestKill9DuringAllocateBurst(t *testing.T) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	cp := startControlPlane(t)
 	if err := cp.Client.Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
 		t.Fatal(err)
 	}
@@ -158,11 +152,7 @@ func TestKill9DuringAllocateBurst(t *testing.T) {
 // TestSIGTERMStopsCleanly: a real daemon stops with exit 0 on SIGTERM and leaves a
 // store that opens again.
 func TestSIGTERMStopsCleanly(t *testing.T) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	cp := startControlPlane(t)
 	poolWithBlock(t, cp.Client, "crash", "10.9.0.0/24", "10.9.0.1", "10.9.0.8")
 	kubeconfig, err := cp.WriteKubeconfig(t.TempDir())
 	if err != nil {

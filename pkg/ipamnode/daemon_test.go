@@ -148,11 +148,7 @@ func poolWithBlock(t *testing.T, c client.Client, name, subnet, start, end strin
 func code(err error) codes.Code { return status.Code(err) }
 
 func TestDaemonServesSyncsAndSurvivesAPIOutage(t *testing.T) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	cp := startControlPlane(t)
 	c := cp.Client
 	if err := c.Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
 		t.Fatal(err)
@@ -235,11 +231,7 @@ func TestDaemonServesSyncsAndSurvivesAPIOutage(t *testing.T) {
 }
 
 func TestBlockRemovedStopsNewAllocationsOnly(t *testing.T) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	cp := startControlPlane(t)
 	c := cp.Client
 	poolWithBlock(t, c, "p", "10.6.0.0/24", "10.6.0.1", "10.6.0.8")
 	d := startDaemon(t, cp.Config, t.TempDir(), nil)
@@ -271,11 +263,7 @@ func TestBlockRemovedStopsNewAllocationsOnly(t *testing.T) {
 }
 
 func TestCleanupReleasesAllocationsOfDeletedPods(t *testing.T) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	cp := startControlPlane(t)
 	c := cp.Client
 	ctx := t.Context()
 	poolWithBlock(t, c, "p", "10.7.0.0/24", "10.7.0.1", "10.7.0.8")
@@ -335,4 +323,15 @@ func freePortFor(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startControlPlane starts the test control plane with a client that knows the
+// pool types.
+func startControlPlane(t *testing.T) *harness.ControlPlane {
+	t.Helper()
+	scheme, err := ipamcontroller.Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return harness.StartControlPlane(t, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
 }

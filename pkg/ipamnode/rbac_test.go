@@ -18,9 +18,7 @@ import (
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
-	"github.com/hwipam/hwipam/pkg/ipamcontroller"
 	"github.com/hwipam/hwipam/pkg/ipamnode"
-	"github.com/hwipam/hwipam/test/harness"
 )
 
 // TestNetworkOperatorRBAC runs the daemon with only what network-operator grants
@@ -28,11 +26,7 @@ import (
 // works, the pools-in-use annotation is skipped with one warning, and the metrics
 // endpoint reports the pool and the requests.
 func TestNetworkOperatorRBAC(t *testing.T) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	cp := startControlPlane(t)
 	c := cp.Client
 	ctx := t.Context()
 	if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {

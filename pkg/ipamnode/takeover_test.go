@@ -10,10 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
-	"github.com/hwipam/hwipam/pkg/ipamcontroller"
 	"github.com/hwipam/hwipam/pkg/ipamnode"
 	"github.com/hwipam/hwipam/pkg/store"
 	"github.com/hwipam/hwipam/test/harness"
@@ -23,11 +21,7 @@ import (
 // left its JSON store: the allocations nv-ipam made are still there and are not
 // handed out again, and the original file is kept.
 func TestTakesOverAnNVIPAMNode(t *testing.T) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	cp := startControlPlane(t)
 	if err := cp.Client.Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
 		t.Fatal(err)
 	}
@@ -57,6 +51,7 @@ func TestTakesOverAnNVIPAMNode(t *testing.T) {
 	for _, cid := range []string{"new1", "new2"} {
 		var resp *nodev1.AllocateResponse
 		waitFor(t, "the pool to sync", func() bool {
+			var err error
 			resp, err = d.ipam.Allocate(ctx, &nodev1.AllocateRequest{Parameters: params(cid, "rail0")})
 			return err == nil
 		})
