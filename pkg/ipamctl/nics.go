@@ -49,8 +49,8 @@ func nicsCommand() *cobra.Command {
 		Short: "List this node's NVIDIA NIC functions (PFs and VFs) from sysfs",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return fmt.Errorf("--output %q: want table or json", output)
+			if err := checkOutput(output); err != nil {
+				return err
 			}
 			inv, err := f.scan(cmd)
 			if err != nil {

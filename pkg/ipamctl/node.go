@@ -35,8 +35,8 @@ func (f *nodeFlags) add(cmd *cobra.Command) {
 }
 
 func (f *nodeFlags) call(ctx context.Context, fn func(context.Context, infov1.NodeInfoServiceClient) error) error {
-	if f.output != "table" && f.output != "json" {
-		return fmt.Errorf("--output %q: want table or json", f.output)
+	if err := checkOutput(f.output); err != nil {
+		return err
 	}
 	target := strings.TrimPrefix(f.socket, "tcp://") // gRPC dials host:port and unix:// targets as they are
 	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -48,6 +48,14 @@ func (f *nodeFlags) call(ctx context.Context, fn func(context.Context, infov1.No
 	defer cancel()
 	if err := fn(ctx, infov1.NewNodeInfoServiceClient(conn)); err != nil {
 		return fmt.Errorf("cannot query ipam-node at %s (is it running on this node? see --socket): %w", f.socket, err)
+	}
+	return nil
+}
+
+// checkOutput validates -o.
+func checkOutput(o string) error {
+	if o != "table" && o != "json" {
+		return fmt.Errorf("--output %q: want table or json", o)
 	}
 	return nil
 }
