@@ -9,9 +9,12 @@
 package v1alpha1
 
 import (
+	"fmt"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 )
 
 var (
@@ -28,4 +31,17 @@ func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion, &IPPool{}, &IPPoolList{}, &CIDRPool{}, &CIDRPoolList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
+}
+
+// NewScheme returns a scheme with client-go's built-in types and this package's:
+// the one the controller, the node daemon and the tests' clients work with.
+func NewScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("registering core types: %w", err)
+	}
+	if err := AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("registering %s: %w", GroupVersion, err)
+	}
+	return s, nil
 }

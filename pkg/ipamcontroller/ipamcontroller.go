@@ -12,9 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/discovery"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -103,18 +101,6 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Scheme returns the scheme the controller works with.
-func Scheme() (*runtime.Scheme, error) {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		return nil, fmt.Errorf("registering core types: %w", err)
-	}
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		return nil, fmt.Errorf("registering nv-ipam.nvidia.com/v1alpha1: %w", err)
-	}
-	return s, nil
-}
-
 // Run runs the controller until ctx ends or a component fails.
 func Run(ctx context.Context, o *Options) error {
 	if err := o.Validate(); err != nil {
@@ -138,7 +124,7 @@ func Run(ctx context.Context, o *Options) error {
 	if err := checkAPIServer(cfg); err != nil {
 		return err
 	}
-	scheme, err := Scheme()
+	scheme, err := v1alpha1.NewScheme()
 	if err != nil {
 		return err
 	}

@@ -56,13 +56,8 @@ func eventually(t *testing.T, what string, cond func() (bool, string)) {
 // TestRunEndToEnd runs the whole controller (manager, leader election, webhooks,
 // metrics, health) against the real apiserver.
 func TestRunEndToEnd(t *testing.T) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{
-		ClientOptions: &client.Options{Scheme: scheme},
-		WebhookDirs:   []string{filepath.Join(harness.RepoRoot(), "deploy", "webhook")},
+		WebhookDirs: []string{filepath.Join(harness.RepoRoot(), "deploy", "webhook")},
 	})
 	c := cp.Client
 	ctx := t.Context()

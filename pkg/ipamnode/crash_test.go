@@ -69,7 +69,7 @@ func startProcess(t *testing.T, bin, kubeconfig, dir string) *daemonProcess {
 // allocate, restarts it over the same store, and checks that every Allocate that
 // returned success is still there and that no address is owned twice.
 func TestKill9DuringAllocateBurst(t *testing.T) {
-	cp := startControlPlane(t)
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	if err := cp.Client.Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestKill9DuringAllocateBurst(t *testing.T) {
 // TestSIGTERMStopsCleanly: a real daemon stops with exit 0 on SIGTERM and leaves a
 // store that opens again.
 func TestSIGTERMStopsCleanly(t *testing.T) {
-	cp := startControlPlane(t)
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	poolWithBlock(t, cp.Client, "crash", "10.9.0.0/24", "10.9.0.1", "10.9.0.8")
 	kubeconfig, err := cp.WriteKubeconfig(t.TempDir())
 	if err != nil {

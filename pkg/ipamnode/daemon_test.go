@@ -24,7 +24,6 @@ import (
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
-	"github.com/hwipam/hwipam/pkg/ipamcontroller"
 	"github.com/hwipam/hwipam/pkg/ipamnode"
 	"github.com/hwipam/hwipam/test/harness"
 )
@@ -148,7 +147,7 @@ func poolWithBlock(t *testing.T, c client.Client, name, subnet, start, end strin
 func code(err error) codes.Code { return status.Code(err) }
 
 func TestDaemonServesSyncsAndSurvivesAPIOutage(t *testing.T) {
-	cp := startControlPlane(t)
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	c := cp.Client
 	if err := c.Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
 		t.Fatal(err)
@@ -231,7 +230,7 @@ func TestDaemonServesSyncsAndSurvivesAPIOutage(t *testing.T) {
 }
 
 func TestBlockRemovedStopsNewAllocationsOnly(t *testing.T) {
-	cp := startControlPlane(t)
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	c := cp.Client
 	poolWithBlock(t, c, "p", "10.6.0.0/24", "10.6.0.1", "10.6.0.8")
 	d := startDaemon(t, cp.Config, t.TempDir(), nil)
@@ -263,7 +262,7 @@ func TestBlockRemovedStopsNewAllocationsOnly(t *testing.T) {
 }
 
 func TestCleanupReleasesAllocationsOfDeletedPods(t *testing.T) {
-	cp := startControlPlane(t)
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	c := cp.Client
 	ctx := t.Context()
 	poolWithBlock(t, c, "p", "10.7.0.0/24", "10.7.0.1", "10.7.0.8")
@@ -323,15 +322,4 @@ func freePortFor(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-// startControlPlane starts the test control plane with a client that knows the
-// pool types.
-func startControlPlane(t *testing.T) *harness.ControlPlane {
-	t.Helper()
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return harness.StartControlPlane(t, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
 }

@@ -26,8 +26,6 @@ import (
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -110,12 +108,9 @@ func Run(ctx context.Context, o *Options) error {
 			return err
 		}
 	}
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return fmt.Errorf("registering core types: %w", err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		return fmt.Errorf("registering nv-ipam.nvidia.com/v1alpha1: %w", err)
+	scheme, err := v1alpha1.NewScheme()
+	if err != nil {
+		return err
 	}
 	inPoolsNamespace := cache.ByObject{Namespaces: map[string]cache.Config{o.PoolsNamespace: {}}}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{

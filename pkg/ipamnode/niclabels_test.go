@@ -217,7 +217,7 @@ func TestNICLabelsFollowTheHardware(t *testing.T) {
 // pool whose nodeSelector names a NIC gets a block on exactly the node that has
 // it, and that node's daemon allocates from it.
 func TestPoolFollowsRail(t *testing.T) {
-	cp := startControlPlane(t)
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	c := cp.Client
 	ctx := t.Context()
 	dgx, err := fakesysfs.DGXH100(t.TempDir())

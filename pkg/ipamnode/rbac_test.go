@@ -19,6 +19,7 @@ import (
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/ipamnode"
+	"github.com/hwipam/hwipam/test/harness"
 )
 
 // TestNetworkOperatorRBAC runs the daemon with only what network-operator grants
@@ -26,7 +27,7 @@ import (
 // works, the pools-in-use annotation is skipped with one warning, and the metrics
 // endpoint reports the pool and the requests.
 func TestNetworkOperatorRBAC(t *testing.T) {
-	cp := startControlPlane(t)
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	c := cp.Client
 	ctx := t.Context()
 	if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {

@@ -21,7 +21,7 @@ import (
 // left its JSON store: the allocations nv-ipam made are still there and are not
 // handed out again, and the original file is kept.
 func TestTakesOverAnNVIPAMNode(t *testing.T) {
-	cp := startControlPlane(t)
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	if err := cp.Client.Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
-	"github.com/hwipam/hwipam/pkg/ipamcontroller"
 	"github.com/hwipam/hwipam/pkg/poolcontroller"
 	"github.com/hwipam/hwipam/test/harness"
 )
@@ -56,12 +55,8 @@ func nvIPAMStyleCRDs(t *testing.T) string {
 // additions: blocks are still assigned, and the pool is not rewritten over and over
 // because the conditions it sends never come back.
 func TestWorksWhenStatusFieldsArePruned(t *testing.T) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
 	pruned := harness.StartControlPlane(t, harness.ControlPlaneOptions{
-		CRDDirs: []string{nvIPAMStyleCRDs(t)}, ClientOptions: &client.Options{Scheme: scheme}})
+		CRDDirs: []string{nvIPAMStyleCRDs(t)}})
 	c := pruned.Client
 	ctx := t.Context()
 	for _, n := range []string{"n1", "n2"} {

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
-	"github.com/hwipam/hwipam/pkg/ipamcontroller"
 	"github.com/hwipam/hwipam/pkg/poolcontroller"
 	"github.com/hwipam/hwipam/test/harness"
 )
@@ -27,12 +26,8 @@ import (
 var cp *harness.ControlPlane
 
 func TestMain(m *testing.M) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	cp, err = harness.NewControlPlane(harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	var err error
+	cp, err = harness.NewControlPlane(harness.ControlPlaneOptions{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -14,10 +14,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
-	"github.com/hwipam/hwipam/pkg/ipamcontroller"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -50,11 +48,7 @@ func (p *cniPlugin) exec(cmd, cid string) error {
 // floor): sequential ADD p50/p99 at 0, 2,000 and 10,000 existing allocations, DEL
 // p50, and ADD throughput with 16 and 64 concurrent execs.
 func BenchmarkCNI(b *testing.B) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		b.Fatal(err)
-	}
-	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{})
 	ctx := context.Background()
 	if err := cp.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}); err != nil {
 		b.Fatal(err)

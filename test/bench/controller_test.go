@@ -23,7 +23,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
-	"github.com/hwipam/hwipam/pkg/ipamcontroller"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -33,14 +32,10 @@ import (
 // assign, status writes, the controller's peak RSS, and the size of the largest
 // pool object (JSON, as stored) with its bytes per node.
 func BenchmarkController(b *testing.B) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		b.Fatal(err)
-	}
 	bin := harness.BuildBinary(b, "./cmd/ipam-controller")
 	for _, nodes := range []int{1000, 5000} {
 		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
-			cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+			cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{})
 			kubeconfig, err := cp.WriteKubeconfig(b.TempDir())
 			if err != nil {
 				b.Fatal(err)

@@ -20,7 +20,6 @@ import (
 
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
-	"github.com/hwipam/hwipam/pkg/ipamcontroller"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -156,11 +155,7 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // concurrent Allocate throughput with 16 and 64 clients, then the daemon's RSS with
 // 100,000 live allocations and its start-up time over that store.
 func BenchmarkNodeDaemon(b *testing.B) {
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		b.Fatal(err)
-	}
-	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{})
 	ctx := context.Background()
 	if err := cp.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}); err != nil {
 		b.Fatal(err)

@@ -18,7 +18,6 @@ import (
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
-	"github.com/hwipam/hwipam/pkg/ipamcontroller"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -56,11 +55,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func TestRailFromCapturedSysfs(t *testing.T) {
 	harness.RequireRoot(t)
 	refBin := harness.CNIBinDir(t)
-	scheme, err := ipamcontroller.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme}})
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	c, ctx := cp.Client, t.Context()
 	for _, n := range []string{nodeName, "cpu-only"} {
 		if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {

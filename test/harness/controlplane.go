@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
 )
 
 // ErrNoAssets is returned when the control-plane binaries are not where
@@ -49,7 +51,8 @@ type ControlPlaneOptions struct {
 	// CRDDirs are directories of CustomResourceDefinition manifests to install before
 	// returning. Empty means the repository's deploy/crds when it exists.
 	CRDDirs []string
-	// Client options such as the scheme; nil means client-go's scheme.
+	// Client options such as the scheme; nil means client-go's types plus the
+	// IPPool and CIDRPool API (v1alpha1.NewScheme).
 	ClientOptions *client.Options
 	// WebhookDirs are directories of (Validating|Mutating)WebhookConfiguration
 	// manifests to install, pointed at a local webhook server whose host, port and
@@ -91,9 +94,11 @@ func NewControlPlane(opts ControlPlaneOptions) (*ControlPlane, error) {
 	if len(opts.WebhookDirs) > 0 {
 		cp.Webhook = &env.WebhookInstallOptions
 	}
-	clientOpts := client.Options{}
+	var clientOpts client.Options
 	if opts.ClientOptions != nil {
 		clientOpts = *opts.ClientOptions
+	} else if clientOpts.Scheme, err = v1alpha1.NewScheme(); err != nil {
+		return nil, errors.Join(err, cp.Stop())
 	}
 	if cp.Client, err = client.New(cfg, clientOpts); err != nil {
 		return nil, errors.Join(fmt.Errorf("creating client: %w", err), cp.Stop())
