@@ -25,8 +25,8 @@ type annotator struct {
 	interval time.Duration
 	log      logr.Logger
 
-	last   *string
-	warned bool
+	last     *string
+	problems problems
 }
 
 // NeedLeaderElection implements manager.LeaderElectionRunnable.
@@ -65,19 +65,13 @@ func (a *annotator) update(ctx context.Context) {
 	switch {
 	case err == nil:
 		a.last = &want
-		a.warned = false
+		a.problems.clear()
 	case apierrors.IsForbidden(err):
-		if !a.warned {
-			a.warned = true
-			a.log.Info("warning: cannot annotate this node with the pools it uses; the controller then cannot keep "+
-				"this node's blocks after it stops matching a pool. Grant patch on nodes to the node's service account.",
-				"node", a.node, "error", err.Error())
-		}
+		a.problems.warn(a.log, "cannot annotate this node with the pools it uses; the controller then cannot keep "+
+			"this node's blocks after it stops matching a pool. Grant patch on nodes to the node's service account.",
+			err, "node", a.node)
 	case apierrors.IsNotFound(err):
-		if !a.warned {
-			a.warned = true
-			a.log.Info("warning: this node does not exist in the API; check --node-name", "node", a.node)
-		}
+		a.problems.warn(a.log, "this node does not exist in the API; check --node-name", nil, "node", a.node)
 	default:
 		a.log.V(1).Info("annotating the node failed; will retry", "error", err.Error())
 	}

@@ -26,8 +26,8 @@ type cleaner struct {
 	misses   int
 	log      logr.Logger
 
-	counts    map[string]int
-	forbidden bool
+	counts   map[string]int
+	problems problems
 }
 
 // NeedLeaderElection implements manager.LeaderElectionRunnable: every node cleans.
@@ -60,10 +60,8 @@ func (c *cleaner) sweep(ctx context.Context) {
 			seen[key] = true
 			gone, err := c.podGone(ctx, a.PodNamespace, a.PodName, a.PodUID)
 			if err != nil {
-				if apierrors.IsForbidden(err) && !c.forbidden {
-					c.forbidden = true
-					c.log.Info("warning: cannot read pods, stale allocations are not cleaned up; grant get on pods to the node's service account",
-						"error", err.Error())
+				if apierrors.IsForbidden(err) {
+					c.problems.warn(c.log, "cannot read pods, stale allocations are not cleaned up; grant get on pods to the node's service account", err)
 				}
 				continue
 			}

@@ -62,7 +62,7 @@ type nicLabeler struct {
 	last         map[string]string // what is published, as far as we know; nil until read
 	netdevs      map[string]nicPorts
 	lastWarnings string
-	problem      string // the last problem logged, so each is logged once
+	problems     problems
 	lastRead     time.Time
 }
 
@@ -163,26 +163,12 @@ func (l *nicLabeler) watchLinks(ctx context.Context, trigger func()) {
 	}
 }
 
-// report logs a problem once (until another problem, or a success, replaces it).
-func (l *nicLabeler) report(msg string, err error, kv ...any) {
-	key := msg
-	if err != nil {
-		key += ": " + err.Error()
-		kv = append(kv, "error", err.Error())
-	}
-	if key == l.problem {
-		return
-	}
-	l.problem = key
-	l.log.Info("warning: "+msg, kv...)
-}
-
 func (l *nicLabeler) publish(ctx context.Context) {
 	no := false
 	nicScans.Inc()
 	inv, err := nicdiscovery.Scan(ctx, nicdiscovery.Options{Root: l.root, Logger: l.log, Live: &no})
 	if err != nil {
-		l.report("scanning the NICs failed; the labels are left as they are", err)
+		l.problems.warn(l.log, "scanning the NICs failed; the labels are left as they are", err)
 		return
 	}
 	nicCount.Set(float64(len(inv.NICs)))
@@ -210,7 +196,7 @@ func (l *nicLabeler) publish(ctx context.Context) {
 		cur = &publishedLabels{owned: true, labels: map[string]string{}} // created by the apply
 	case apierrors.IsNotFound(err):
 		// Never create the Node (server-side apply would).
-		l.report("cannot publish the NIC labels: this node does not exist in the API; check --node-name", nil, "node", l.node)
+		l.problems.warn(l.log, "cannot publish the NIC labels: this node does not exist in the API; check --node-name", nil, "node", l.node)
 		return
 	default:
 		// Not knowing what is there (API server down, no RBAC to read): publishing
@@ -230,7 +216,8 @@ func (l *nicLabeler) publish(ctx context.Context) {
 	// An apply of no labels leaves our manager owning nothing, and the API server
 	// then drops its entry: "not owned" and nothing to publish is in place too.
 	if maps.Equal(cur.labels, labels) && (cur.owned || len(labels) == 0) {
-		l.last, l.problem = labels, ""
+		l.last = labels
+		l.problems.clear()
 		return
 	}
 	switch l.mode {
@@ -255,7 +242,8 @@ func (l *nicLabeler) publish(ctx context.Context) {
 	nicLabelWrites.Inc()
 	l.log.Info("published the NIC labels", "mode", l.mode, "labels", len(labels), "added", diffKeys(labels, l.last),
 		"removed", diffKeys(l.last, labels))
-	l.last, l.problem = labels, ""
+	l.last = labels
+	l.problems.clear()
 }
 
 func (l *nicLabeler) reportWriteError(err error) {
@@ -265,13 +253,13 @@ func (l *nicLabeler) reportWriteError(err error) {
 		if l.mode == NICLabelsNodeFeature {
 			what = "get, create, patch and delete on nodefeatures.nfd.k8s-sigs.io in namespace " + l.namespace
 		}
-		l.report("cannot publish the NIC labels (allocation is not affected); pools that select nodes by "+
+		l.problems.warn(l.log, "cannot publish the NIC labels (allocation is not affected); pools that select nodes by "+
 			"nic.hwipam.io labels will not find this node. Grant "+what+" to the node's service account, "+
 			"or run with --nic-labels=off.", err, "node", l.node)
 	case meta.IsNoMatchError(err) || l.mode == NICLabelsNodeFeature && apierrors.IsNotFound(err):
-		l.report("cannot publish the NIC labels: is NFD's NodeFeature CRD installed? (or use --nic-labels=node)", err)
+		l.problems.warn(l.log, "cannot publish the NIC labels: is NFD's NodeFeature CRD installed? (or use --nic-labels=node)", err)
 	default:
-		l.report(fmt.Sprintf("publishing the NIC labels failed; retrying every %s", l.interval), err)
+		l.problems.warn(l.log, fmt.Sprintf("publishing the NIC labels failed; retrying every %s", l.interval), err)
 	}
 }
 

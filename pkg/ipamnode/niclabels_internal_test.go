@@ -46,21 +46,21 @@ func TestNICLabelApplyNeverCreatesOrCrossesANode(t *testing.T) {
 	if len(nodes.Items) != 0 {
 		t.Fatalf("the apply created a Node: %v", nodes.Items[0].Name)
 	}
-	if l.problem == "" || len(l.last) > 0 {
-		t.Fatalf("no problem reported (%q) or labels taken as published (%v)", l.problem, l.last)
+	if l.problems.last == "" || len(l.last) > 0 {
+		t.Fatalf("no problem reported (%q) or labels taken as published (%v)", l.problems.last, l.last)
 	}
 
 	// The Node exists, with another UID than the one read.
 	if err := cp.Client.Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gone"}}); err != nil {
 		t.Fatal(err)
 	}
-	l.problem = ""
+	l.problems.clear()
 	l.publish(t.Context())
 	var n corev1.Node
 	if err := cp.Client.Get(t.Context(), client.ObjectKey{Name: "gone"}, &n); err != nil {
 		t.Fatal(err)
 	}
-	if len(n.Labels) != 0 || l.problem == "" {
-		t.Fatalf("labels %v written to a Node with another UID (problem %q)", n.Labels, l.problem)
+	if len(n.Labels) != 0 || l.problems.last == "" {
+		t.Fatalf("labels %v written to a Node with another UID (problem %q)", n.Labels, l.problems.last)
 	}
 }
