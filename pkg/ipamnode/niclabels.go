@@ -334,11 +334,7 @@ func (l *nicLabeler) published(ctx context.Context) (*publishedLabels, error) {
 	case NICLabelsNode:
 		obj = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: l.node}}
 	default:
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(NodeFeatureGVK)
-		u.SetName(nodeFeatureName(l.node))
-		u.SetNamespace(l.namespace)
-		obj = u
+		obj = l.nodeFeature(nil)
 	}
 	if err := l.reader.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 		return nil, err
@@ -374,13 +370,12 @@ func (l *nicLabeler) published(ctx context.Context) (*publishedLabels, error) {
 	return p, nil
 }
 
-func nodeFeatureName(node string) string { return "hwipam-" + node }
-
-// nodeFeature is the NodeFeature object for NFD: the labels in spec.labels.
+// nodeFeature is the NodeFeature object for NFD, hwipam-<node>: the labels in
+// spec.labels.
 func (l *nicLabeler) nodeFeature(labels map[string]string) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(NodeFeatureGVK)
-	u.SetName(nodeFeatureName(l.node))
+	u.SetName("hwipam-" + l.node)
 	u.SetNamespace(l.namespace)
 	u.SetLabels(map[string]string{nfdNodeNameLabel: l.node})
 	m := make(map[string]any, len(labels))
