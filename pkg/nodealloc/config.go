@@ -46,16 +46,11 @@ func (c *PoolConfig) Equal(o *PoolConfig) bool {
 // FromIPPool returns the node's block of an IPPool: nil when the pool lists no
 // block for the node, an error when what it lists does not parse.
 func FromIPPool(p *v1alpha1.IPPool, node string) (*PoolConfig, error) {
-	var al *v1alpha1.Allocation
-	for i := range p.Status.Allocations {
-		if p.Status.Allocations[i].NodeName == node {
-			al = &p.Status.Allocations[i]
-			break
-		}
-	}
-	if al == nil {
+	i := slices.IndexFunc(p.Status.Allocations, func(a v1alpha1.Allocation) bool { return a.NodeName == node })
+	if i < 0 {
 		return nil, nil
 	}
+	al := &p.Status.Allocations[i]
 	subnet, err := v1alpha1.ParsePrefix(p.Spec.Subnet)
 	if err != nil {
 		return nil, fmt.Errorf("IPPool %s: subnet %q: %w", p.Name, p.Spec.Subnet, err)
@@ -80,16 +75,11 @@ func FromIPPool(p *v1alpha1.IPPool, node string) (*PoolConfig, error) {
 
 // FromCIDRPool returns the node's prefix of a CIDRPool; see FromIPPool.
 func FromCIDRPool(p *v1alpha1.CIDRPool, node string) (*PoolConfig, error) {
-	var al *v1alpha1.CIDRPoolAllocation
-	for i := range p.Status.Allocations {
-		if p.Status.Allocations[i].NodeName == node {
-			al = &p.Status.Allocations[i]
-			break
-		}
-	}
-	if al == nil {
+	i := slices.IndexFunc(p.Status.Allocations, func(a v1alpha1.CIDRPoolAllocation) bool { return a.NodeName == node })
+	if i < 0 {
 		return nil, nil
 	}
+	al := &p.Status.Allocations[i]
 	prefix, err := netip.ParsePrefix(al.Prefix)
 	if err != nil || prefix != prefix.Masked() {
 		return nil, fmt.Errorf("CIDRPool %s: prefix %q of node %s is not a network in CIDR notation", p.Name, al.Prefix, node)

@@ -5,6 +5,7 @@
 package nodealloc
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -636,15 +637,7 @@ func (m *Manager) Pools() []PoolInfo {
 		p.mu.Unlock()
 		out = append(out, info)
 	}
-	slices.SortFunc(out, func(a, b PoolInfo) int {
-		switch {
-		case a.Key < b.Key:
-			return -1
-		case a.Key > b.Key:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b PoolInfo) int { return cmp.Compare(a.Key, b.Key) })
 	return out
 }
 
@@ -668,19 +661,7 @@ func (m *Manager) Allocations(key string) map[string][]store.Allocation {
 		}
 		p.mu.Unlock()
 		slices.SortFunc(list, func(a, b store.Allocation) int {
-			if a.ContainerID != b.ContainerID {
-				if a.ContainerID < b.ContainerID {
-					return -1
-				}
-				return 1
-			}
-			switch {
-			case a.IfName < b.IfName:
-				return -1
-			case a.IfName > b.IfName:
-				return 1
-			}
-			return 0
+			return cmp.Or(cmp.Compare(a.ContainerID, b.ContainerID), cmp.Compare(a.IfName, b.IfName))
 		})
 		if len(list) > 0 {
 			out[p.key] = list
