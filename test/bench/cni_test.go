@@ -7,8 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,26 +121,8 @@ func BenchmarkCNI(b *testing.B) {
 		}
 		for _, clients := range []int{16, 64} {
 			b.Run(fmt.Sprintf("%s/concurrent/execs=%d", p.name, clients), func(b *testing.B) {
-				const total = 640
-				var next atomic.Int64
-				var wg sync.WaitGroup
-				start := time.Now()
-				for range clients {
-					wg.Go(func() {
-						for {
-							i := next.Add(1) - 1
-							if i >= total {
-								return
-							}
-							if err := p.exec("ADD", fmt.Sprintf("conc-%d-%d", clients, i)); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					})
-				}
-				wg.Wait()
-				b.ReportMetric(total/time.Since(start).Seconds(), "ADD/s")
+				rate := concurrently(b, clients, 640, func(i int) error { return p.exec("ADD", fmt.Sprintf("conc-%d-%d", clients, i)) })
+				b.ReportMetric(rate, "ADD/s")
 			})
 		}
 	}

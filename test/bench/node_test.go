@@ -144,6 +144,31 @@ func fill(b *testing.B, d *nodeDaemon, prefix string, n int) {
 	}
 }
 
+// concurrently runs op for 0..total-1 on clients goroutines and returns the
+// operations per second.
+func concurrently(b *testing.B, clients, total int, op func(i int) error) float64 {
+	b.Helper()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range clients {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= total {
+					return
+				}
+				if err := op(i); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return float64(total) / time.Since(start).Seconds()
+}
+
 func percentile(d []time.Duration, p float64) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
@@ -218,27 +243,11 @@ func BenchmarkNodeDaemon(b *testing.B) {
 		d.waitForPool(b)
 		for _, clients := range []int{16, 64} {
 			b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
-				const total = 8000
-				var next atomic.Int64
-				var wg sync.WaitGroup
-				start := time.Now()
-				for range clients {
-					wg.Go(func() {
-						for {
-							i := next.Add(1) - 1
-							if i >= total {
-								return
-							}
-							cid := fmt.Sprintf("c%d-%d", clients, i)
-							if _, err := d.ipam.Allocate(ctx, &nodev1.AllocateRequest{Parameters: benchParams(cid)}); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					})
-				}
-				wg.Wait()
-				b.ReportMetric(total/time.Since(start).Seconds(), "allocs/s")
+				rate := concurrently(b, clients, 8000, func(i int) error {
+					_, err := d.ipam.Allocate(ctx, &nodev1.AllocateRequest{Parameters: benchParams(fmt.Sprintf("c%d-%d", clients, i))})
+					return err
+				})
+				b.ReportMetric(rate, "allocs/s")
 			})
 		}
 	})
