@@ -44,6 +44,31 @@ func copyExec(t *testing.T, from, to string) {
 	}
 }
 
+// start runs a binary until the test ends.
+func start(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(args[0], args[1:]...)
+	if testing.Verbose() {
+		cmd.Stderr = os.Stderr
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func setup(t *testing.T) *world {
 	t.Helper()
 	harness.RequireRoot(t)
@@ -96,27 +121,13 @@ func setup(t *testing.T) *world {
 
 func (w *world) startDaemon(t *testing.T) {
 	t.Helper()
-	w.daemon = exec.Command(w.daemonArgs[0], w.daemonArgs[1:]...)
-	if testing.Verbose() {
-		w.daemon.Stderr = os.Stderr
-	}
-	if err := w.daemon.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d := w.daemon
-	t.Cleanup(func() { _ = d.Process.Kill(); _ = d.Wait() })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(w.socket); err == nil {
-			if _, err := os.Stat(filepath.Join(w.binDir, "nv-ipam")); err != nil {
-				t.Fatalf("ipam-node did not install the plugin: %v", err)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("ipam-node did not create its socket")
-		}
-		time.Sleep(20 * time.Millisecond)
+	w.daemon = start(t, w.daemonArgs...)
+	eventually(t, "ipam-node's socket", func() bool {
+		_, err := os.Stat(w.socket)
+		return err == nil
+	})
+	if _, err := os.Stat(filepath.Join(w.binDir, "nv-ipam")); err != nil {
+		t.Fatalf("ipam-node did not install the plugin: %v", err)
 	}
 }
 
@@ -137,17 +148,10 @@ func (w *world) waitReady(t *testing.T, pools string) {
 	t.Helper()
 	conf := []byte(fmt.Sprintf(`{"cniVersion": "1.1.0", "name": "rail0", "type": "macvlan",
 		"ipam": {"type": "nv-ipam", "confDir": %q, "poolName": %q}}`, w.confDir, pools))
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	eventually(t, "STATUS to succeed", func() bool {
 		_, err := harness.CNICall{Plugin: filepath.Join(w.binDir, "nv-ipam"), Command: "STATUS", Config: conf, Path: []string{w.binDir}}.Run()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("STATUS never succeeded: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil
+	})
 }
 
 func podArgs(name string) string {
@@ -174,18 +178,7 @@ func TestMacvlanTwoPodsAndEveryVerb(t *testing.T) {
 			IfName: "net1", Args: podArgs(pod), Path: []string{w.binDir}, Config: config, RunIn: node}.Run()
 	}
 	// STATUS says when ADD can succeed: once the daemon has synced the pool.
-	statusConf := w.conf("1.1.0", "macvlan", "")
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := harness.CNICall{Plugin: filepath.Join(w.binDir, "nv-ipam"), Command: "STATUS", Config: statusConf, Path: []string{w.binDir}}.Run()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("STATUS never succeeded: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	w.waitReady(t, "rail0")
 	out1, err := call("ADD", "ctr-1", pod1, "pod1", conf)
 	if err != nil {
 		t.Fatalf("ADD pod1: %v", err)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"syscall"
@@ -20,31 +19,6 @@ import (
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/test/harness"
 )
-
-// start runs a binary until the test ends.
-func start(t *testing.T, args ...string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(args[0], args[1:]...)
-	if testing.Verbose() {
-		cmd.Stderr = os.Stderr
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	return cmd
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
 
 // The rail path with every real part: the ipam-node binary reads a real captured
 // sysfs tree (the ConnectX-3 InfiniBand machine) and labels its Node, a rail map
