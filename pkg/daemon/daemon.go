@@ -58,6 +58,14 @@ func Main(name string, args []string, addFlags func(*pflag.FlagSet), run func(co
 	return 0
 }
 
+// AddAPIFlags registers the flags both daemons take for the API server and the
+// pools: --kubeconfig and --ippools-namespace.
+func AddAPIFlags(fs *pflag.FlagSet, kubeconfig, poolsNamespace *string) {
+	fs.StringVar(kubeconfig, "kubeconfig", *kubeconfig,
+		"Path to a kubeconfig; empty uses $KUBECONFIG, the in-cluster config, or ~/.kube/config.")
+	fs.StringVar(poolsNamespace, "ippools-namespace", *poolsNamespace, "Namespace of the IPPool and CIDRPool objects.")
+}
+
 // RESTConfig loads the API server configuration: from kubeconfig when set, else
 // from $KUBECONFIG, the in-cluster configuration or ~/.kube/config.
 func RESTConfig(kubeconfig string) (*rest.Config, error) {

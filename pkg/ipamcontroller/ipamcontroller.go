@@ -67,9 +67,7 @@ func NewOptions() *Options {
 
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig,
-		"Path to a kubeconfig; empty uses $KUBECONFIG, the in-cluster config, or ~/.kube/config.")
-	fs.StringVar(&o.PoolsNamespace, "ippools-namespace", o.PoolsNamespace, "Namespace of the IPPool and CIDRPool objects.")
+	daemon.AddAPIFlags(fs, &o.Kubeconfig, &o.PoolsNamespace)
 	fs.BoolVar(&o.LeaderElect, "leader-elect", o.LeaderElect, "Elect a leader so that only one controller replica acts.")
 	fs.StringVar(&o.LeaderElectNamespace, "leader-elect-namespace", o.LeaderElectNamespace, "Namespace of the leader election Lease.")
 	fs.BoolVar(&o.Webhook, "webhook", o.Webhook, "Serve the validating admission webhooks for IPPool and CIDRPool.")

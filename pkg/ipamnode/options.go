@@ -9,6 +9,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
+
+	"github.com/hwipam/hwipam/pkg/daemon"
 )
 
 // Options are the ipam-node settings; AddFlags binds them to nv-ipam's flag names
@@ -64,9 +66,7 @@ func NewOptions() *Options {
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "Name of this node (default $NODE_NAME).")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig,
-		"Path to a kubeconfig; empty uses $KUBECONFIG, the in-cluster config, or ~/.kube/config.")
-	fs.StringVar(&o.PoolsNamespace, "ippools-namespace", o.PoolsNamespace, "Namespace of the IPPool and CIDRPool objects.")
+	daemon.AddAPIFlags(fs, &o.Kubeconfig, &o.PoolsNamespace)
 	fs.StringVar(&o.BindAddress, "bind-address", o.BindAddress,
 		"Where the gRPC API listens: unix:///path (socket created with mode 0600) or tcp://host:port.")
 	fs.StringVar(&o.StoreFile, "store-file", o.StoreFile, "The allocation store; an nv-ipam JSON store found here is imported.")
