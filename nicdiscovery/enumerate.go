@@ -61,22 +61,6 @@ func pciIDsPath() (string, error) {
 	return pciIDs.path, nil
 }
 
-// hostPCIIDs are the places a pci.ids file is looked for, under the scan root first
-// and then on the host.
-var hostPCIIDs = []string{"usr/share/hwdata/pci.ids", "usr/share/misc/pci.ids"}
-
-// findPCIIDs returns the pci.ids file to use for names the built-in table lacks, or "".
-func findPCIIDs(root string) string {
-	for _, dir := range []string{root, "/"} {
-		for _, p := range hostPCIIDs {
-			if fi, err := os.Stat(filepath.Join(dir, p)); err == nil && fi.Mode().IsRegular() {
-				return filepath.Join(dir, p)
-			}
-		}
-	}
-	return ""
-}
-
 // enumerate lists the PCI functions under root/sys with ghw. ghw resolves names
 // against the small built-in table (names from pci.ids are looked up separately,
 // and only for devices the table does not know), which keeps a scan cheap.

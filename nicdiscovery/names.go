@@ -2,6 +2,8 @@ package nicdiscovery
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/go-logr/logr"
 	"github.com/jaypipes/pcidb"
@@ -12,12 +14,26 @@ type pciNames struct {
 	db *pcidb.PCIDB
 }
 
-// loadPCINames loads path, or the first pci.ids found under root or on the host.
-// Without one, lookups give "unknown (15b3:xxxx)". Never fetched from the network.
-func loadPCINames(path, root string, log logr.Logger) *pciNames {
-	if path == "" {
-		path = findPCIIDs(root)
+// hostPCIIDs are the places a pci.ids file is looked for, under the scan root first
+// and then on the host.
+var hostPCIIDs = []string{"usr/share/hwdata/pci.ids", "usr/share/misc/pci.ids"}
+
+// findPCIIDs returns the pci.ids file to use for names the built-in table lacks, or "".
+func findPCIIDs(root string) string {
+	for _, dir := range []string{root, "/"} {
+		for _, p := range hostPCIIDs {
+			if fi, err := os.Stat(filepath.Join(dir, p)); err == nil && fi.Mode().IsRegular() {
+				return filepath.Join(dir, p)
+			}
+		}
 	}
+	return ""
+}
+
+// loadPCINames loads the first pci.ids found under root or on the host. Without
+// one, lookups give "unknown (15b3:xxxx)". Never fetched from the network.
+func loadPCINames(root string, log logr.Logger) *pciNames {
+	path := findPCIIDs(root)
 	if path == "" {
 		return &pciNames{}
 	}

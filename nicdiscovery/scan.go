@@ -29,9 +29,6 @@ type Options struct {
 	// Live adds netlink attributes (operstate, MTU, MAC, addresses, devlink
 	// eswitch mode). Nil means: when Root is "/".
 	Live *bool
-	// PCIIDs is a pci.ids file for models the built-in table does not know; ""
-	// looks under Root and then on the host.
-	PCIIDs string
 }
 
 // Scan inventories the NVIDIA NIC functions under o.Root.
@@ -71,7 +68,7 @@ func Scan(ctx context.Context, o Options) (*Inventory, error) {
 			n.Model = m.name
 		} else {
 			if names == nil {
-				names = loadPCINames(o.PCIIDs, root, log)
+				names = loadPCINames(root, log)
 			}
 			n.Model = names.lookup(f.vendorID, f.deviceID)
 		}

@@ -504,3 +504,29 @@ func TestDeviceWithoutModalias(t *testing.T) {
 		t.Fatalf("error %v", err)
 	}
 }
+
+// A model the built-in table does not know is named from a pci.ids under the root;
+// without one, by its ID.
+func TestModelFromPCIIDs(t *testing.T) {
+	tree, err := fakesysfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tree.Add(fakesysfs.Function{Address: "0000:07:00.0", Vendor: 0x15b3, Device: 0x5a5a, Class: 0x020000,
+		Driver: "mlx5_core", Netdevs: []fakesysfs.Netdev{{Name: "enp7s0", Type: 1, Speed: 100000}}}); err != nil {
+		t.Fatal(err)
+	}
+	if inv := scan(t, tree.Root); inv.NICs[0].Model != "unknown (15b3:5a5a)" {
+		t.Fatalf("without pci.ids: %q", inv.NICs[0].Model)
+	}
+	ids := filepath.Join(tree.Root, "usr", "share", "misc", "pci.ids")
+	if err := os.MkdirAll(filepath.Dir(ids), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ids, []byte("15b3  Mellanox Technologies\n\t5a5a  Future NIC\n8086  Intel Corporation\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if inv := scan(t, tree.Root); inv.NICs[0].Model != "Future NIC" {
+		t.Fatalf("with pci.ids: %q", inv.NICs[0].Model)
+	}
+}
