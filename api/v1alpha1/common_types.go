@@ -48,6 +48,10 @@ const (
 	// ConditionConflict is True when the pool's range overlaps an older pool in the
 	// same namespace; the pool then has no blocks until the overlap is removed.
 	ConditionConflict = "Conflict"
+	// ConditionOrphans is True when node daemons report addresses of the pool held
+	// outside their current block (after a layout edit, or a block released while
+	// in use); those ranges are kept from every other node until released.
+	ConditionOrphans = "OrphansHeld"
 )
 
 // PoolStatusCommon holds the status fields hwipam adds to both pool kinds. An API

@@ -20,3 +20,23 @@ func PoolKey(kind, name string) string {
 	}
 	return name
 }
+
+// HeldAnnotation is the Node annotation in which the node daemon reports, as JSON
+// of PoolKey to PoolHold, what it may still hand out or holds in every pool it
+// knows: the block it allocates from and the addresses it holds outside that
+// block (orphans of an earlier block, or of a pool that was deleted). The
+// ipam-controller never gives another node a block overlapping what a node
+// reports, and treats a reported block that status no longer gives the node as
+// still held until the daemon reports again: the report is the daemon's
+// acknowledgement that it stopped allocating there.
+const HeldAnnotation = "ipam.hwipam.io/held"
+
+// PoolHold is one pool's entry in HeldAnnotation.
+// +kubebuilder:object:generate=false
+type PoolHold struct {
+	// Block is the range ("start-end") the daemon allocates from; empty when none.
+	Block string `json:"block,omitempty"`
+	// Held are the ranges ("start-end") of the addresses the daemon holds outside
+	// Block, merged.
+	Held []string `json:"held,omitempty"`
+}

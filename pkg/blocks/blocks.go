@@ -277,26 +277,7 @@ func parseExclusions(excl []v1alpha1.ExcludeRange) ([]iprange.Range, error) {
 		}
 		out = append(out, r)
 	}
-	return mergeRanges(out), nil
-}
-
-// mergeRanges sorts ranges and joins overlapping or adjacent ones.
-func mergeRanges(rs []iprange.Range) []iprange.Range {
-	slices.SortFunc(rs, func(a, b iprange.Range) int { return a.Start.Compare(b.Start) })
-	var out []iprange.Range
-	for _, r := range rs {
-		if n := len(out); n > 0 && out[n-1].Start.Is4() == r.Start.Is4() {
-			last := &out[n-1]
-			if next := last.End.Next(); r.Start.Compare(last.End) <= 0 || (next.IsValid() && next == r.Start) {
-				if last.End.Less(r.End) {
-					last.End = r.End
-				}
-				continue
-			}
-		}
-		out = append(out, r)
-	}
-	return out
+	return iprange.Merge(out), nil
 }
 
 // coveredBy reports whether every address of r is in the union of the merged,

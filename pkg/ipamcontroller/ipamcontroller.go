@@ -151,6 +151,7 @@ func Run(ctx context.Context, o *Options) error {
 	for _, kind := range []string{v1alpha1.KindIPPool, v1alpha1.KindCIDRPool} {
 		r := &poolcontroller.Reconciler{
 			Client:             mgr.GetClient(),
+			Reader:             mgr.GetAPIReader(),
 			Recorder:           mgr.GetEventRecorder("ipam-controller"),
 			Kind:               kind,
 			ReleaseGracePeriod: o.ReleaseGracePeriod,

@@ -129,8 +129,11 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
-	if err := (&poolSync{client: mgr.GetClient(), manager: mgrState, node: o.NodeName, namespace: o.PoolsNamespace}).
-		setup(mgr); err != nil {
+	// The pool sync kicks the annotator when a block changes, so that the controller
+	// learns soon that this node stopped allocating from a block it took away.
+	blocksChanged := make(chan struct{}, 1)
+	if err := (&poolSync{client: mgr.GetClient(), manager: mgrState, node: o.NodeName, namespace: o.PoolsNamespace,
+		changed: blocksChanged}).setup(mgr); err != nil {
 		return err
 	}
 	if o.CleanupInterval > 0 {
@@ -140,8 +143,8 @@ func Run(ctx context.Context, o *Options) error {
 		}
 	}
 	if o.AnnotationInterval > 0 {
-		if err := mgr.Add(&annotator{client: mgr.GetClient(), manager: mgrState, node: o.NodeName,
-			interval: o.AnnotationInterval, log: logger.WithName("pools-in-use")}); err != nil {
+		if err := mgr.Add(&annotator{client: mgr.GetClient(), reader: mgr.GetAPIReader(), manager: mgrState, node: o.NodeName,
+			interval: o.AnnotationInterval, kick: blocksChanged, log: logger.WithName("pools-in-use")}); err != nil {
 			return fmt.Errorf("adding the pools-in-use annotator: %w", err)
 		}
 	}

@@ -3,6 +3,7 @@ package ipamnode
 import (
 	"context"
 	"fmt"
+	"maps"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -25,6 +26,9 @@ type poolSync struct {
 	manager   *nodealloc.Manager
 	node      string
 	namespace string
+	// changed, when set, gets a token (never blocking) after each sync that changed
+	// what this node may allocate from.
+	changed chan<- struct{}
 }
 
 // waitForever is the cache sync timeout: with the API server unreachable the pool
@@ -80,7 +84,15 @@ func (s *poolSync) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 			cfgs = append(cfgs, c)
 		}
 	}
-	if err := s.manager.SyncPools(cfgs); err != nil {
+	before := s.manager.Holds()
+	err := s.manager.SyncPools(cfgs)
+	if s.changed != nil && !maps.EqualFunc(before, s.manager.Holds(), func(a, b v1alpha1.PoolHold) bool { return a.Block == b.Block }) {
+		select {
+		case s.changed <- struct{}{}:
+		default:
+		}
+	}
+	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("applying pool blocks: %w", err)
 	}
 	logger.V(1).Info("pools synced", "blocks", len(cfgs))

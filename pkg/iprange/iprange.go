@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math/bits"
 	"net/netip"
+	"slices"
+	"strings"
 )
 
 // U128 is an unsigned 128-bit integer: an IPv6 address, or an offset between two
@@ -171,6 +173,57 @@ func (r Range) Size() U128 {
 
 // String is "start-end".
 func (r Range) String() string { return r.Start.String() + "-" + r.End.String() }
+
+// ParseRange parses "start-end" (the form String gives) or a single address.
+func ParseRange(s string) (Range, error) {
+	startS, endS, found := strings.Cut(s, "-")
+	if !found {
+		endS = startS
+	}
+	start, err1 := netip.ParseAddr(strings.TrimSpace(startS))
+	end, err2 := netip.ParseAddr(strings.TrimSpace(endS))
+	if err1 != nil || err2 != nil {
+		return Range{}, fmt.Errorf("range %q: want start-end, two addresses", s)
+	}
+	return NewRange(start.Unmap(), end.Unmap())
+}
+
+// Merge sorts ranges and joins overlapping or adjacent ones of the same family. It
+// reorders rs in place.
+func Merge(rs []Range) []Range {
+	slices.SortFunc(rs, func(a, b Range) int {
+		if a.Start.Is4() != b.Start.Is4() {
+			if a.Start.Is4() {
+				return -1
+			}
+			return 1
+		}
+		return a.Start.Compare(b.Start)
+	})
+	var out []Range
+	for _, r := range rs {
+		if n := len(out); n > 0 && out[n-1].Start.Is4() == r.Start.Is4() {
+			last := &out[n-1]
+			if next := last.End.Next(); r.Start.Compare(last.End) <= 0 || (next.IsValid() && next == r.Start) {
+				if last.End.Less(r.End) {
+					last.End = r.End
+				}
+				continue
+			}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// MergeAddrs turns addresses into the fewest ranges that hold exactly them.
+func MergeAddrs(as []netip.Addr) []Range {
+	rs := make([]Range, 0, len(as))
+	for _, a := range as {
+		rs = append(rs, Range{Start: a, End: a})
+	}
+	return Merge(rs)
+}
 
 // PrefixRange is every address of p, network and broadcast included.
 func PrefixRange(p netip.Prefix) Range {

@@ -22,9 +22,8 @@ type pool interface {
 	layout() (blocks.Layout, error)
 	nodeSelector() *corev1.NodeSelector
 	// existing returns the status assignments that fit the layout, in status order,
-	// the nodes whose block does not (or that appear twice), and the address ranges
-	// of those misfit blocks.
-	existing(l blocks.Layout) ([]assignment, []string, []iprange.Range)
+	// and the entries whose block does not (or whose node or block appears twice).
+	existing(l blocks.Layout) ([]assignment, []misfit)
 	// pinned returns the blocks static allocations give to nodes.
 	pinned(l blocks.Layout) map[string]uint64
 	// withStatus returns a copy of the pool whose allocations are as, or left as they
@@ -61,11 +60,10 @@ func (ipPool) pinned(blocks.Layout) map[string]uint64 { return nil }
 
 func (a ipPool) layout() (blocks.Layout, error) { return blocks.NewIPPool(&a.p.Spec) }
 
-func (a ipPool) existing(l blocks.Layout) ([]assignment, []string, []iprange.Range) {
+func (a ipPool) existing(l blocks.Layout) ([]assignment, []misfit) {
 	layout := l.(*blocks.IPPool)
 	var out []assignment
-	var invalid []string
-	var retired []iprange.Range
+	var invalid []misfit
 	seenNode, seenIdx := map[string]bool{}, map[uint64]bool{}
 	for _, al := range a.p.Status.Allocations {
 		start, err1 := netip.ParseAddr(al.StartIP)
@@ -76,16 +74,17 @@ func (a ipPool) existing(l blocks.Layout) ([]assignment, []string, []iprange.Ran
 			idx, ok = layout.IndexOf(start, end)
 		}
 		if !ok || !layout.Usable(idx) || seenNode[al.NodeName] || seenIdx[idx] {
-			invalid = append(invalid, al.NodeName)
+			m := misfit{Node: al.NodeName}
 			if r, err := iprange.NewRange(start, end); err1 == nil && err2 == nil && err == nil {
-				retired = append(retired, r)
+				m.Range = r
 			}
+			invalid = append(invalid, m)
 			continue
 		}
 		seenNode[al.NodeName], seenIdx[idx] = true, true
 		out = append(out, assignment{Node: al.NodeName, Index: idx})
 	}
-	return out, invalid, retired
+	return out, invalid
 }
 
 func (a ipPool) withStatus(l blocks.Layout, as []assignment, keep bool, c v1alpha1.PoolStatusCommon) pool {
@@ -145,11 +144,10 @@ func (a cidrPool) hasNode(node string) bool {
 
 func (a cidrPool) layout() (blocks.Layout, error) { return blocks.NewCIDRPool(&a.p.Spec) }
 
-func (a cidrPool) existing(l blocks.Layout) ([]assignment, []string, []iprange.Range) {
+func (a cidrPool) existing(l blocks.Layout) ([]assignment, []misfit) {
 	layout := l.(*blocks.CIDRPool)
 	var out []assignment
-	var invalid []string
-	var retired []iprange.Range
+	var invalid []misfit
 	seenNode, seenIdx := map[string]bool{}, map[uint64]bool{}
 	for _, al := range a.p.Status.Allocations {
 		p, err := netip.ParsePrefix(al.Prefix)
@@ -164,16 +162,17 @@ func (a cidrPool) existing(l blocks.Layout) ([]assignment, []string, []iprange.R
 			ok = pinned && owner == al.NodeName
 		}
 		if !ok || seenNode[al.NodeName] || seenIdx[idx] {
-			invalid = append(invalid, al.NodeName)
+			m := misfit{Node: al.NodeName}
 			if err == nil {
-				retired = append(retired, iprange.PrefixRange(p))
+				m.Range = iprange.PrefixRange(p)
 			}
+			invalid = append(invalid, m)
 			continue
 		}
 		seenNode[al.NodeName], seenIdx[idx] = true, true
 		out = append(out, assignment{Node: al.NodeName, Index: idx})
 	}
-	return out, invalid, retired
+	return out, invalid
 }
 
 func (a cidrPool) pinned(l blocks.Layout) map[string]uint64 {

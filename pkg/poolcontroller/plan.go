@@ -30,13 +30,17 @@ type nodeState struct {
 type planInput struct {
 	Layout blocks.Layout
 	// Existing are the assignments read from status that fit the layout, in status
-	// order; Invalid names the nodes whose assigned block no longer fits.
+	// order; Invalid are the status entries that no longer fit (or repeat a node).
 	Existing []assignment
-	Invalid  []string
-	// Retired are the address ranges of the blocks in Invalid that could be parsed:
-	// a node's daemon may still hold addresses there, so no block overlapping them is
-	// handed out in this reconcile.
-	Retired []iprange.Range
+	Invalid  []misfit
+	// Foreign are ranges no node gets a block overlapping: blocks of overlapping
+	// pools and addresses nodes hold in other pools.
+	Foreign []iprange.Range
+	// Held are, per node, the ranges that node's daemon may still hold addresses
+	// in (reported orphans, a block it has not yet acknowledged losing, blocks
+	// retired within the grace period). No other node gets a block overlapping them;
+	// the node itself may, since its daemon reserves what it holds.
+	Held map[string][]iprange.Range
 	// Selected are the names of the nodes matching the nodeSelector, sorted.
 	Selected []string
 	// Nodes describes every node named in Existing or Selected.
@@ -60,10 +64,21 @@ type plan struct {
 	Replaced []string
 	// Retained are unselected nodes whose block is kept (grace period or in use).
 	Retained []string
+	// Retired are the blocks taken from nodes in this reconcile because they no
+	// longer fit the spec, which the reconciler keeps out of other nodes' reach for
+	// the grace period.
+	Retired []misfit
 	// Unassigned are selected nodes left without a block: the pool is exhausted.
 	Unassigned []string
 	// RequeueAfter is when the next grace period ends, 0 if none is running.
 	RequeueAfter time.Duration
+}
+
+// misfit is a range of a node's that no longer is (or never was) a block of the
+// current layout; Range is the zero Range when it could not be parsed.
+type misfit struct {
+	Node  string
+	Range iprange.Range
 }
 
 // retiredRequeue is how soon a pool with waiting nodes is reconciled again after
@@ -75,22 +90,49 @@ const retiredRequeue = time.Second
 //   - an existing block of a node that is gone or no longer selected is kept while
 //     the node exists and its daemon reports the pool in use, and otherwise for the
 //     grace period counted from when this was first seen; then it is released;
-//   - no block that overlaps a block released or replaced in this reconcile is
-//     handed to another node in it;
+//   - no node gets a block overlapping a range another node may still hold
+//     addresses in (Held, and blocks released or replaced in this reconcile) or
+//     a Foreign range;
 //   - selected nodes without a block get the lowest free usable block, in name
 //     order, so that exhaustion is deterministic.
 func makePlan(in planInput) plan {
 	var out plan
 	taken := map[uint64]bool{}
 	have := map[string]bool{}
-	retired := slices.Clone(in.Retired)
+	held := make(map[string][]iprange.Range, len(in.Held))
+	for n, rs := range in.Held {
+		held[n] = slices.Clone(rs)
+	}
+	// retire holds a range for its node in this reconcile; remember also keeps it
+	// held for the grace period (a block that no longer fits the spec: unlike a
+	// departed node's, it had no grace period in status).
+	retire := func(node string, r iprange.Range, remember bool) {
+		if remember {
+			out.Retired = append(out.Retired, misfit{Node: node, Range: r})
+		}
+		if r.Start.IsValid() {
+			held[node] = append(held[node], r)
+		}
+	}
+	// free: no other node may hold addresses in the block; n itself may.
+	free := func(n string, b iprange.Range) bool {
+		if overlapsAny(b, in.Foreign) {
+			return false
+		}
+		for m, rs := range held {
+			if m != n && overlapsAny(b, rs) {
+				return false
+			}
+		}
+		return true
+	}
 	var keep []assignment
 	for _, a := range in.Existing {
 		st := in.Nodes[a.Node]
 		if st.Selected {
 			if pin, ok := in.Pinned[a.Node]; ok && pin != a.Index {
 				out.Replaced = append(out.Replaced, a.Node)
-				retired = append(retired, in.Layout.Block(a.Index))
+				retire(a.Node, in.Layout.Block(a.Index), true)
 				continue
 			}
 			delete(in.Departed, a.Node)
@@ -120,19 +162,20 @@ func makePlan(in planInput) plan {
 			continue
 		}
 		delete(in.Departed, a.Node)
-		retired = append(retired, in.Layout.Block(a.Index))
+		retire(a.Node, in.Layout.Block(a.Index), false)
 		out.Released = append(out.Released, a.Node)
 	}
-	for _, n := range in.Invalid {
+	for _, m := range in.Invalid {
+		// A block that no longer fits the spec cannot be kept in status; its range
+		// stays held for its node (see Held), so no other node gets it meanwhile.
+		retire(m.Node, m.Range, true)
 		switch {
-		case have[n]:
+		case have[m.Node]:
 			// A duplicate entry of a node that keeps a valid block: nothing to report.
-		case in.Nodes[n].Selected:
-			out.Replaced = append(out.Replaced, n)
+		case in.Nodes[m.Node].Selected:
+			out.Replaced = append(out.Replaced, m.Node)
 		default:
-			// A block that no longer fits the spec cannot be kept, even through a grace
-			// period: its addresses stay retired for this reconcile.
-			out.Released = append(out.Released, n)
+			out.Released = append(out.Released, m.Node)
 		}
 	}
 	// Pinned blocks first, so that a static allocation never loses its prefix to a
@@ -143,7 +186,7 @@ func makePlan(in planInput) plan {
 			continue
 		}
 		if pin, ok := in.Pinned[n]; ok {
-			if !taken[pin] && !overlapsAny(in.Layout.Block(pin), retired) {
+			if !taken[pin] && free(n, in.Layout.Block(pin)) {
 				keep = append(keep, assignment{Node: n, Index: pin})
 				taken[pin], have[n] = true, true
 			}
@@ -165,7 +208,7 @@ func makePlan(in planInput) plan {
 				break
 			}
 			cursor = next
-			if !taken[cursor] && !overlapsAny(in.Layout.Block(cursor), retired) {
+			if !taken[cursor] && free(n, in.Layout.Block(cursor)) {
 				found = true
 				break
 			}

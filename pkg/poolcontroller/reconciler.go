@@ -40,6 +40,9 @@ import (
 type Reconciler struct {
 	// Client reads pools and nodes (a cached client is expected) and writes status.
 	Client client.Client
+	// Reader reads pools live, past the cache, when the cache may lag the
+	// reconciler's own last status write; nil means Client.
+	Reader client.Reader
 	// Recorder emits events about pools; nil disables events.
 	Recorder events.EventRecorder
 	// Kind is v1alpha1.KindIPPool or v1alpha1.KindCIDRPool.
@@ -64,6 +67,11 @@ type poolState struct {
 	lastSent pool
 	// exhausted is the number of nodes without a block last reported in an event.
 	exhausted int
+	// reserved are ranges retired from nodes, held back for the grace period.
+	reserved []reservation
+	// writtenVersion is the resourceVersion of the pool after the last status
+	// write; a cached pool of another version may be older than that write.
+	writtenVersion string
 }
 
 func (r *Reconciler) now() time.Time {
@@ -166,12 +174,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	setCondition(&c, v1alpha1.ConditionConflict, false, "NoOverlap", "the pool overlaps no other pool")
 
-	in, err := r.planInput(ctx, p, layout, st)
+	in, orphans, reservedUntil, err := r.planInput(ctx, p, layout, st)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	in.Retired = append(in.Retired, foreign...)
+	in.Foreign = append(in.Foreign, foreign...)
 	out := makePlan(in)
+	st.addReservations(out.Retired, in.Now, r.ReleaseGracePeriod)
+	if len(out.Unassigned) > 0 && !reservedUntil.IsZero() {
+		// Nodes wait for ranges held back only by time: look again when that ends.
+		if left := reservedUntil.Sub(in.Now); out.RequeueAfter == 0 || left < out.RequeueAfter {
+			out.RequeueAfter = max(left, retiredRequeue)
+		}
+	}
 	for _, n := range out.Replaced {
 		logger.Info("replacing a block that no longer fits the spec", "node", n)
 		r.event(p, corev1.EventTypeWarning, "BlockReplaced", "Replace",
@@ -181,6 +196,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		logger.Info("released the block of a node that is gone, no longer selected, or whose block no longer fits the spec", "node", n)
 	}
 
+	if len(orphans) > 0 {
+		const maxListed = 5
+		listed := orphans[:min(len(orphans), maxListed)]
+		msg := fmt.Sprintf("%d node(s) still hold addresses outside their current block (%s); these ranges go to no "+
+			"other node until their pods release them", len(orphans), strings.Join(listed, "; "))
+		setCondition(&c, v1alpha1.ConditionOrphans, true, "AddressesHeld", msg)
+	} else {
+		setCondition(&c, v1alpha1.ConditionOrphans, false, "NoneHeld", "no node holds addresses outside its block")
+	}
 	c.SelectedNodes = int32(len(in.Selected))
 	c.AllocatedNodes = int32(len(out.Assignments))
 	if n := len(out.Unassigned); n > 0 {
@@ -205,27 +229,44 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	return ctrl.Result{RequeueAfter: out.RequeueAfter}, nil
 }
 
-// planInput gathers the nodes and the status of the pool for makePlan.
-func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout, st *poolState) (planInput, error) {
+// planInput gathers the nodes, the daemons' reports and the status of the pool for
+// makePlan. It also returns the nodes' orphans (for the condition) and when the
+// first of the pool's time-bound reservations ends.
+func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout, st *poolState) (planInput, []string, time.Time, error) {
 	selector, err := compileSelector(p.nodeSelector())
 	if err != nil {
-		return planInput{}, fmt.Errorf("node selector of %s %s: %w", r.Kind, p.object().GetName(), err)
+		return planInput{}, nil, time.Time{}, fmt.Errorf("node selector of %s %s: %w", r.Kind, p.object().GetName(), err)
 	}
 	var nodes metav1.PartialObjectMetadataList
 	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
 	if err := r.Client.List(ctx, &nodes); err != nil {
-		return planInput{}, fmt.Errorf("listing nodes: %w", err)
+		return planInput{}, nil, time.Time{}, fmt.Errorf("listing nodes: %w", err)
 	}
-	existing, invalid, retired := p.existing(layout)
+	existing, invalid := p.existing(layout)
+	now := r.now()
+	own := make(map[string]iprange.Range, len(existing))
+	for _, a := range existing {
+		own[a.Node] = layout.Block(a.Index)
+	}
+	objs := make([]client.Object, len(nodes.Items))
+	for i := range nodes.Items {
+		objs[i] = &nodes.Items[i]
+	}
+	rep := readReports(objs, p.storeKey(), layout.Range(), own)
+	live, until := st.liveReservations(now)
+	for _, res := range live {
+		rep.held[res.Node] = append(rep.held[res.Node], res.Range)
+	}
 	in := planInput{
 		Layout:   layout,
 		Existing: existing,
 		Invalid:  invalid,
-		Retired:  retired,
+		Foreign:  rep.foreign,
+		Held:     rep.held,
 		Nodes:    make(map[string]nodeState, len(nodes.Items)),
 		Pinned:   p.pinned(layout),
 		Departed: st.departed,
-		Now:      r.now(),
+		Now:      now,
 		Grace:    r.ReleaseGracePeriod,
 	}
 	key := p.storeKey()
@@ -238,7 +279,7 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 		}
 	}
 	slices.Sort(in.Selected)
-	return in, nil
+	return in, rep.orphans, until, nil
 }
 
 // writeStatus writes the desired status unless it is already stored. When the
@@ -248,7 +289,26 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 // last sent.
 func (r *Reconciler) writeStatus(ctx context.Context, st *poolState, current, desired pool) error {
 	if current.statusEqual(desired) {
-		return nil
+		if st.writtenVersion == "" || current.object().GetResourceVersion() == st.writtenVersion {
+			return nil
+		}
+		// The cached pool may be older than the last status this reconciler wrote
+		// (which it then looks like the desired one only by chance): compare with
+		// the stored pool, so that a block taken away is not left in status.
+		live := r.newPool()
+		reader := r.Reader
+		if reader == nil {
+			reader = r.Client
+		}
+		if err := reader.Get(ctx, client.ObjectKeyFromObject(current.object()), live.object()); err != nil {
+			return fmt.Errorf("reading %s %s: %w", r.Kind, current.object().GetName(), err)
+		}
+		if live.statusEqual(desired) {
+			st.writtenVersion = live.object().GetResourceVersion()
+			return nil
+		}
+		// desired is the reconciler's own copy: write it over the stored version.
+		desired.object().SetResourceVersion(live.object().GetResourceVersion())
 	}
 	if st.lastSent != nil && st.lastSent.statusEqual(desired) && current.allocationsEqual(desired) &&
 		extensionsPruned(current.common()) {
@@ -262,6 +322,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, st *poolState, current, de
 	statusWrites.WithLabelValues(r.Kind).Inc()
 	r.writes.Add(1)
 	st.lastSent = sent
+	st.writtenVersion = obj.GetResourceVersion()
 	return nil
 }
 

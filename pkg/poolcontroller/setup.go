@@ -79,7 +79,7 @@ type nodeQueue = workqueue.TypedRateLimitingInterface[reconcile.Request]
 func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
 	enqueue := func(ctx context.Context, q nodeQueue, nodes ...client.Object) {
 		for _, p := range r.poolsOfKind(ctx, namespace) {
-			if r.concerns(p, nodes...) {
+			if r.concerns(p, nodes...) || reportsHolds(nodes...) {
 				q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())})
 			}
 		}
@@ -89,6 +89,10 @@ func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
 		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q nodeQueue) { enqueue(ctx, q, e.Object) },
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q nodeQueue) {
 			o, n := e.ObjectOld, e.ObjectNew
+			if o.GetAnnotations()[v1alpha1.HeldAnnotation] != n.GetAnnotations()[v1alpha1.HeldAnnotation] {
+				enqueue(ctx, q, o, n)
+				return
+			}
 			if mapsEqual(o.GetLabels(), n.GetLabels()) &&
 				o.GetAnnotations()[v1alpha1.PoolsInUseAnnotation] == n.GetAnnotations()[v1alpha1.PoolsInUseAnnotation] {
 				return // nothing a pool selects on or reads changed
@@ -97,6 +101,17 @@ func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
 		},
 		GenericFunc: func(ctx context.Context, e event.GenericEvent, q nodeQueue) { enqueue(ctx, q, e.Object) },
 	}
+}
+
+// reportsHolds reports whether any of the nodes carries a daemon's report of held
+// ranges, which may block or free ranges of any pool.
+func reportsHolds(nodes ...client.Object) bool {
+	for _, n := range nodes {
+		if v := n.GetAnnotations()[v1alpha1.HeldAnnotation]; v != "" && v != "{}" {
+			return true
+		}
+	}
+	return false
 }
 
 // concerns reports whether a pool's outcome may depend on any of the node states.

@@ -1,0 +1,112 @@
+package poolcontroller
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/iprange"
+)
+
+// reservation is a range retired from a node that stays out of reach of other
+// nodes until Until, whatever the node's daemon reports (or when it reports
+// nothing, as without RBAC to annotate its Node).
+type reservation struct {
+	misfit
+	Until time.Time
+}
+
+// reports reads the daemons' v1alpha1.HeldAnnotation of every node for one pool.
+type reports struct {
+	// held: per node, what its daemon may still hold in this pool.
+	held map[string][]iprange.Range
+	// foreign: what daemons hold in other pools inside this pool's network.
+	foreign []iprange.Range
+	// orphans: "node: ranges" of addresses held outside the node's current block.
+	orphans []string
+}
+
+// readReports collects, for the pool with key, what every node's daemon reports:
+// the addresses it holds outside its block, and a reported block that status (own,
+// the node's valid assignments) no longer gives it, which the daemon may still be
+// allocating from until it reports again. Ranges of other pools count only inside
+// network. A missing or unreadable annotation reports nothing.
+func readReports(nodes []client.Object, key string, network iprange.Range, own map[string]iprange.Range) reports {
+	out := reports{held: map[string][]iprange.Range{}}
+	for _, n := range nodes {
+		raw, ok := n.GetAnnotations()[v1alpha1.HeldAnnotation]
+		if !ok {
+			continue
+		}
+		var rep map[string]v1alpha1.PoolHold
+		if err := json.Unmarshal([]byte(raw), &rep); err != nil {
+			continue
+		}
+		for k, h := range rep {
+			var rs []iprange.Range
+			for _, s := range h.Held {
+				if r, err := iprange.ParseRange(s); err == nil {
+					rs = append(rs, r)
+				}
+			}
+			if k == key && len(rs) > 0 {
+				out.orphans = append(out.orphans, fmt.Sprintf("%s: %s", n.GetName(), joinRanges(rs)))
+			}
+			if b, err := iprange.ParseRange(h.Block); err == nil {
+				if cur, assigned := own[n.GetName()]; k != key || !assigned || !cur.Covers(b) {
+					rs = append(rs, b)
+				}
+			}
+			if k == key {
+				out.held[n.GetName()] = append(out.held[n.GetName()], rs...)
+				continue
+			}
+			for _, r := range rs {
+				if r.Overlaps(network) {
+					out.foreign = append(out.foreign, r)
+				}
+			}
+		}
+	}
+	slices.Sort(out.orphans)
+	return out
+}
+
+func joinRanges(rs []iprange.Range) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = r.String()
+	}
+	return strings.Join(s, ",")
+}
+
+// liveReservations drops the reservations that ended by now and returns the others
+// and when the first of them ends (zero if none).
+func (st *poolState) liveReservations(now time.Time) ([]reservation, time.Time) {
+	st.reserved = slices.DeleteFunc(st.reserved, func(r reservation) bool { return !now.Before(r.Until) })
+	var next time.Time
+	for _, r := range st.reserved {
+		if next.IsZero() || r.Until.Before(next) {
+			next = r.Until
+		}
+	}
+	return st.reserved, next
+}
+
+// addReservations keeps the ranges retired in a reconcile out of other nodes'
+// reach for the grace period.
+func (st *poolState) addReservations(retired []misfit, now time.Time, grace time.Duration) {
+	if grace <= 0 {
+		return
+	}
+	for _, m := range retired {
+		if m.Range.Start.IsValid() {
+			st.reserved = append(st.reserved, reservation{misfit: m, Until: now.Add(grace)})
+		}
+	}
+}
