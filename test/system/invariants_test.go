@@ -1,0 +1,867 @@
+// Package system drives the whole of hwipam — the real API server, the real
+// ipam-controller binary, several real ipam-node processes and the real nv-ipam CNI
+// plugin binary — through seeded random operator actions, and checks the global
+// invariants of DESIGN.md §5 after every step.
+package system
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/store"
+	"github.com/hwipam/hwipam/test/harness"
+)
+
+const (
+	namespace  = "default"
+	groupLabel = "system.hwipam.io/group"
+	nodeCount  = 4
+	// grace is the controller's release grace period: longer than a Node object is
+	// ever away in this test (deleted and re-registered at once), so that a block is
+	// never released under a node that is merely re-registering.
+	grace = "3s"
+)
+
+// poolDef is a pool the test may create: fixed name, kind and network, so that
+// pools never overlap one another, and a re-created pool reuses its network.
+type poolDef struct {
+	name, kind, network string
+}
+
+var poolDefs = []poolDef{
+	{"p0", v1alpha1.KindIPPool, "10.100.0.0/24"},
+	{"p1", v1alpha1.KindIPPool, "10.101.0.0/25"},
+	{"c0", v1alpha1.KindCIDRPool, "10.120.0.0/24"},
+}
+
+// network is a CNI network; several share a pool.
+type network struct {
+	name string
+	pool poolDef
+}
+
+var networks = []network{
+	{"net-a", poolDefs[0]}, {"net-b", poolDefs[0]}, {"net-c", poolDefs[1]}, {"net-d", poolDefs[2]}, {"net-e", poolDefs[2]},
+}
+
+// attachment is one interface's address as the model knows it.
+type attachment struct {
+	node        int
+	net         network
+	containerID string
+	ip          netip.Addr
+}
+
+func (a attachment) String() string {
+	return fmt.Sprintf("%s/%s on n%d (%s) %s", a.net.name, a.containerID, a.node, a.net.pool.name, a.ip)
+}
+
+type simNode struct {
+	name     string
+	dir      string
+	group    string
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	conn     *grpc.ClientConn
+	info     infov1.NodeInfoServiceClient
+	socket   string
+	storeDir string
+}
+
+type world struct {
+	t          *testing.T
+	ctx        context.Context
+	seed       uint64
+	rng        *rand.Rand
+	cp         *harness.ControlPlane
+	c          client.Client
+	proxy      *apiProxy
+	kubeconfig string
+	nodeBin    string
+	pluginBin  string
+	nodes      []*simNode
+	step       int
+	trace      []string
+
+	// live: ADDs that succeeded and were neither DEL'd nor GC'd by their network.
+	live map[string]attachment
+	// uncertain: ADDs that failed or DELs that failed; they may or may not hold an
+	// address, and are cleaned up by DEL later as a runtime would.
+	uncertain map[string]attachment
+	nextID    int
+	counts    map[string]int
+}
+
+// TestWholeSystemInvariants is the model-based whole-system test. Each seed runs
+// HWIPAM_SYSTEM_STEPS steps (default 60); HWIPAM_SYSTEM_SEEDS seeds run (default
+// 2), or exactly HWIPAM_SYSTEM_SEED to replay a failure.
+func TestWholeSystemInvariants(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Fatalf("the go command is needed to build the binaries: %v", err)
+	}
+	steps := envInt(t, "HWIPAM_SYSTEM_STEPS", 60)
+	var seeds []uint64
+	if s := os.Getenv("HWIPAM_SYSTEM_SEED"); s != "" {
+		seed, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("HWIPAM_SYSTEM_SEED=%q: %v", s, err)
+		}
+		seeds = []uint64{seed}
+	} else {
+		for range envInt(t, "HWIPAM_SYSTEM_SEEDS", 2) {
+			seeds = append(seeds, rand.Uint64()%1_000_000)
+		}
+	}
+	bins := map[string]string{}
+	for _, b := range []string{"ipam-controller", "ipam-node", "nv-ipam"} {
+		bins[b] = harness.BuildBinary(t, "./cmd/"+b)
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Logf("replay with: HWIPAM_SYSTEM_SEED=%d HWIPAM_SYSTEM_STEPS=%d go test ./test/system/ -run TestWholeSystemInvariants -v", seed, steps)
+			w := newWorld(t, seed, bins)
+			w.run(steps)
+		})
+	}
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive integer", name, s)
+	}
+	return n
+}
+
+func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
+	w := &world{t: t, ctx: t.Context(), seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5157)), cp: cp, c: cp.Client,
+		nodeBin: bins["ipam-node"], pluginBin: bins["nv-ipam"], live: map[string]attachment{}, uncertain: map[string]attachment{},
+		counts: map[string]int{}}
+	host := strings.TrimSuffix(strings.TrimPrefix(cp.Config.Host, "https://"), "/")
+	w.proxy = newAPIProxy(t, host)
+	kc, err := cp.WriteKubeconfig(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(raw), host) {
+		t.Fatalf("kubeconfig does not name the API server %s", host)
+	}
+	w.kubeconfig = filepath.Join(t.TempDir(), "kubeconfig-proxy")
+	if err := os.WriteFile(w.kubeconfig, []byte(strings.ReplaceAll(string(raw), host, w.proxy.addr)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctrl := exec.Command(bins["ipam-controller"], "--kubeconfig", w.kubeconfig, "--ippools-namespace", namespace,
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--release-grace-period", grace)
+	w.startProcess(ctrl, "ipam-controller")
+	for i := range nodeCount {
+		n := &simNode{name: fmt.Sprintf("sys-n%d", i), dir: t.TempDir(), group: []string{"a", "b"}[i%2]}
+		n.socket = filepath.Join(n.dir, "daemon.sock")
+		w.nodes = append(w.nodes, n)
+		w.createNode(i)
+		w.startDaemon(i)
+	}
+	for _, p := range poolDefs[:2] {
+		w.createPool(p)
+	}
+	w.createPool(poolDefs[2])
+	return w
+}
+
+func (w *world) startProcess(cmd *exec.Cmd, what string) chan struct{} {
+	w.t.Helper()
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &lockedWriter{w: &out}, &lockedWriter{w: &out}
+	if os.Getenv("HWIPAM_TEST_LOG") != "" {
+		cmd.Stderr = os.Stderr
+	}
+	if err := cmd.Start(); err != nil {
+		w.t.Fatalf("starting %s: %v", what, err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	w.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	return exited
+}
+
+func (w *world) startDaemon(i int) {
+	w.t.Helper()
+	n := w.nodes[i]
+	cmd := exec.Command(w.nodeBin, "--node-name", n.name, "--kubeconfig", w.kubeconfig, "--ippools-namespace", namespace,
+		"--store-file", filepath.Join(n.dir, "store"), "--bind-address", "unix://"+n.socket,
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0",
+		"--pools-in-use-interval", "200ms", "--nic-labels", "off",
+		"--cni-skip-nv-ipam-binary-copy", "--cni-skip-nv-ipam-config-creation")
+	n.cmd = cmd
+	n.exited = w.startProcess(cmd, "ipam-node "+n.name)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(n.socket); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			w.fail("ipam-node %s did not create its socket within 30s", n.name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	conn, err := grpc.NewClient("unix://"+n.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	n.conn, n.info = conn, infov1.NewNodeInfoServiceClient(conn)
+}
+
+func (w *world) killDaemon(i int) {
+	n := w.nodes[i]
+	_ = n.cmd.Process.Signal(syscall.SIGKILL)
+	<-n.exited
+	_ = n.conn.Close()
+	n.cmd, n.conn, n.info = nil, nil, nil
+	_ = os.Remove(n.socket) // a killed daemon leaves its socket; the restart replaces it anyway
+}
+
+func (w *world) createNode(i int) {
+	n := w.nodes[i]
+	obj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{groupLabel: n.group}}}
+	if err := w.c.Create(w.ctx, obj); err != nil {
+		w.fail("creating node %s: %v", n.name, err)
+	}
+}
+
+func (w *world) selector() *corev1.NodeSelector {
+	switch w.rng.IntN(3) {
+	case 0:
+		return nil
+	default:
+		g := []string{"a", "b"}[w.rng.IntN(2)]
+		return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+			{Key: groupLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{g}}}}}}
+	}
+}
+
+func (w *world) createPool(p poolDef) {
+	var obj client.Object
+	switch p.kind {
+	case v1alpha1.KindIPPool:
+		obj = &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: namespace},
+			Spec: v1alpha1.IPPoolSpec{Subnet: p.network, PerNodeBlockSize: w.blockSize(), NodeSelector: w.selector(),
+				Exclusions: w.exclusions(p)}}
+	default:
+		obj = &v1alpha1.CIDRPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: namespace},
+			Spec: v1alpha1.CIDRPoolSpec{CIDR: p.network, PerNodeNetworkPrefix: w.nodePrefix(), NodeSelector: w.selector(),
+				Exclusions: w.exclusions(p)}}
+	}
+	if err := w.c.Create(w.ctx, obj); err != nil {
+		w.fail("creating %s %s: %v", p.kind, p.name, err)
+	}
+	w.tracef("create %s %s", p.kind, describe(obj))
+}
+
+func (w *world) blockSize() int    { return []int{4, 6, 8, 10, 16}[w.rng.IntN(5)] }
+func (w *world) nodePrefix() int32 { return []int32{26, 27, 28}[w.rng.IntN(3)] }
+
+// exclusions returns nothing, or one short range inside the pool's network.
+func (w *world) exclusions(p poolDef) []v1alpha1.ExcludeRange {
+	if w.rng.IntN(2) == 0 {
+		return nil
+	}
+	base := netip.MustParsePrefix(p.network).Addr()
+	start, _ := iprange.Add(base, iprange.U64(uint64(1+w.rng.IntN(40))))
+	end, _ := iprange.Add(start, iprange.U64(uint64(w.rng.IntN(4))))
+	return []v1alpha1.ExcludeRange{{StartIP: start.String(), EndIP: end.String()}}
+}
+
+func describe(obj client.Object) string {
+	switch p := obj.(type) {
+	case *v1alpha1.IPPool:
+		return fmt.Sprintf("%s size=%d excl=%v sel=%s", p.Name, p.Spec.PerNodeBlockSize, p.Spec.Exclusions, selString(p.Spec.NodeSelector))
+	case *v1alpha1.CIDRPool:
+		return fmt.Sprintf("%s prefix=/%d excl=%v sel=%s", p.Name, p.Spec.PerNodeNetworkPrefix, p.Spec.Exclusions, selString(p.Spec.NodeSelector))
+	}
+	return obj.GetName()
+}
+
+func selString(s *corev1.NodeSelector) string {
+	if s == nil {
+		return "all"
+	}
+	return "group=" + s.NodeSelectorTerms[0].MatchExpressions[0].Values[0]
+}
+
+func (w *world) getPool(p poolDef) (client.Object, error) {
+	var obj client.Object = &v1alpha1.IPPool{}
+	if p.kind == v1alpha1.KindCIDRPool {
+		obj = &v1alpha1.CIDRPool{}
+	}
+	err := w.c.Get(w.ctx, client.ObjectKey{Namespace: namespace, Name: p.name}, obj)
+	return obj, err
+}
+
+func (w *world) tracef(format string, args ...any) {
+	line := fmt.Sprintf("step %d: ", w.step) + fmt.Sprintf(format, args...)
+	w.trace = append(w.trace, line)
+	if testing.Verbose() {
+		w.t.Log(line)
+	}
+}
+
+// fail ends the seed with the trace of what led here and how to replay it.
+func (w *world) fail(format string, args ...any) {
+	w.t.Helper()
+	tail := w.trace[max(0, len(w.trace)-40):]
+	w.t.Fatalf("seed %d, step %d: %s\nlast actions:\n  %s\nreplay: HWIPAM_SYSTEM_SEED=%d go test ./test/system/ -run TestWholeSystemInvariants -v",
+		w.seed, w.step, fmt.Sprintf(format, args...), strings.Join(tail, "\n  "), w.seed)
+}
+
+// run performs steps random actions, checking the invariants after each, then
+// brings everything up, releases every address and checks once more.
+func (w *world) run(steps int) {
+	type action struct {
+		name   string
+		weight func() int
+		do     func()
+	}
+	anyDown := func() bool { return slices.ContainsFunc(w.nodes, func(n *simNode) bool { return n.cmd == nil }) }
+	actions := []action{
+		{"add", func() int { return 30 }, w.add},
+		{"add-again", func() int { return 4 }, w.addAgain},
+		{"del", func() int { return 14 }, w.del},
+		{"gc", func() int { return 5 }, w.gc},
+		{"retry-uncertain", func() int { return 4 }, w.retryUncertain},
+		{"pool-create", func() int { return 3 }, w.poolCreate},
+		{"pool-edit", func() int { return 7 }, w.poolEdit},
+		{"pool-delete", func() int { return 2 }, w.poolDelete},
+		{"node-relabel", func() int { return 5 }, w.nodeRelabel},
+		{"node-recreate", func() int { return 3 }, w.nodeRecreate},
+		{"daemon-kill", func() int { return 3 }, w.daemonKill},
+		{"daemon-restart", func() int {
+			if anyDown() {
+				return 12
+			}
+			return 0
+		}, w.daemonRestart},
+		{"api-stop", func() int {
+			if w.proxy.up() {
+				return 2
+			}
+			return 0
+		}, w.apiStop},
+		{"api-start", func() int {
+			if !w.proxy.up() {
+				return 15
+			}
+			return 0
+		}, w.apiStart},
+	}
+	for w.step = 1; w.step <= steps; w.step++ {
+		total := 0
+		for _, a := range actions {
+			total += a.weight()
+		}
+		pick := w.rng.IntN(total)
+		for _, a := range actions {
+			if pick < a.weight() {
+				w.counts[a.name]++
+				a.do()
+				break
+			}
+			pick -= a.weight()
+		}
+		// Let the controller and the daemons react a little before looking.
+		time.Sleep(time.Duration(50+w.rng.IntN(250)) * time.Millisecond)
+		w.check()
+	}
+	w.step = steps + 1
+	w.tracef("final: everything up, every address released")
+	if !w.proxy.up() {
+		w.apiStart()
+	}
+	for i, n := range w.nodes {
+		if n.cmd == nil {
+			w.startDaemon(i)
+		}
+	}
+	w.check()
+	for k, a := range w.live {
+		w.mustDel(a)
+		delete(w.live, k)
+	}
+	for k, a := range w.uncertain {
+		w.mustDel(a)
+		delete(w.uncertain, k)
+	}
+	for i := range w.nodes {
+		if got := w.allocations(i); len(got) != 0 {
+			w.fail("node %s still holds %v after every attachment was deleted", w.nodes[i].name, got)
+		}
+	}
+	w.t.Logf("seed %d: %d steps, actions %v", w.seed, steps, w.counts)
+}
+
+// ---- CNI actions through the plugin binary ----
+
+func (w *world) call(cmd string, a attachment, extra map[string]any) ([]byte, error) {
+	n := w.nodes[a.node]
+	ipam := map[string]any{"type": "nv-ipam", "poolName": a.net.pool.name, "daemonSocket": "unix://" + n.socket,
+		"daemonCallTimeoutSeconds": 3, "confDir": filepath.Join(n.dir, "no-conf")}
+	if a.net.pool.kind == v1alpha1.KindCIDRPool {
+		ipam["poolType"] = "cidrpool"
+	}
+	conf := map[string]any{"cniVersion": "1.1.0", "name": a.net.name, "type": "system-test", "ipam": ipam}
+	for k, v := range extra {
+		conf[k] = v
+	}
+	raw, err := json.Marshal(conf)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return harness.CNICall{Plugin: w.pluginBin, Command: cmd, ContainerID: a.containerID, NetNS: "/var/run/netns/system-test",
+		IfName: "net1", Args: fmt.Sprintf("K8S_POD_NAME=pod-%s;K8S_POD_NAMESPACE=default;K8S_POD_UID=uid-%s", a.containerID, a.containerID),
+		Path: []string{filepath.Dir(w.pluginBin)}, Config: raw}.Run()
+}
+
+func key(a attachment) string { return fmt.Sprintf("%d/%s/%s", a.node, a.net.name, a.containerID) }
+
+func (w *world) add() {
+	w.nextID++
+	a := attachment{node: w.rng.IntN(nodeCount), net: networks[w.rng.IntN(len(networks))], containerID: fmt.Sprintf("c%d", w.nextID)}
+	out, err := w.call("ADD", a, nil)
+	if err != nil {
+		w.tracef("ADD %s failed: %v", a, firstLine(err))
+		w.uncertain[key(a)] = a
+		return
+	}
+	a.ip = resultIP(w, out)
+	w.tracef("ADD %s", a)
+	w.live[key(a)] = a
+}
+
+func (w *world) addAgain() {
+	a, ok := w.pickLive()
+	if !ok {
+		return
+	}
+	out, err := w.call("ADD", a, nil)
+	if err != nil {
+		w.tracef("ADD again %s failed: %v", a, firstLine(err))
+		return
+	}
+	if got := resultIP(w, out); got != a.ip {
+		w.fail("ADD repeated for %s returned %s, want the same address", a, got)
+	}
+	w.tracef("ADD again %s", a)
+}
+
+func (w *world) del() {
+	a, ok := w.pickLive()
+	if !ok {
+		return
+	}
+	delete(w.live, key(a))
+	if _, err := w.call("DEL", a, nil); err != nil {
+		w.tracef("DEL %s failed: %v", a, firstLine(err))
+		w.uncertain[key(a)] = a
+		return
+	}
+	w.tracef("DEL %s", a)
+}
+
+// gc collects one network on one node, with every live attachment of that network
+// there valid except, sometimes, one (a stale attachment the runtime forgot).
+func (w *world) gc() {
+	node, nw := w.rng.IntN(nodeCount), networks[w.rng.IntN(len(networks))]
+	var valid []map[string]string
+	var dropped *attachment
+	for _, k := range sortedKeys(w.live) {
+		a := w.live[k]
+		if a.node != node || a.net.name != nw.name {
+			continue
+		}
+		if dropped == nil && w.rng.IntN(3) == 0 {
+			dropped = &a
+			continue
+		}
+		valid = append(valid, map[string]string{"containerID": a.containerID, "ifname": "net1"})
+	}
+	probe := attachment{node: node, net: nw, containerID: "gc"}
+	if _, err := w.call("GC", probe, map[string]any{"cni.dev/valid-attachments": valid}); err != nil {
+		w.tracef("GC %s on n%d failed: %v", nw.name, node, firstLine(err))
+		if dropped != nil {
+			delete(w.live, key(*dropped))
+			w.uncertain[key(*dropped)] = *dropped
+		}
+		return
+	}
+	if dropped != nil {
+		delete(w.live, key(*dropped))
+		w.tracef("GC %s on n%d: %d valid, dropped %s", nw.name, node, len(valid), dropped)
+	} else {
+		w.tracef("GC %s on n%d: %d valid", nw.name, node, len(valid))
+	}
+}
+
+func (w *world) retryUncertain() {
+	for _, k := range sortedKeys(w.uncertain) {
+		a := w.uncertain[k]
+		if _, err := w.call("DEL", a, nil); err == nil {
+			delete(w.uncertain, k)
+			w.tracef("DEL (retry) %s", a)
+		}
+	}
+}
+
+func (w *world) mustDel(a attachment) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := w.call("DEL", a, nil)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			w.fail("DEL %s keeps failing: %v", a, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (w *world) pickLive() (attachment, bool) {
+	keys := sortedKeys(w.live)
+	if len(keys) == 0 {
+		return attachment{}, false
+	}
+	return w.live[keys[w.rng.IntN(len(keys))]], true
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func resultIP(w *world, out []byte) netip.Addr {
+	var res struct {
+		IPs []struct {
+			Address string `json:"address"`
+		} `json:"ips"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil || len(res.IPs) != 1 {
+		w.fail("ADD result %s: want one address (%v)", out, err)
+	}
+	p, err := netip.ParsePrefix(res.IPs[0].Address)
+	if err != nil {
+		w.fail("ADD result address %q: %v", res.IPs[0].Address, err)
+	}
+	return p.Addr()
+}
+
+func firstLine(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return s
+}
+
+// ---- operator actions ----
+
+func (w *world) poolCreate() {
+	if !w.proxy.up() && w.rng.IntN(2) == 0 {
+		return // the operator's kubectl works; the components' API does not
+	}
+	for _, i := range w.rng.Perm(len(poolDefs)) {
+		p := poolDefs[i]
+		if _, err := w.getPool(p); apierrors.IsNotFound(err) {
+			w.createPool(p)
+			return
+		}
+	}
+}
+
+func (w *world) poolEdit() {
+	p := poolDefs[w.rng.IntN(len(poolDefs))]
+	obj, err := w.getPool(p)
+	if err != nil {
+		return
+	}
+	what := w.rng.IntN(3)
+	switch o := obj.(type) {
+	case *v1alpha1.IPPool:
+		switch what {
+		case 0:
+			o.Spec.PerNodeBlockSize = w.blockSize()
+		case 1:
+			o.Spec.Exclusions = w.exclusions(p)
+		case 2:
+			o.Spec.NodeSelector = w.selector()
+		}
+	case *v1alpha1.CIDRPool:
+		switch what {
+		case 0:
+			o.Spec.PerNodeNetworkPrefix = w.nodePrefix()
+		case 1:
+			o.Spec.Exclusions = w.exclusions(p)
+		case 2:
+			o.Spec.NodeSelector = w.selector()
+		}
+	}
+	if err := w.c.Update(w.ctx, obj); err != nil {
+		w.tracef("edit %s refused: %v", p.name, firstLine(err))
+		return
+	}
+	w.tracef("edit %s", describe(obj))
+}
+
+func (w *world) poolDelete() {
+	p := poolDefs[w.rng.IntN(len(poolDefs))]
+	obj, err := w.getPool(p)
+	if err != nil {
+		return
+	}
+	if err := w.c.Delete(w.ctx, obj); err != nil {
+		w.fail("deleting %s: %v", p.name, err)
+	}
+	w.tracef("delete %s %s", p.kind, p.name)
+}
+
+func (w *world) nodeRelabel() {
+	i := w.rng.IntN(nodeCount)
+	n := w.nodes[i]
+	n.group = map[string]string{"a": "b", "b": "a"}[n.group]
+	var obj corev1.Node
+	if err := w.c.Get(w.ctx, client.ObjectKey{Name: n.name}, &obj); err != nil {
+		w.fail("reading node %s: %v", n.name, err)
+	}
+	obj.Labels[groupLabel] = n.group
+	if err := w.c.Update(w.ctx, &obj); err != nil {
+		w.tracef("relabel %s failed: %v", n.name, firstLine(err))
+		return
+	}
+	w.tracef("relabel %s group=%s", n.name, n.group)
+}
+
+// nodeRecreate deletes a Node object and registers it again at once, as a kubelet
+// does after its Node was deleted: labels come back, annotations do not.
+func (w *world) nodeRecreate() {
+	i := w.rng.IntN(nodeCount)
+	n := w.nodes[i]
+	if err := w.c.Delete(w.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}); err != nil {
+		w.fail("deleting node %s: %v", n.name, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var obj corev1.Node
+		if err := w.c.Get(w.ctx, client.ObjectKey{Name: n.name}, &obj); apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			w.fail("node %s was not deleted", n.name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	w.createNode(i)
+	w.tracef("re-create node %s", n.name)
+}
+
+func (w *world) daemonKill() {
+	i := w.rng.IntN(nodeCount)
+	if w.nodes[i].cmd == nil {
+		return
+	}
+	w.killDaemon(i)
+	w.tracef("kill -9 ipam-node on %s", w.nodes[i].name)
+}
+
+func (w *world) daemonRestart() {
+	for i, n := range w.nodes {
+		if n.cmd == nil {
+			w.startDaemon(i)
+			w.tracef("restart ipam-node on %s", n.name)
+			return
+		}
+	}
+}
+
+func (w *world) apiStop() {
+	w.proxy.stop()
+	w.tracef("API server unreachable")
+}
+
+func (w *world) apiStart() {
+	if err := w.proxy.start(); err != nil {
+		w.fail("restoring the API server proxy: %v", err)
+	}
+	w.tracef("API server reachable")
+}
+
+// ---- the invariants ----
+
+type held struct {
+	node int
+	pool string
+	rec  string
+}
+
+// allocations returns node i's allocations as "poolKey ip containerID/ifName"
+// records keyed by address: from the daemon when it runs, from its store when not.
+func (w *world) allocations(i int) map[netip.Addr]held {
+	n := w.nodes[i]
+	out := map[netip.Addr]held{}
+	addRec := func(pool, ip, cid, ifName string) {
+		a, err := netip.ParseAddr(ip)
+		if err != nil {
+			w.fail("node %s: allocation %s/%s has address %q", n.name, cid, ifName, ip)
+		}
+		if prev, dup := out[a]; dup {
+			w.fail("node %s holds %s twice: %s and %s/%s in %s", n.name, a, prev.rec, cid, ifName, pool)
+		}
+		out[a] = held{node: i, pool: pool, rec: cid + "/" + ifName}
+	}
+	if n.cmd == nil {
+		st, err := store.Open(filepath.Join(n.dir, "store"), store.Options{})
+		if err != nil {
+			w.fail("opening the store of stopped node %s: %v", n.name, err)
+		}
+		defer st.Close()
+		pools, err := st.Load()
+		if err != nil {
+			w.fail("loading the store of stopped node %s: %v", n.name, err)
+		}
+		for key, ps := range pools {
+			for _, a := range ps.Allocations {
+				addRec(key, a.IP, a.ContainerID, a.IfName)
+			}
+		}
+		return out
+	}
+	var res *infov1.ListAllocationsResponse
+	var err error
+	for range 50 {
+		ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+		res, err = n.info.ListAllocations(ctx, &infov1.ListAllocationsRequest{})
+		cancel()
+		if err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		w.fail("listing the allocations of %s: %v", n.name, err)
+	}
+	for _, r := range res.Allocations {
+		addRec(r.Pool, r.Ip, r.ContainerId, r.IfName)
+	}
+	return out
+}
+
+// blocks returns every node's block in every pool's status, as ranges.
+func (w *world) blocks() map[string][]struct {
+	node string
+	r    iprange.Range
+} {
+	out := map[string][]struct {
+		node string
+		r    iprange.Range
+	}{}
+	for _, p := range poolDefs {
+		obj, err := w.getPool(p)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			w.fail("reading %s: %v", p.name, err)
+		}
+		switch o := obj.(type) {
+		case *v1alpha1.IPPool:
+			for _, a := range o.Status.Allocations {
+				r, err := iprange.ParseRange(a.StartIP + "-" + a.EndIP)
+				if err != nil {
+					w.fail("IPPool %s status: %v", p.name, err)
+				}
+				out[p.name] = append(out[p.name], struct {
+					node string
+					r    iprange.Range
+				}{a.NodeName, r})
+			}
+		case *v1alpha1.CIDRPool:
+			for _, a := range o.Status.Allocations {
+				pfx, err := netip.ParsePrefix(a.Prefix)
+				if err != nil {
+					w.fail("CIDRPool %s status: %v", p.name, err)
+				}
+				out[p.name] = append(out[p.name], struct {
+					node string
+					r    iprange.Range
+				}{a.NodeName, iprange.PrefixRange(pfx)})
+			}
+		}
+	}
+	return out
+}
+
+// check verifies, against the daemons' own state and the pools' status:
+//   - no address is held twice, on one node or on two;
+//   - every ADD that succeeded is still held, with its address, unless its own
+//     network DEL'd or GC'd it;
+//   - no address a node holds lies in another node's block of any pool.
+func (w *world) check() {
+	all := map[netip.Addr]held{}
+	for i := range w.nodes {
+		for ip, h := range w.allocations(i) {
+			if prev, dup := all[ip]; dup {
+				w.fail("address %s is held on %s (%s, %s) and on %s (%s, %s)", ip,
+					w.nodes[prev.node].name, prev.pool, prev.rec, w.nodes[h.node].name, h.pool, h.rec)
+			}
+			all[ip] = h
+		}
+	}
+	for _, k := range sortedKeys(w.live) {
+		a := w.live[k]
+		h, ok := all[a.ip]
+		if !ok || h.node != a.node || h.rec != a.containerID+"/net1" {
+			w.fail("%s succeeded and was neither deleted nor collected by its network, but the node holds %+v", a, h)
+		}
+	}
+	for pool, bs := range w.blocks() {
+		for _, b := range bs {
+			for ip, h := range all {
+				if b.r.Contains(ip) && b.node != w.nodes[h.node].name {
+					w.fail("address %s held on %s (%s %s) lies in %s's block %s of pool %s",
+						ip, w.nodes[h.node].name, h.pool, h.rec, b.node, b.r, pool)
+				}
+			}
+		}
+	}
+}
