@@ -26,7 +26,7 @@ func daemon(t *testing.T) (string, *nodealloc.Manager) {
 	t.Helper()
 	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.100")
 	return harness.ServeNode(t, &nodealloc.PoolConfig{Name: "net-a", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.1.0.0/24"),
-		Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: start, DefaultGateway: true})
+		Block: iprange.Range{Start: start, End: end}, ExclusionBase: start, Gateway: start, DefaultGateway: true})
 }
 
 func conf(version, socket, extra string) []byte {
@@ -169,7 +169,7 @@ func TestExhaustedPoolNamesPoolAndNode(t *testing.T) {
 	socket, m := daemon(t)
 	start, end := netip.MustParseAddr("10.9.0.1"), netip.MustParseAddr("10.9.0.2")
 	if err := m.SetPool(&nodealloc.PoolConfig{Name: "tiny", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.9.0.0/24"),
-		Block: iprange.Range{Start: start, End: end}, IndexBase: start}); err != nil {
+		Block: iprange.Range{Start: start, End: end}, ExclusionBase: start}); err != nil {
 		t.Fatal(err)
 	}
 	p := &cniplugin.Plugin{Stdout: &bytes.Buffer{}}

@@ -463,9 +463,12 @@ func (m *Manager) pick(p *poolState, req *Request, requested netip.Addr) (netip.
 		if *req.Index < 0 {
 			return netip.Addr{}, fmt.Errorf("%w: allocate_ip_with_index %d is negative", ErrInvalid, *req.Index)
 		}
-		ip, ok := iprange.Add(p.cfg.IndexBase, iprange.U64(uint64(*req.Index)))
-		if !ok {
-			return netip.Addr{}, fmt.Errorf("%w: allocate_ip_with_index %d is outside the block", ErrInvalid, *req.Index)
+		// Index 0 is the block's first address (see PoolConfig.Block), not the
+		// exclusion base.
+		ip, ok := iprange.Add(p.cfg.Block.Start, iprange.U64(uint64(*req.Index)))
+		if !ok || !p.cfg.Block.Contains(ip) {
+			return netip.Addr{}, fmt.Errorf("%w: allocate_ip_with_index %d is outside block %s on node %s (indexes 0-%s, 0 = %s)",
+				ErrInvalid, *req.Index, p.cfg.Block, m.node, iprange.Distance(p.cfg.Block.Start, p.cfg.Block.End), p.cfg.Block.Start)
 		}
 		if err := p.block.AllocateStatic(ip); err != nil {
 			return netip.Addr{}, m.allocErr(p, err)

@@ -39,13 +39,13 @@ func openManager(t *testing.T, path string) *nodealloc.Manager {
 func v4Pool(name string) *nodealloc.PoolConfig {
 	start, end := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.8")
 	return &nodealloc.PoolConfig{Name: name, Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.0.0.0/24"),
-		Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: netip.MustParseAddr("10.0.0.1"),
+		Block: iprange.Range{Start: start, End: end}, ExclusionBase: start, Gateway: netip.MustParseAddr("10.0.0.1"),
 		Routes: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}, DefaultGateway: true}
 }
 
 func v6Pool(name string) *nodealloc.PoolConfig {
 	p := netip.MustParsePrefix("fd00:1::/64")
-	return &nodealloc.PoolConfig{Name: name, Kind: v1alpha1.KindIPPool, Prefix: p, Block: iprange.Usable(p), IndexBase: p.Addr().Next()}
+	return &nodealloc.PoolConfig{Name: name, Kind: v1alpha1.KindIPPool, Prefix: p, Block: iprange.Usable(p), ExclusionBase: p.Addr().Next()}
 }
 
 func req(cid string, pools ...string) *nodealloc.Request {
