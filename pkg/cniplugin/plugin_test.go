@@ -184,3 +184,29 @@ func TestExhaustedPoolNamesPoolAndNode(t *testing.T) {
 		t.Errorf("third ADD in a two-address block = %v, want a 'pool exhausted' error naming pool tiny and node n1", err)
 	}
 }
+
+// TestGatewayHolderResult: the CNI result for allocateDefaultGateway carries the
+// gateway address as the interface's address, and neither a gateway nor the
+// default route through it.
+func TestGatewayHolderResult(t *testing.T) {
+	socket, _ := daemon(t)
+	var out bytes.Buffer
+	p := &cniplugin.Plugin{Stdout: &out}
+	stdin := conf("1.0.0", socket, `, "args": {"cni": {"allocateDefaultGateway": true}}`)
+	if err := p.Add(&skel.CmdArgs{ContainerID: "router", IfName: "net1", Args: podArgs, StdinData: stdin}); err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		IPs []struct {
+			Address string `json:"address"`
+			Gateway string `json:"gateway"`
+		} `json:"ips"`
+		Routes []any `json:"routes"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("ADD printed %q: %v", out.String(), err)
+	}
+	if len(res.IPs) != 1 || res.IPs[0].Address != "10.1.0.1/24" || res.IPs[0].Gateway != "" || len(res.Routes) != 0 {
+		t.Errorf("ADD result = %s, want 10.1.0.1/24 with no gateway and no routes", out.String())
+	}
+}

@@ -58,7 +58,7 @@ type Result struct {
 	Pool    string
 	Kind    string
 	Addr    netip.Prefix // the address with the pool's prefix length
-	Gateway netip.Addr   // invalid when the pool has none
+	Gateway netip.Addr   // invalid when the pool has none, or Addr is the gateway
 	Routes  []netip.Prefix
 }
 
@@ -493,12 +493,21 @@ func (m *Manager) allocErr(p *poolState, err error) error {
 	return err
 }
 
+// results answers for the interface's allocations. The holder of the gateway
+// address (allocate_default_gateway) gets neither a gateway nor routes, as from
+// nv-ipam: every route of the result goes through the gateway, which would be
+// itself.
 func (m *Manager) results(states []*poolState, who owner) []Result {
 	out := make([]Result, 0, len(states))
 	for _, p := range states {
 		a := p.allocs[who]
 		ip, _ := netip.ParseAddr(a.IP)
-		r := Result{Pool: p.cfg.Name, Kind: p.cfg.Kind, Addr: netip.PrefixFrom(ip, p.cfg.Prefix.Bits()), Gateway: p.cfg.Gateway}
+		r := Result{Pool: p.cfg.Name, Kind: p.cfg.Kind, Addr: netip.PrefixFrom(ip, p.cfg.Prefix.Bits())}
+		if p.cfg.Gateway.IsValid() && ip == p.cfg.Gateway {
+			out = append(out, r)
+			continue
+		}
+		r.Gateway = p.cfg.Gateway
 		r.Routes = slices.Clone(p.cfg.Routes)
 		if p.cfg.DefaultGateway && p.cfg.Gateway.IsValid() {
 			def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)

@@ -175,6 +175,33 @@ func TestStaticIndexGatewayAndDualStackAllOrNothing(t *testing.T) {
 	}
 }
 
+// TestGatewayHolderGetsNoGatewayOrRoutes: the pod given the gateway address
+// (allocate_default_gateway) must not be told to route through itself.
+func TestGatewayHolderGetsNoGatewayOrRoutes(t *testing.T) {
+	m, _ := newManager(t)
+	if err := m.SetPool(v4Pool("rail0")); err != nil { // gateway .1, defaultGateway, a route
+		t.Fatal(err)
+	}
+	gw := req("router", "rail0")
+	gw.AllocateGateway = true
+	for _, attempt := range []string{"ADD", "repeated ADD"} {
+		res, err := m.Allocate(gw)
+		if err != nil {
+			t.Fatalf("%s: %v", attempt, err)
+		}
+		if r := res[0]; r.Addr.String() != "10.0.0.1/24" || r.Gateway.IsValid() || len(r.Routes) != 0 {
+			t.Errorf("%s of the gateway = %+v, want 10.0.0.1/24 with no gateway and no routes", attempt, r)
+		}
+	}
+	res, err := m.Allocate(req("pod", "rail0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res[0]; r.Gateway.String() != "10.0.0.1" || fmt.Sprint(r.Routes) != "[0.0.0.0/0 10.9.0.0/16]" {
+		t.Errorf("another pod = %+v, want gateway 10.0.0.1 and both routes", r)
+	}
+}
+
 func TestInactivePoolKeepsAllocations(t *testing.T) {
 	m, _ := newManager(t)
 	if err := m.SetPool(v4Pool("rail0")); err != nil {
