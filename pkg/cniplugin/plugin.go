@@ -269,7 +269,10 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	return nil
 }
 
-// grpcError maps a daemon error to a CNI error object.
+// grpcError maps a daemon error to a CNI error object; this is the one place
+// where gRPC codes become CNI codes. NotFound means "the pool has no block on this
+// node" from Allocate (hwipam's and nv-ipam's daemons alike) and "nothing
+// allocated" from IsAllocated.
 func (s *session) grpcError(verb string, err error) error {
 	st, _ := status.FromError(err)
 	switch st.Code() {
@@ -279,6 +282,12 @@ func (s *session) grpcError(verb string, err error) error {
 	case codes.InvalidArgument:
 		return types.NewError(types.ErrInvalidNetworkConfig, "invalid request", st.Message())
 	case codes.NotFound:
+		if verb == "ADD" {
+			// Usually transient (a new node before ipam-controller gave it a block, a
+			// daemon that has not listed the pools yet), so 11: the runtime retries,
+			// and the details say what to check when it is not.
+			return types.NewError(types.ErrTryAgainLater, "pool has no block on this node", st.Message())
+		}
 		return types.NewError(types.ErrUnknownContainer, "not found", st.Message())
 	case codes.ResourceExhausted:
 		return types.NewError(types.ErrInternal, "pool exhausted", st.Message())

@@ -126,7 +126,6 @@ func TestConfigErrors(t *testing.T) {
 		"no ipam section":  {`{"cniVersion": "1.0.0", "name": "n"}`, podArgs, types.ErrInvalidNetworkConfig},
 		"no pod name":      {string(conf("1.0.0", socket, "")), "K8S_POD_NAMESPACE=ns", types.ErrInvalidNetworkConfig},
 		"bad static IP":    {string(conf("1.0.0", socket, `, "runtimeConfig": {"ips": ["nope"]}`)), podArgs, types.ErrInvalidNetworkConfig},
-		"unknown pool":     {strings.Replace(string(conf("1.0.0", socket, "")), `"name": "net-a"`, `"name": "net-z"`, 1), podArgs, types.ErrUnknownContainer},
 		"negative timeout": {strings.Replace(string(conf("1.0.0", socket, "")), `"logFile": ""`, `"daemonCallTimeoutSeconds": -1`, 1), podArgs, types.ErrInvalidNetworkConfig},
 		"daemon not there": {string(conf("1.0.0", "unix:///nonexistent/x.sock", "")), podArgs, types.ErrTryAgainLater},
 	} {
@@ -137,6 +136,25 @@ func TestConfigErrors(t *testing.T) {
 				t.Errorf("ADD = %v, want CNI code %d", err, tc.code)
 			}
 		})
+	}
+}
+
+// TestPoolWithoutBlockOnNode: ADD in a pool that has no block on this node is
+// CNI code 11 saying so and what to check, not "unknown container"; CHECK of an
+// interface with nothing allocated stays code 3.
+func TestPoolWithoutBlockOnNode(t *testing.T) {
+	socket, _ := daemon(t)
+	p := &cniplugin.Plugin{Stdout: &bytes.Buffer{}}
+	stdin := []byte(strings.Replace(string(conf("1.0.0", socket, "")), `"name": "net-a"`, `"name": "net-z"`, 1))
+	err := p.Add(&skel.CmdArgs{ContainerID: "e", IfName: "net1", Args: podArgs, StdinData: stdin})
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater || cniErr.Msg != "pool has no block on this node" ||
+		!strings.Contains(cniErr.Details, `IPPool "net-z" has no block on node n1`) || !strings.Contains(cniErr.Details, "nodeSelector") {
+		t.Errorf("ADD in a pool without a block here = %v, want code 11 naming the pool and node and what to check", err)
+	}
+	err = p.Check(&skel.CmdArgs{ContainerID: "never-added", IfName: "net1", Args: podArgs, StdinData: conf("1.0.0", socket, "")})
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrUnknownContainer {
+		t.Errorf("CHECK of nothing = %v, want CNI code 3", err)
 	}
 }
 

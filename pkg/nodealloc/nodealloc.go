@@ -354,8 +354,7 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 			// Also for a retry of an allocation imported or stored before this
 			// daemon learned the pool's block: without the block there is no prefix
 			// to answer with.
-			return nil, nil, nil, fmt.Errorf("%w: %s %q has no block on node %s (is the pool defined, and does its nodeSelector match this node?)",
-				ErrUnknownPool, kindOf(req), req.Pools[i], m.node)
+			return nil, nil, nil, m.noBlock(req, i, "has no block")
 		}
 	}
 	existing := 0
@@ -370,14 +369,9 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 		return m.results(states, who), nil, nil, nil
 	}
 	for i, p := range states {
-		if p == nil || p.cfg == nil {
-			return nil, nil, nil, fmt.Errorf("%w: %s %q has no block on node %s (is the pool defined, and does its nodeSelector match this node?)",
-				ErrUnknownPool, kindOf(req), req.Pools[i], m.node)
-		}
 		if !p.active {
 			if _, ok := p.allocs[who]; !ok {
-				return nil, nil, nil, fmt.Errorf("%w: %s %q no longer has a block on node %s: existing allocations stay until released, new ones are refused",
-					ErrUnknownPool, kindOf(req), req.Pools[i], m.node)
+				return nil, nil, nil, m.noBlock(req, i, "no longer has a block (existing allocations stay until released, new ones are refused)")
 			}
 		}
 	}
@@ -419,6 +413,15 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 		t.p.inflight[who].ips = []netip.Addr{t.ip}
 	}
 	return nil, f, puts, nil
+}
+
+// noBlock is ErrUnknownPool for the request's i-th pool, saying what to check.
+func (m *Manager) noBlock(req *Request, i int, what string) error {
+	kind := kindOf(req)
+	return fmt.Errorf("%w: %s %q %s on node %s: check that the %s exists in ipam-node's --ippools-namespace, "+
+		"that its nodeSelector matches this node's labels, and that its status.allocations lists node %s "+
+		"(ipam-controller assigns blocks; ipamctl pools shows what this node has)",
+		ErrUnknownPool, kind, req.Pools[i], what, m.node, kind, m.node)
 }
 
 func kindOf(req *Request) string {
