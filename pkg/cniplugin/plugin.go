@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -26,9 +28,11 @@ import (
 )
 
 // Plugin implements the CNI verbs. Stdout receives the result; nothing else is
-// written there.
+// written there. Stderr, when set, receives a one-line warning when logFile is
+// refused (the runtime logs a plugin's stderr); the call itself goes on.
 type Plugin struct {
 	Stdout io.Writer
+	Stderr io.Writer
 }
 
 // Funcs returns the verbs for skel.
@@ -46,7 +50,7 @@ type session struct {
 	log  *logger
 }
 
-func open(args *skel.CmdArgs, needPod bool) (*session, error) {
+func (p *Plugin) open(args *skel.CmdArgs, needPod bool) (*session, error) {
 	cfg, err := LoadConfig(args.StdinData, args.Args, needPod)
 	if err != nil {
 		return nil, toCNIError(err)
@@ -58,7 +62,7 @@ func open(args *skel.CmdArgs, needPod bool) (*session, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 	s := &session{cfg: cfg, conn: conn, ipam: nodev1.NewIPAMServiceClient(conn), info: infov1.NewNodeInfoServiceClient(conn),
-		ctx: ctx, log: newLogger(cfg)}
+		ctx: ctx, log: newLogger(cfg, p.Stderr)}
 	s.done = func() { cancel(); conn.Close(); s.log.close() }
 	return s, nil
 }
@@ -80,7 +84,7 @@ func (s *session) params(args *skel.CmdArgs) *nodev1.IPAMParameters {
 
 // Add allocates and prints the result.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	s, err := open(args, true)
+	s, err := p.open(args, true)
 	if err != nil {
 		return err
 	}
@@ -133,7 +137,7 @@ func ips(r *current.Result) string {
 
 // Del releases the interface's addresses; releasing nothing succeeds.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	s, err := open(args, false)
+	s, err := p.open(args, false)
 	if err != nil {
 		return err
 	}
@@ -149,7 +153,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 // Check verifies that the daemon holds the addresses of prevResult for the
 // interface.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	s, err := open(args, false)
+	s, err := p.open(args, false)
 	if err != nil {
 		return err
 	}
@@ -209,7 +213,7 @@ func (s *session) storeKey(pool string) string {
 // GC releases every allocation of this network's pools whose attachment is not
 // in cni.dev/valid-attachments.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
-	s, err := open(args, false)
+	s, err := p.open(args, false)
 	if err != nil {
 		return err
 	}
@@ -246,7 +250,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 // Status reports whether ADD can succeed: the daemon answers and every pool has
 // an active block on this node (CNI code 50 otherwise).
 func (p *Plugin) Status(args *skel.CmdArgs) error {
-	s, err := open(args, false)
+	s, err := p.open(args, false)
 	if err != nil {
 		return err
 	}
@@ -302,26 +306,56 @@ func toCNIError(err error) error {
 	return types.NewError(types.ErrInternal, "nv-ipam failed", err.Error())
 }
 
-// logger appends to logFile; nothing is written to stdout or stderr.
+// logger appends to logFile; nothing is written to stdout.
 type logger struct {
 	f     *os.File
 	quiet bool
 }
 
-func newLogger(c *Config) *logger {
+// newLogger opens the log file (see openLogFile). A refused or unopenable file
+// turns logging off for the call, with one line on stderr saying why: a log file
+// must never fail an allocation.
+func newLogger(c *Config, stderr io.Writer) *logger {
 	l := &logger{quiet: c.LogFile == "" || strings.EqualFold(c.LogLevel, "panic") || strings.EqualFold(c.LogLevel, "error")}
-	if !l.quiet {
-		if f, err := os.OpenFile(c.LogFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600); err == nil {
-			l.f = f
-		}
+	if l.quiet {
+		return l
 	}
+	f, err := openLogFile(c.LogFile)
+	if err != nil {
+		if stderr != nil {
+			fmt.Fprintf(stderr, "nv-ipam: warning: logFile %q refused, not logging this call: %s\n", c.LogFile, escapeControl(err.Error()))
+		}
+		return l
+	}
+	l.f = f
 	return l
 }
 
+// printf writes one line. Control characters are escaped: the values logged come
+// from the network config, and must not add lines of their choosing to a file
+// root appends to.
 func (l *logger) printf(format string, a ...any) {
 	if l.f != nil {
-		fmt.Fprintf(l.f, "%s nv-ipam: %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, a...))
+		fmt.Fprintf(l.f, "%s nv-ipam: %s\n", time.Now().UTC().Format(time.RFC3339Nano), escapeControl(fmt.Sprintf(format, a...)))
 	}
+}
+
+// escapeControl replaces ASCII and Unicode control characters (newlines among
+// them) with Go escapes.
+func escapeControl(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 func (l *logger) close() {
