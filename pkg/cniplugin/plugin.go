@@ -73,6 +73,7 @@ func (s *session) params(args *skel.CmdArgs) *nodev1.IPAMParameters {
 		pt = nodev1.PoolType_POOL_TYPE_CIDRPOOL
 	}
 	prm := &nodev1.IPAMParameters{Pools: s.cfg.Pools, CniContainerid: args.ContainerID, CniIfname: args.IfName, PoolType: pt,
+		NetworkName: s.cfg.Network,
 		Metadata: &nodev1.IPAMMetadata{K8SPodName: s.cfg.PodName, K8SPodNamespace: s.cfg.PodNamespace,
 			K8SPodUid: s.cfg.PodUID, DeviceId: s.cfg.DeviceID},
 		Features: &nodev1.IPAMFeatures{AllocateDefaultGateway: s.cfg.Gateway, AllocateIpWithIndex: s.cfg.Index}}
@@ -210,14 +211,22 @@ func (s *session) storeKey(pool string) string {
 	return pool
 }
 
-// GC releases every allocation of this network's pools whose attachment is not
-// in cni.dev/valid-attachments.
+// GC releases the allocations this network made in its pools whose attachment
+// is not in cni.dev/valid-attachments. That list names only this network's
+// attachments, and a pool may serve many networks, so allocations recorded for
+// another network are left alone, and so are those whose network is not known
+// (made before hwipam recorded it, imported from nv-ipam, or by a client that
+// does not send it).
 func (p *Plugin) GC(args *skel.CmdArgs) error {
 	s, err := p.open(args, false)
 	if err != nil {
 		return err
 	}
 	defer s.done()
+	if s.cfg.Network == "" {
+		return types.NewError(types.ErrInvalidNetworkConfig, "invalid network configuration",
+			"GC needs the network's \"name\": it releases only allocations made by that network")
+	}
 	valid := map[string]bool{}
 	for _, a := range s.cfg.ValidAttachments {
 		valid[a.ContainerID+"/"+a.IfName] = true
@@ -229,7 +238,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 			return s.grpcError("GC", err)
 		}
 		for _, a := range resp.GetAllocations() {
-			if valid[a.GetContainerId()+"/"+a.GetIfName()] {
+			if a.GetNetwork() != s.cfg.Network || valid[a.GetContainerId()+"/"+a.GetIfName()] {
 				continue
 			}
 			prm := s.params(&skel.CmdArgs{ContainerID: a.GetContainerId(), IfName: a.GetIfName()})

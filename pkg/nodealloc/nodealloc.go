@@ -35,6 +35,9 @@ var (
 // Metadata is recorded with an allocation.
 type Metadata struct {
 	PodName, PodNamespace, PodUID, DeviceID string
+	// Network is the CNI network's name, which CNI GC of that network matches on;
+	// empty when the client did not send it.
+	Network string
 }
 
 // Request asks for addresses for one interface.
@@ -400,7 +403,7 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 		took = append(took, taken{p, ip})
 		a := store.Allocation{ContainerID: req.ContainerID, IfName: req.IfName, IP: ip.String(),
 			PodName: req.Meta.PodName, PodNamespace: req.Meta.PodNamespace, PodUID: req.Meta.PodUID,
-			DeviceID: req.Meta.DeviceID, CreateTime: now}
+			DeviceID: req.Meta.DeviceID, Network: req.Meta.Network, CreateTime: now}
 		puts = append(puts, store.Put{PoolKey: p.key, Allocation: a, LastReserved: p.block.Cursor().String()})
 	}
 	// Every pool of the request gets the flight, also one whose half of a
