@@ -130,18 +130,22 @@ func TestLogFileCreatedPrivateAndOneLinePerEntry(t *testing.T) {
 		t.Errorf("existing log file's mode changed to %v", st.Mode())
 	}
 
-	// A pool name with a newline: ADD fails (no such pool) and is logged, on one line.
+	// A pool name with a newline and shell commands, an interface name with a
+	// command: ADD fails (no such pool) and is logged on one inert line.
 	injected := filepath.Join(dir, "injected.log")
 	stdin := bytes.Replace(confWithLog(socket, injected), []byte(`"type": "nv-ipam",`),
-		[]byte(`"type": "nv-ipam", "poolName": "x\n* * * * * root /tmp/evil\n",`), 1)
+		[]byte(`"type": "nv-ipam", "poolName": "x\n* * * * * root /tmp/evil\n;curl e|sh>/x&$(id)`+"`id`'\\\\"+`",`), 1)
 	p := &cniplugin.Plugin{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}
-	if err := p.Add(&skel.CmdArgs{ContainerID: "c3", IfName: "net1", Args: podArgs, StdinData: stdin}); err == nil {
+	if err := p.Add(&skel.CmdArgs{ContainerID: "c3", IfName: "x;reboot", Args: podArgs, StdinData: stdin}); err == nil {
 		t.Fatal("ADD in a pool that does not exist succeeded")
 	}
 	data, err = os.ReadFile(injected)
 	must(t, err)
-	if strings.Count(string(data), "\n") != 1 || !strings.Contains(string(data), `x\n* * * * * root`) {
-		t.Errorf("log = %q, want one line with the newlines escaped", data)
+	line := strings.TrimSuffix(string(data), "\n")
+	if strings.Contains(line, "\n") || strings.ContainsAny(line, ";|&<>$`'") ||
+		!strings.Contains(line, `x\n* * * * * root /tmp/evil\n\x3bcurl e\x7csh\x3e/x\x26\x24(id)\x60id\x60\x27\x5c`) ||
+		!strings.Contains(line, `c3/x\x3breboot`) {
+		t.Errorf("log = %q, want one line with control and shell characters escaped", data)
 	}
 }
 

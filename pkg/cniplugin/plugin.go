@@ -332,7 +332,7 @@ func newLogger(c *Config, stderr io.Writer) *logger {
 	f, err := openLogFile(c.LogFile)
 	if err != nil {
 		if stderr != nil {
-			fmt.Fprintf(stderr, "nv-ipam: warning: logFile %q refused, not logging this call: %s\n", c.LogFile, escapeControl(err.Error()))
+			fmt.Fprintf(stderr, "nv-ipam: warning: logFile %q refused, not logging this call: %s\n", c.LogFile, escapeLine(err.Error()))
 		}
 		return l
 	}
@@ -340,29 +340,39 @@ func newLogger(c *Config, stderr io.Writer) *logger {
 	return l
 }
 
-// printf writes one line. Control characters are escaped: the values logged come
-// from the network config, and must not add lines of their choosing to a file
-// root appends to.
+// printf writes one line. The values logged come in part from the network
+// config (pool names) and the pod (interface name), and the file is one root
+// appends to, so the line is made inert: control characters (newlines among them)
+// and the characters a shell acts on are escaped (see escapeLine).
 func (l *logger) printf(format string, a ...any) {
 	if l.f != nil {
-		fmt.Fprintf(l.f, "%s nv-ipam: %s\n", time.Now().UTC().Format(time.RFC3339Nano), escapeControl(fmt.Sprintf(format, a...)))
+		fmt.Fprintf(l.f, "%s nv-ipam: %s\n", time.Now().UTC().Format(time.RFC3339Nano), escapeLine(fmt.Sprintf(format, a...)))
 	}
 }
 
-// escapeControl replaces ASCII and Unicode control characters (newlines among
-// them) with Go escapes.
-func escapeControl(s string) string {
-	if !strings.ContainsFunc(s, unicode.IsControl) {
+// shellActive are the characters that make a shell do more than pass words to
+// the first one: separate commands, pipe, redirect, substitute, quote, escape.
+const shellActive = ";|&<>$`'\\"
+
+// escapeLine replaces ASCII and Unicode control characters, and the characters of
+// shellActive, with Go escapes (\n, \x3b, ...). The daemon's messages avoid
+// those characters, so in practice only injected values are changed.
+func escapeLine(s string) string {
+	unsafe := func(r rune) bool { return unicode.IsControl(r) || strings.ContainsRune(shellActive, r) }
+	if !strings.ContainsFunc(s, unsafe) {
 		return s
 	}
 	var b strings.Builder
 	for _, r := range s {
-		if unicode.IsControl(r) {
+		switch {
+		case unicode.IsControl(r):
 			q := strconv.QuoteRune(r)
 			b.WriteString(q[1 : len(q)-1])
-			continue
+		case strings.ContainsRune(shellActive, r):
+			fmt.Fprintf(&b, "\\x%02x", r)
+		default:
+			b.WriteRune(r)
 		}
-		b.WriteRune(r)
 	}
 	return b.String()
 }

@@ -421,9 +421,9 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 // noBlock is ErrUnknownPool for the request's i-th pool, saying what to check.
 func (m *Manager) noBlock(req *Request, i int, what string) error {
 	kind := kindOf(req)
-	return fmt.Errorf("%w: %s %q %s on node %s: check that the %s exists in ipam-node's --ippools-namespace, "+
-		"that its nodeSelector matches this node's labels, and that its status.allocations lists node %s "+
-		"(ipam-controller assigns blocks; ipamctl pools shows what this node has)",
+	return fmt.Errorf("%w: %s %q %s on node %s: check that the %s exists in the --ippools-namespace of ipam-node, "+
+		"that its nodeSelector matches the labels of this node, and that its status.allocations lists node %s "+
+		"(ipam-controller assigns blocks, ipamctl pools shows what this node has)",
 		ErrUnknownPool, kind, req.Pools[i], what, m.node, kind, m.node)
 }
 
@@ -490,7 +490,7 @@ func (m *Manager) allocErr(p *poolState, err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, allocator.ErrExhausted):
-		return fmt.Errorf("%w: no free address in block %s on node %s (%d allocated); release addresses or give the pool a larger block",
+		return fmt.Errorf("%w: no free address in block %s on node %s (%d allocated): release addresses or give the pool a larger block",
 			ErrExhausted, p.cfg.Block, m.node, p.block.Allocated())
 	case errors.Is(err, allocator.ErrInUse), errors.Is(err, allocator.ErrOutside),
 		errors.Is(err, allocator.ErrExcluded), errors.Is(err, allocator.ErrNoGateway):
