@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -26,9 +28,11 @@ import (
 )
 
 // Plugin implements the CNI verbs. Stdout receives the result; nothing else is
-// written there.
+// written there. Stderr, when set, receives a one-line warning when logFile is
+// refused (the runtime logs a plugin's stderr); the call itself goes on.
 type Plugin struct {
 	Stdout io.Writer
+	Stderr io.Writer
 }
 
 // Funcs returns the verbs for skel.
@@ -46,7 +50,7 @@ type session struct {
 	log  *logger
 }
 
-func open(args *skel.CmdArgs, needPod bool) (*session, error) {
+func (p *Plugin) open(args *skel.CmdArgs, needPod bool) (*session, error) {
 	cfg, err := LoadConfig(args.StdinData, args.Args, needPod)
 	if err != nil {
 		return nil, toCNIError(err)
@@ -58,7 +62,7 @@ func open(args *skel.CmdArgs, needPod bool) (*session, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 	s := &session{cfg: cfg, conn: conn, ipam: nodev1.NewIPAMServiceClient(conn), info: infov1.NewNodeInfoServiceClient(conn),
-		ctx: ctx, log: newLogger(cfg)}
+		ctx: ctx, log: newLogger(cfg, p.Stderr)}
 	s.done = func() { cancel(); conn.Close(); s.log.close() }
 	return s, nil
 }
@@ -69,6 +73,7 @@ func (s *session) params(args *skel.CmdArgs) *nodev1.IPAMParameters {
 		pt = nodev1.PoolType_POOL_TYPE_CIDRPOOL
 	}
 	prm := &nodev1.IPAMParameters{Pools: s.cfg.Pools, CniContainerid: args.ContainerID, CniIfname: args.IfName, PoolType: pt,
+		NetworkName: s.cfg.Network,
 		Metadata: &nodev1.IPAMMetadata{K8SPodName: s.cfg.PodName, K8SPodNamespace: s.cfg.PodNamespace,
 			K8SPodUid: s.cfg.PodUID, DeviceId: s.cfg.DeviceID},
 		Features: &nodev1.IPAMFeatures{AllocateDefaultGateway: s.cfg.Gateway, AllocateIpWithIndex: s.cfg.Index}}
@@ -80,7 +85,7 @@ func (s *session) params(args *skel.CmdArgs) *nodev1.IPAMParameters {
 
 // Add allocates and prints the result.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	s, err := open(args, true)
+	s, err := p.open(args, true)
 	if err != nil {
 		return err
 	}
@@ -133,7 +138,7 @@ func ips(r *current.Result) string {
 
 // Del releases the interface's addresses; releasing nothing succeeds.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	s, err := open(args, false)
+	s, err := p.open(args, false)
 	if err != nil {
 		return err
 	}
@@ -149,7 +154,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 // Check verifies that the daemon holds the addresses of prevResult for the
 // interface.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	s, err := open(args, false)
+	s, err := p.open(args, false)
 	if err != nil {
 		return err
 	}
@@ -206,14 +211,22 @@ func (s *session) storeKey(pool string) string {
 	return pool
 }
 
-// GC releases every allocation of this network's pools whose attachment is not
-// in cni.dev/valid-attachments.
+// GC releases the allocations this network made in its pools whose attachment
+// is not in cni.dev/valid-attachments. That list names only this network's
+// attachments, and a pool may serve many networks, so allocations recorded for
+// another network are left alone, and so are those whose network is not known
+// (made before hwipam recorded it, imported from nv-ipam, or by a client that
+// does not send it).
 func (p *Plugin) GC(args *skel.CmdArgs) error {
-	s, err := open(args, false)
+	s, err := p.open(args, false)
 	if err != nil {
 		return err
 	}
 	defer s.done()
+	if s.cfg.Network == "" {
+		return types.NewError(types.ErrInvalidNetworkConfig, "invalid network configuration",
+			"GC needs the network's \"name\": it releases only allocations made by that network")
+	}
 	valid := map[string]bool{}
 	for _, a := range s.cfg.ValidAttachments {
 		valid[a.ContainerID+"/"+a.IfName] = true
@@ -225,7 +238,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 			return s.grpcError("GC", err)
 		}
 		for _, a := range resp.GetAllocations() {
-			if valid[a.GetContainerId()+"/"+a.GetIfName()] {
+			if a.GetNetwork() != s.cfg.Network || valid[a.GetContainerId()+"/"+a.GetIfName()] {
 				continue
 			}
 			prm := s.params(&skel.CmdArgs{ContainerID: a.GetContainerId(), IfName: a.GetIfName()})
@@ -246,7 +259,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 // Status reports whether ADD can succeed: the daemon answers and every pool has
 // an active block on this node (CNI code 50 otherwise).
 func (p *Plugin) Status(args *skel.CmdArgs) error {
-	s, err := open(args, false)
+	s, err := p.open(args, false)
 	if err != nil {
 		return err
 	}
@@ -269,7 +282,10 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	return nil
 }
 
-// grpcError maps a daemon error to a CNI error object.
+// grpcError maps a daemon error to a CNI error object; this is the one place
+// where gRPC codes become CNI codes. NotFound means "the pool has no block on this
+// node" from Allocate (hwipam's and nv-ipam's daemons alike) and "nothing
+// allocated" from IsAllocated.
 func (s *session) grpcError(verb string, err error) error {
 	st, _ := status.FromError(err)
 	switch st.Code() {
@@ -279,6 +295,12 @@ func (s *session) grpcError(verb string, err error) error {
 	case codes.InvalidArgument:
 		return types.NewError(types.ErrInvalidNetworkConfig, "invalid request", st.Message())
 	case codes.NotFound:
+		if verb == "ADD" {
+			// Usually transient (a new node before ipam-controller gave it a block, a
+			// daemon that has not listed the pools yet), so 11: the runtime retries,
+			// and the details say what to check when it is not.
+			return types.NewError(types.ErrTryAgainLater, "pool has no block on this node", st.Message())
+		}
 		return types.NewError(types.ErrUnknownContainer, "not found", st.Message())
 	case codes.ResourceExhausted:
 		return types.NewError(types.ErrInternal, "pool exhausted", st.Message())
@@ -293,26 +315,66 @@ func toCNIError(err error) error {
 	return types.NewError(types.ErrInternal, "nv-ipam failed", err.Error())
 }
 
-// logger appends to logFile; nothing is written to stdout or stderr.
+// logger appends to logFile; nothing is written to stdout.
 type logger struct {
 	f     *os.File
 	quiet bool
 }
 
-func newLogger(c *Config) *logger {
+// newLogger opens the log file (see openLogFile). A refused or unopenable file
+// turns logging off for the call, with one line on stderr saying why: a log file
+// must never fail an allocation.
+func newLogger(c *Config, stderr io.Writer) *logger {
 	l := &logger{quiet: c.LogFile == "" || strings.EqualFold(c.LogLevel, "panic") || strings.EqualFold(c.LogLevel, "error")}
-	if !l.quiet {
-		if f, err := os.OpenFile(c.LogFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600); err == nil {
-			l.f = f
-		}
+	if l.quiet {
+		return l
 	}
+	f, err := openLogFile(c.LogFile)
+	if err != nil {
+		if stderr != nil {
+			fmt.Fprintf(stderr, "nv-ipam: warning: logFile %q refused, not logging this call: %s\n", c.LogFile, escapeLine(err.Error()))
+		}
+		return l
+	}
+	l.f = f
 	return l
 }
 
+// printf writes one line. The values logged come in part from the network
+// config (pool names) and the pod (interface name), and the file is one root
+// appends to, so the line is made inert: control characters (newlines among them)
+// and the characters a shell acts on are escaped (see escapeLine).
 func (l *logger) printf(format string, a ...any) {
 	if l.f != nil {
-		fmt.Fprintf(l.f, "%s nv-ipam: %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, a...))
+		fmt.Fprintf(l.f, "%s nv-ipam: %s\n", time.Now().UTC().Format(time.RFC3339Nano), escapeLine(fmt.Sprintf(format, a...)))
 	}
+}
+
+// shellActive are the characters that make a shell do more than pass words to
+// the first one: separate commands, pipe, redirect, substitute, quote, escape.
+const shellActive = ";|&<>$`'\\"
+
+// escapeLine replaces ASCII and Unicode control characters, and the characters of
+// shellActive, with Go escapes (\n, \x3b, ...). The daemon's messages avoid
+// those characters, so in practice only injected values are changed.
+func escapeLine(s string) string {
+	unsafe := func(r rune) bool { return unicode.IsControl(r) || strings.ContainsRune(shellActive, r) }
+	if !strings.ContainsFunc(s, unsafe) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case unicode.IsControl(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		case strings.ContainsRune(shellActive, r):
+			fmt.Fprintf(&b, "\\x%02x", r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 func (l *logger) close() {

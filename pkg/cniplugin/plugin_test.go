@@ -26,7 +26,7 @@ func daemon(t *testing.T) (string, *nodealloc.Manager) {
 	t.Helper()
 	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.100")
 	return harness.ServeNode(t, &nodealloc.PoolConfig{Name: "net-a", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.1.0.0/24"),
-		Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: start, DefaultGateway: true})
+		Block: iprange.Range{Start: start, End: end}, ExclusionBase: start, Gateway: start, DefaultGateway: true})
 }
 
 func conf(version, socket, extra string) []byte {
@@ -126,7 +126,6 @@ func TestConfigErrors(t *testing.T) {
 		"no ipam section":  {`{"cniVersion": "1.0.0", "name": "n"}`, podArgs, types.ErrInvalidNetworkConfig},
 		"no pod name":      {string(conf("1.0.0", socket, "")), "K8S_POD_NAMESPACE=ns", types.ErrInvalidNetworkConfig},
 		"bad static IP":    {string(conf("1.0.0", socket, `, "runtimeConfig": {"ips": ["nope"]}`)), podArgs, types.ErrInvalidNetworkConfig},
-		"unknown pool":     {strings.Replace(string(conf("1.0.0", socket, "")), `"name": "net-a"`, `"name": "net-z"`, 1), podArgs, types.ErrUnknownContainer},
 		"negative timeout": {strings.Replace(string(conf("1.0.0", socket, "")), `"logFile": ""`, `"daemonCallTimeoutSeconds": -1`, 1), podArgs, types.ErrInvalidNetworkConfig},
 		"daemon not there": {string(conf("1.0.0", "unix:///nonexistent/x.sock", "")), podArgs, types.ErrTryAgainLater},
 	} {
@@ -137,6 +136,25 @@ func TestConfigErrors(t *testing.T) {
 				t.Errorf("ADD = %v, want CNI code %d", err, tc.code)
 			}
 		})
+	}
+}
+
+// TestPoolWithoutBlockOnNode: ADD in a pool that has no block on this node is
+// CNI code 11 saying so and what to check, not "unknown container"; CHECK of an
+// interface with nothing allocated stays code 3.
+func TestPoolWithoutBlockOnNode(t *testing.T) {
+	socket, _ := daemon(t)
+	p := &cniplugin.Plugin{Stdout: &bytes.Buffer{}}
+	stdin := []byte(strings.Replace(string(conf("1.0.0", socket, "")), `"name": "net-a"`, `"name": "net-z"`, 1))
+	err := p.Add(&skel.CmdArgs{ContainerID: "e", IfName: "net1", Args: podArgs, StdinData: stdin})
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater || cniErr.Msg != "pool has no block on this node" ||
+		!strings.Contains(cniErr.Details, `IPPool "net-z" has no block on node n1`) || !strings.Contains(cniErr.Details, "nodeSelector") {
+		t.Errorf("ADD in a pool without a block here = %v, want code 11 naming the pool and node and what to check", err)
+	}
+	err = p.Check(&skel.CmdArgs{ContainerID: "never-added", IfName: "net1", Args: podArgs, StdinData: conf("1.0.0", socket, "")})
+	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrUnknownContainer {
+		t.Errorf("CHECK of nothing = %v, want CNI code 3", err)
 	}
 }
 
@@ -169,7 +187,7 @@ func TestExhaustedPoolNamesPoolAndNode(t *testing.T) {
 	socket, m := daemon(t)
 	start, end := netip.MustParseAddr("10.9.0.1"), netip.MustParseAddr("10.9.0.2")
 	if err := m.SetPool(&nodealloc.PoolConfig{Name: "tiny", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.9.0.0/24"),
-		Block: iprange.Range{Start: start, End: end}, IndexBase: start}); err != nil {
+		Block: iprange.Range{Start: start, End: end}, ExclusionBase: start}); err != nil {
 		t.Fatal(err)
 	}
 	p := &cniplugin.Plugin{Stdout: &bytes.Buffer{}}
@@ -182,5 +200,31 @@ func TestExhaustedPoolNamesPoolAndNode(t *testing.T) {
 	if !errors.As(err, &cniErr) || cniErr.Msg != "pool exhausted" || !strings.Contains(cniErr.Details, "pool tiny") ||
 		!strings.Contains(cniErr.Details, "node n1") {
 		t.Errorf("third ADD in a two-address block = %v, want a 'pool exhausted' error naming pool tiny and node n1", err)
+	}
+}
+
+// TestGatewayHolderResult: the CNI result for allocateDefaultGateway carries the
+// gateway address as the interface's address, and neither a gateway nor the
+// default route through it.
+func TestGatewayHolderResult(t *testing.T) {
+	socket, _ := daemon(t)
+	var out bytes.Buffer
+	p := &cniplugin.Plugin{Stdout: &out}
+	stdin := conf("1.0.0", socket, `, "args": {"cni": {"allocateDefaultGateway": true}}`)
+	if err := p.Add(&skel.CmdArgs{ContainerID: "router", IfName: "net1", Args: podArgs, StdinData: stdin}); err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		IPs []struct {
+			Address string `json:"address"`
+			Gateway string `json:"gateway"`
+		} `json:"ips"`
+		Routes []any `json:"routes"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("ADD printed %q: %v", out.String(), err)
+	}
+	if len(res.IPs) != 1 || res.IPs[0].Address != "10.1.0.1/24" || res.IPs[0].Gateway != "" || len(res.Routes) != 0 {
+		t.Errorf("ADD result = %s, want 10.1.0.1/24 with no gateway and no routes", out.String())
 	}
 }

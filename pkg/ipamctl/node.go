@@ -128,7 +128,7 @@ func allocationsCommand() *cobra.Command {
 					return writeJSON(cmd.OutOrStdout(), resp)
 				}
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "POOL\tIP\tPOD\tCONTAINER\tIF\tDEVICE\tCREATED")
+				fmt.Fprintln(tw, "POOL\tIP\tNETWORK\tPOD\tCONTAINER\tIF\tDEVICE\tCREATED")
 				for _, a := range resp.GetAllocations() {
 					pod := "-"
 					if a.GetPodName() != "" {
@@ -138,7 +138,7 @@ func allocationsCommand() *cobra.Command {
 					if len(cid) > 12 {
 						cid = cid[:12]
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.GetPool(), a.GetIp(), pod, cid, a.GetIfName(),
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.GetPool(), a.GetIp(), dash(a.GetNetwork()), pod, cid, a.GetIfName(),
 						dash(a.GetDeviceId()), time.Unix(a.GetCreateTime(), 0).UTC().Format(time.RFC3339))
 				}
 				return tw.Flush()

@@ -19,9 +19,9 @@ func serve(t *testing.T) string {
 	t.Helper()
 	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.8")
 	sock, m := harness.ServeNode(t, &nodealloc.PoolConfig{Name: "rail0", Kind: v1alpha1.KindIPPool,
-		Prefix: netip.MustParsePrefix("10.1.0.0/24"), Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: start})
+		Prefix: netip.MustParsePrefix("10.1.0.0/24"), Block: iprange.Range{Start: start, End: end}, ExclusionBase: start, Gateway: start})
 	if _, err := m.Allocate(&nodealloc.Request{Pools: []string{"rail0"}, ContainerID: "0123456789abcdef", IfName: "net1",
-		Meta: nodealloc.Metadata{PodName: "trainer-0", PodNamespace: "ml", DeviceID: "0000:3b:00.2"}}); err != nil {
+		Meta: nodealloc.Metadata{PodName: "trainer-0", PodNamespace: "ml", DeviceID: "0000:3b:00.2", Network: "rail0-net"}}); err != nil {
 		t.Fatal(err)
 	}
 	return sock
@@ -52,7 +52,7 @@ func TestPoolsAndAllocations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"10.1.0.2", "ml/trainer-0", "0123456789ab", "net1", "0000:3b:00.2"} {
+	for _, want := range []string{"NETWORK", "10.1.0.2", "rail0-net", "ml/trainer-0", "0123456789ab", "net1", "0000:3b:00.2"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("allocations output lacks %q:\n%s", want, out)
 		}

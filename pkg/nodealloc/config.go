@@ -17,17 +17,24 @@ type PoolConfig struct {
 	// Prefix is the network handed out with each address: the IPPool's subnet or
 	// the node's CIDRPool prefix.
 	Prefix netip.Prefix
-	// Block is the range addresses come from.
+	// Block is the range addresses come from. allocate_ip_with_index counts from
+	// its first address, as nv-ipam does: the IPPool block's start, or the first
+	// usable address of the CIDRPool prefix (network+1, the network address itself
+	// for /31, /32, /127 and /128).
 	Block iprange.Range
 	// Gateway is the gateway returned with each address; invalid when none.
 	Gateway netip.Addr
 	// Exclusions are absolute ranges never handed out, per-node index exclusions
 	// already turned into addresses.
 	Exclusions []iprange.Range
-	// IndexBase is the address index 0 of perNodeExclusions and
-	// allocate_ip_with_index counts from: the block's first address for an IPPool,
-	// the prefix's network address for a CIDRPool.
-	IndexBase netip.Addr
+	// ExclusionBase is the address index 0 of perNodeExclusions counts from: the
+	// block's first address for an IPPool, the prefix's network address for a
+	// CIDRPool. It differs from the allocation index base for a CIDRPool:
+	//
+	//	CIDRPool 10.0.0.0/24    .0    .1    .2   ...  .254  .255
+	//	perNodeExclusions       0     1     2         254   (255)
+	//	allocate_ip_with_index        0     1         253
+	ExclusionBase netip.Addr
 	// Routes are returned with each address; DefaultGateway adds 0.0.0.0/0 or ::/0.
 	Routes         []netip.Prefix
 	DefaultGateway bool
@@ -39,7 +46,7 @@ func (c *PoolConfig) Key() string { return v1alpha1.PoolKey(c.Kind, c.Name) }
 // Equal reports whether two configs describe the same block.
 func (c *PoolConfig) Equal(o *PoolConfig) bool {
 	return c.Name == o.Name && c.Kind == o.Kind && c.Prefix == o.Prefix && c.Block == o.Block &&
-		c.Gateway == o.Gateway && slices.Equal(c.Exclusions, o.Exclusions) && c.IndexBase == o.IndexBase &&
+		c.Gateway == o.Gateway && slices.Equal(c.Exclusions, o.Exclusions) && c.ExclusionBase == o.ExclusionBase &&
 		slices.Equal(c.Routes, o.Routes) && c.DefaultGateway == o.DefaultGateway
 }
 
@@ -61,7 +68,7 @@ func FromIPPool(p *v1alpha1.IPPool, node string) (*PoolConfig, error) {
 		return nil, fmt.Errorf("IPPool %s: block %s-%s of node %s is not a range in %s", p.Name, al.StartIP, al.EndIP, node, subnet)
 	}
 	c := &PoolConfig{Name: p.Name, Kind: v1alpha1.KindIPPool, Prefix: subnet, Block: iprange.Range{Start: start, End: end},
-		IndexBase: start, DefaultGateway: p.Spec.DefaultGateway}
+		ExclusionBase: start, DefaultGateway: p.Spec.DefaultGateway}
 	if p.Spec.Gateway != "" {
 		if c.Gateway, err = v1alpha1.ParseAddr(p.Spec.Gateway); err != nil {
 			return nil, fmt.Errorf("IPPool %s: gateway %q: %w", p.Name, p.Spec.Gateway, err)
@@ -85,7 +92,7 @@ func FromCIDRPool(p *v1alpha1.CIDRPool, node string) (*PoolConfig, error) {
 		return nil, fmt.Errorf("CIDRPool %s: prefix %q of node %s is not a network in CIDR notation", p.Name, al.Prefix, node)
 	}
 	c := &PoolConfig{Name: p.Name, Kind: v1alpha1.KindCIDRPool, Prefix: prefix, Block: iprange.Usable(prefix),
-		IndexBase: prefix.Addr(), DefaultGateway: p.Spec.DefaultGateway}
+		ExclusionBase: prefix.Addr(), DefaultGateway: p.Spec.DefaultGateway}
 	if al.Gateway != "" {
 		if c.Gateway, err = v1alpha1.ParseAddr(al.Gateway); err != nil || !prefix.Contains(c.Gateway) {
 			return nil, fmt.Errorf("CIDRPool %s: gateway %q of node %s is not an address in %s", p.Name, al.Gateway, node, prefix)
@@ -114,8 +121,8 @@ func (c *PoolConfig) addCommon(excl []v1alpha1.ExcludeRange, perNode []v1alpha1.
 		if e.StartIndex < 0 || e.EndIndex < e.StartIndex {
 			return fmt.Errorf("perNodeExclusions %d-%d: not an index range", e.StartIndex, e.EndIndex)
 		}
-		s, ok1 := iprange.Add(c.IndexBase, iprange.U64(uint64(e.StartIndex)))
-		en, ok2 := iprange.Add(c.IndexBase, iprange.U64(uint64(e.EndIndex)))
+		s, ok1 := iprange.Add(c.ExclusionBase, iprange.U64(uint64(e.StartIndex)))
+		en, ok2 := iprange.Add(c.ExclusionBase, iprange.U64(uint64(e.EndIndex)))
 		if !ok1 {
 			continue
 		}
@@ -137,22 +144,23 @@ func (c *PoolConfig) addCommon(excl []v1alpha1.ExcludeRange, perNode []v1alpha1.
 // storedConfig is PoolConfig as the store keeps it (strings, so the file stays
 // readable and independent of Go's encodings of netip types).
 type storedConfig struct {
-	Name           string      `json:"name"`
-	Kind           string      `json:"kind"`
-	Prefix         string      `json:"prefix"`
-	Start          string      `json:"start"`
-	End            string      `json:"end"`
-	Gateway        string      `json:"gateway,omitempty"`
-	Exclusions     [][2]string `json:"exclusions,omitempty"`
-	IndexBase      string      `json:"indexBase"`
-	Routes         []string    `json:"routes,omitempty"`
-	DefaultGateway bool        `json:"defaultGateway,omitempty"`
+	Name       string      `json:"name"`
+	Kind       string      `json:"kind"`
+	Prefix     string      `json:"prefix"`
+	Start      string      `json:"start"`
+	End        string      `json:"end"`
+	Gateway    string      `json:"gateway,omitempty"`
+	Exclusions [][2]string `json:"exclusions,omitempty"`
+	// IndexBase is ExclusionBase, under the name older daemons read.
+	IndexBase      string   `json:"indexBase"`
+	Routes         []string `json:"routes,omitempty"`
+	DefaultGateway bool     `json:"defaultGateway,omitempty"`
 }
 
 // MarshalConfig encodes a config for the store.
 func MarshalConfig(c *PoolConfig) (json.RawMessage, error) {
 	s := storedConfig{Name: c.Name, Kind: c.Kind, Prefix: c.Prefix.String(), Start: c.Block.Start.String(),
-		End: c.Block.End.String(), IndexBase: c.IndexBase.String(), DefaultGateway: c.DefaultGateway}
+		End: c.Block.End.String(), IndexBase: c.ExclusionBase.String(), DefaultGateway: c.DefaultGateway}
 	if c.Gateway.IsValid() {
 		s.Gateway = c.Gateway.String()
 	}
@@ -189,7 +197,7 @@ func UnmarshalConfig(data json.RawMessage) (*PoolConfig, error) {
 	if c.Block.End, err = netip.ParseAddr(s.End); err != nil {
 		return nil, bad("end", s.End, err)
 	}
-	if c.IndexBase, err = netip.ParseAddr(s.IndexBase); err != nil {
+	if c.ExclusionBase, err = netip.ParseAddr(s.IndexBase); err != nil {
 		return nil, bad("indexBase", s.IndexBase, err)
 	}
 	if s.Gateway != "" {

@@ -35,6 +35,9 @@ var (
 // Metadata is recorded with an allocation.
 type Metadata struct {
 	PodName, PodNamespace, PodUID, DeviceID string
+	// Network is the CNI network's name, which CNI GC of that network matches on;
+	// empty when the client did not send it.
+	Network string
 }
 
 // Request asks for addresses for one interface.
@@ -58,7 +61,7 @@ type Result struct {
 	Pool    string
 	Kind    string
 	Addr    netip.Prefix // the address with the pool's prefix length
-	Gateway netip.Addr   // invalid when the pool has none
+	Gateway netip.Addr   // invalid when the pool has none, or Addr is the gateway
 	Routes  []netip.Prefix
 }
 
@@ -354,8 +357,7 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 			// Also for a retry of an allocation imported or stored before this
 			// daemon learned the pool's block: without the block there is no prefix
 			// to answer with.
-			return nil, nil, nil, fmt.Errorf("%w: %s %q has no block on node %s (is the pool defined, and does its nodeSelector match this node?)",
-				ErrUnknownPool, kindOf(req), req.Pools[i], m.node)
+			return nil, nil, nil, m.noBlock(req, i, "has no block")
 		}
 	}
 	existing := 0
@@ -370,14 +372,9 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 		return m.results(states, who), nil, nil, nil
 	}
 	for i, p := range states {
-		if p == nil || p.cfg == nil {
-			return nil, nil, nil, fmt.Errorf("%w: %s %q has no block on node %s (is the pool defined, and does its nodeSelector match this node?)",
-				ErrUnknownPool, kindOf(req), req.Pools[i], m.node)
-		}
 		if !p.active {
 			if _, ok := p.allocs[who]; !ok {
-				return nil, nil, nil, fmt.Errorf("%w: %s %q no longer has a block on node %s: existing allocations stay until released, new ones are refused",
-					ErrUnknownPool, kindOf(req), req.Pools[i], m.node)
+				return nil, nil, nil, m.noBlock(req, i, "no longer has a block (existing allocations stay until released, new ones are refused)")
 			}
 		}
 	}
@@ -406,7 +403,7 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 		took = append(took, taken{p, ip})
 		a := store.Allocation{ContainerID: req.ContainerID, IfName: req.IfName, IP: ip.String(),
 			PodName: req.Meta.PodName, PodNamespace: req.Meta.PodNamespace, PodUID: req.Meta.PodUID,
-			DeviceID: req.Meta.DeviceID, CreateTime: now}
+			DeviceID: req.Meta.DeviceID, Network: req.Meta.Network, CreateTime: now}
 		puts = append(puts, store.Put{PoolKey: p.key, Allocation: a, LastReserved: p.block.Cursor().String()})
 	}
 	// Every pool of the request gets the flight, also one whose half of a
@@ -419,6 +416,15 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 		t.p.inflight[who].ips = []netip.Addr{t.ip}
 	}
 	return nil, f, puts, nil
+}
+
+// noBlock is ErrUnknownPool for the request's i-th pool, saying what to check.
+func (m *Manager) noBlock(req *Request, i int, what string) error {
+	kind := kindOf(req)
+	return fmt.Errorf("%w: %s %q %s on node %s: check that the %s exists in the --ippools-namespace of ipam-node, "+
+		"that its nodeSelector matches the labels of this node, and that its status.allocations lists node %s "+
+		"(ipam-controller assigns blocks, ipamctl pools shows what this node has)",
+		ErrUnknownPool, kind, req.Pools[i], what, m.node, kind, m.node)
 }
 
 func kindOf(req *Request) string {
@@ -463,9 +469,12 @@ func (m *Manager) pick(p *poolState, req *Request, requested netip.Addr) (netip.
 		if *req.Index < 0 {
 			return netip.Addr{}, fmt.Errorf("%w: allocate_ip_with_index %d is negative", ErrInvalid, *req.Index)
 		}
-		ip, ok := iprange.Add(p.cfg.IndexBase, iprange.U64(uint64(*req.Index)))
-		if !ok {
-			return netip.Addr{}, fmt.Errorf("%w: allocate_ip_with_index %d is outside the block", ErrInvalid, *req.Index)
+		// Index 0 is the block's first address (see PoolConfig.Block), not the
+		// exclusion base.
+		ip, ok := iprange.Add(p.cfg.Block.Start, iprange.U64(uint64(*req.Index)))
+		if !ok || !p.cfg.Block.Contains(ip) {
+			return netip.Addr{}, fmt.Errorf("%w: allocate_ip_with_index %d is outside block %s on node %s (indexes 0-%s, 0 = %s)",
+				ErrInvalid, *req.Index, p.cfg.Block, m.node, iprange.Distance(p.cfg.Block.Start, p.cfg.Block.End), p.cfg.Block.Start)
 		}
 		if err := p.block.AllocateStatic(ip); err != nil {
 			return netip.Addr{}, m.allocErr(p, err)
@@ -481,7 +490,7 @@ func (m *Manager) allocErr(p *poolState, err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, allocator.ErrExhausted):
-		return fmt.Errorf("%w: no free address in block %s on node %s (%d allocated); release addresses or give the pool a larger block",
+		return fmt.Errorf("%w: no free address in block %s on node %s (%d allocated): release addresses or give the pool a larger block",
 			ErrExhausted, p.cfg.Block, m.node, p.block.Allocated())
 	case errors.Is(err, allocator.ErrInUse), errors.Is(err, allocator.ErrOutside),
 		errors.Is(err, allocator.ErrExcluded), errors.Is(err, allocator.ErrNoGateway):
@@ -490,12 +499,21 @@ func (m *Manager) allocErr(p *poolState, err error) error {
 	return err
 }
 
+// results answers for the interface's allocations. The holder of the gateway
+// address (allocate_default_gateway) gets neither a gateway nor routes, as from
+// nv-ipam: every route of the result goes through the gateway, which would be
+// itself.
 func (m *Manager) results(states []*poolState, who owner) []Result {
 	out := make([]Result, 0, len(states))
 	for _, p := range states {
 		a := p.allocs[who]
 		ip, _ := netip.ParseAddr(a.IP)
-		r := Result{Pool: p.cfg.Name, Kind: p.cfg.Kind, Addr: netip.PrefixFrom(ip, p.cfg.Prefix.Bits()), Gateway: p.cfg.Gateway}
+		r := Result{Pool: p.cfg.Name, Kind: p.cfg.Kind, Addr: netip.PrefixFrom(ip, p.cfg.Prefix.Bits())}
+		if p.cfg.Gateway.IsValid() && ip == p.cfg.Gateway {
+			out = append(out, r)
+			continue
+		}
+		r.Gateway = p.cfg.Gateway
 		r.Routes = slices.Clone(p.cfg.Routes)
 		if p.cfg.DefaultGateway && p.cfg.Gateway.IsValid() {
 			def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)

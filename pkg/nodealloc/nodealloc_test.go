@@ -39,13 +39,13 @@ func openManager(t *testing.T, path string) *nodealloc.Manager {
 func v4Pool(name string) *nodealloc.PoolConfig {
 	start, end := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.8")
 	return &nodealloc.PoolConfig{Name: name, Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.0.0.0/24"),
-		Block: iprange.Range{Start: start, End: end}, IndexBase: start, Gateway: netip.MustParseAddr("10.0.0.1"),
+		Block: iprange.Range{Start: start, End: end}, ExclusionBase: start, Gateway: netip.MustParseAddr("10.0.0.1"),
 		Routes: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}, DefaultGateway: true}
 }
 
 func v6Pool(name string) *nodealloc.PoolConfig {
 	p := netip.MustParsePrefix("fd00:1::/64")
-	return &nodealloc.PoolConfig{Name: name, Kind: v1alpha1.KindIPPool, Prefix: p, Block: iprange.Usable(p), IndexBase: p.Addr().Next()}
+	return &nodealloc.PoolConfig{Name: name, Kind: v1alpha1.KindIPPool, Prefix: p, Block: iprange.Usable(p), ExclusionBase: p.Addr().Next()}
 }
 
 func req(cid string, pools ...string) *nodealloc.Request {
@@ -172,6 +172,33 @@ func TestStaticIndexGatewayAndDualStackAllOrNothing(t *testing.T) {
 	}
 	if n := len(m.Allocations(v1alpha1.PoolKey(v1alpha1.KindIPPool, "v6"))["v6"]); n != 1 {
 		t.Errorf("v6 holds %d allocations after a failed dual-stack request, want 1", n)
+	}
+}
+
+// TestGatewayHolderGetsNoGatewayOrRoutes: the pod given the gateway address
+// (allocate_default_gateway) must not be told to route through itself.
+func TestGatewayHolderGetsNoGatewayOrRoutes(t *testing.T) {
+	m, _ := newManager(t)
+	if err := m.SetPool(v4Pool("rail0")); err != nil { // gateway .1, defaultGateway, a route
+		t.Fatal(err)
+	}
+	gw := req("router", "rail0")
+	gw.AllocateGateway = true
+	for _, attempt := range []string{"ADD", "repeated ADD"} {
+		res, err := m.Allocate(gw)
+		if err != nil {
+			t.Fatalf("%s: %v", attempt, err)
+		}
+		if r := res[0]; r.Addr.String() != "10.0.0.1/24" || r.Gateway.IsValid() || len(r.Routes) != 0 {
+			t.Errorf("%s of the gateway = %+v, want 10.0.0.1/24 with no gateway and no routes", attempt, r)
+		}
+	}
+	res, err := m.Allocate(req("pod", "rail0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res[0]; r.Gateway.String() != "10.0.0.1" || fmt.Sprint(r.Routes) != "[0.0.0.0/0 10.9.0.0/16]" {
+		t.Errorf("another pod = %+v, want gateway 10.0.0.1 and both routes", r)
 	}
 }
 

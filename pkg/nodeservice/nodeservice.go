@@ -110,7 +110,7 @@ func (s *Service) ListAllocations(_ context.Context, in *infov1.ListAllocationsR
 			out.Allocations = append(out.Allocations, &infov1.AllocationRecord{
 				Pool: pool, ContainerId: a.ContainerID, IfName: a.IfName, Ip: a.IP,
 				PodName: a.PodName, PodNamespace: a.PodNamespace, PodUid: a.PodUID, DeviceId: a.DeviceID,
-				CreateTime: a.CreateTime.Unix(),
+				CreateTime: a.CreateTime.Unix(), Network: a.Network,
 			})
 		}
 	}
@@ -133,7 +133,7 @@ func toRequest(p *nodev1.IPAMParameters) (*nodealloc.Request, error) {
 	req := &nodealloc.Request{
 		Pools: p.GetPools(), ContainerID: p.GetCniContainerid(), IfName: p.GetCniIfname(),
 		Meta: nodealloc.Metadata{PodName: p.GetMetadata().GetK8SPodName(), PodNamespace: p.GetMetadata().GetK8SPodNamespace(),
-			PodUID: p.GetMetadata().GetK8SPodUid(), DeviceID: p.GetMetadata().GetDeviceId()},
+			PodUID: p.GetMetadata().GetK8SPodUid(), DeviceID: p.GetMetadata().GetDeviceId(), Network: p.GetNetworkName()},
 		AllocateGateway: p.GetFeatures().GetAllocateDefaultGateway(),
 	}
 	switch p.GetPoolType() {

@@ -180,6 +180,8 @@ func writeImported(tx *bolt.Tx, root *nvRoot) error {
 				ContainerID: e.ContainerID, IfName: e.InterfaceName, IP: e.IPAddress.String(),
 				PodName: e.Metadata.PodName, PodNamespace: e.Metadata.PodNamespace, PodUID: e.Metadata.PodUUID,
 				DeviceID: e.Metadata.DeviceID, CreateTime: created,
+				// nv-ipam does not know the network; Network stays empty, so CNI GC
+				// leaves the allocation alone.
 			}
 			v, err := json.Marshal(a)
 			if err != nil {

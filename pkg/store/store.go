@@ -14,6 +14,11 @@
 //
 // A poolKey is the pool name for an IPPool and "cidrpool/<name>" for a CIDRPool,
 // as in nv-ipam's store.
+//
+// Schema 1 grows only by optional fields, which older ipam-node versions ignore,
+// so a rollback keeps working. Allocation.Network is one: records written before
+// it, and allocations imported from nv-ipam, have none, which reads as "network
+// not known" (CNI GC never releases them); there is nothing to rewrite.
 package store
 
 import (
@@ -56,6 +61,9 @@ type Allocation struct {
 	PodUID       string    `json:"podUID,omitempty"`
 	DeviceID     string    `json:"deviceID,omitempty"`
 	CreateTime   time.Time `json:"createTime"`
+	// Network is the name of the CNI network that made the allocation; empty when
+	// not known (see the package comment).
+	Network string `json:"network,omitempty"`
 }
 
 // Pool is what the store remembers of a pool besides its allocations: the last

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/hwipam/hwipam/pkg/store"
 )
 
@@ -100,6 +102,63 @@ func TestCommitLoadDelete(t *testing.T) {
 	if r1 := pools["cidrpool/rail1"]; r1 != nil && len(r1.Allocations) != 0 {
 		t.Errorf("deleted allocation still there: %+v", r1.Allocations)
 	}
+}
+
+// TestNetworkRecordedAndOldRecordsHaveNone: an allocation keeps the CNI network
+// that made it; a record written before the field existed loads with none (which
+// CNI GC reads as "never collect"), and an older daemon's view of a new record
+// is the same record without it.
+func TestNetworkRecordedAndOldRecordsHaveNone(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	s, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withNet := alloc("c1", "net1", "10.0.0.1")
+	withNet.Network = "red"
+	if err := s.Commit([]store.Put{{PoolKey: "rail0", Allocation: withNet}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The record as ipam-node wrote it before allocations carried their network.
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := `{"containerID":"c0","ifName":"net1","ip":"10.0.0.9","podName":"pod-c0","podNamespace":"ns","createTime":"2025-01-02T03:04:05Z"}`
+	err = db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("allocations")).Bucket([]byte("rail0")).Put([]byte("c0\x00net1"), []byte(old))
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err = store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pools, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]store.Allocation{}
+	for _, a := range pools["rail0"].Allocations {
+		got[a.ContainerID] = a
+	}
+	if got["c1"] != withNet {
+		t.Errorf("allocation read back = %+v, want %+v", got["c1"], withNet)
+	}
+	if a, ok := got["c0"]; !ok || a.Network != "" || a.IP != "10.0.0.9" || a.PodName != "pod-c0" {
+		t.Errorf("old record read back = %+v %v, want it whole, with no network", a, ok)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkInvariants(t, path)
 }
 
 // TestCommitAllOrNothing: a dual-stack commit whose second put fails leaves nothing.
@@ -284,6 +343,11 @@ func TestImportNVIPAMStore(t *testing.T) {
 	}
 	if len(got) != 3 {
 		t.Errorf("imported %d allocations, want 3: %v", len(got), got)
+	}
+	for k, a := range got {
+		if a.Network != "" {
+			t.Errorf("%s imported with network %q: nv-ipam does not know it", k, a.Network)
+		}
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)

@@ -344,7 +344,11 @@ type AllocationRecord struct {
 	PodUid       string                 `protobuf:"bytes,7,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
 	DeviceId     string                 `protobuf:"bytes,8,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
 	// Unix seconds.
-	CreateTime    int64 `protobuf:"varint,9,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	CreateTime int64 `protobuf:"varint,9,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The CNI network that made the allocation; empty for allocations made before
+	// hwipam recorded it, imported from nv-ipam, or by a client that does not send
+	// it. CNI GC releases only allocations of its own network.
+	Network       string `protobuf:"bytes,10,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -442,6 +446,13 @@ func (x *AllocationRecord) GetCreateTime() int64 {
 	return 0
 }
 
+func (x *AllocationRecord) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
+}
+
 var File_hwipam_node_v1_info_proto protoreflect.FileDescriptor
 
 const file_hwipam_node_v1_info_proto_rawDesc = "" +
@@ -467,7 +478,7 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\x16ListAllocationsRequest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\"]\n" +
 	"\x17ListAllocationsResponse\x12B\n" +
-	"\vallocations\x18\x01 \x03(\v2 .hwipam.node.v1.AllocationRecordR\vallocations\"\x89\x02\n" +
+	"\vallocations\x18\x01 \x03(\v2 .hwipam.node.v1.AllocationRecordR\vallocations\"\xa3\x02\n" +
 	"\x10AllocationRecord\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\tR\vcontainerId\x12\x17\n" +
@@ -478,7 +489,9 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\apod_uid\x18\a \x01(\tR\x06podUid\x12\x1b\n" +
 	"\tdevice_id\x18\b \x01(\tR\bdeviceId\x12\x1f\n" +
 	"\vcreate_time\x18\t \x01(\x03R\n" +
-	"createTime2\xc7\x01\n" +
+	"createTime\x12\x18\n" +
+	"\anetwork\x18\n" +
+	" \x01(\tR\anetwork2\xc7\x01\n" +
 	"\x0fNodeInfoService\x12P\n" +
 	"\tListPools\x12 .hwipam.node.v1.ListPoolsRequest\x1a!.hwipam.node.v1.ListPoolsResponse\x12b\n" +
 	"\x0fListAllocations\x12&.hwipam.node.v1.ListAllocationsRequest\x1a'.hwipam.node.v1.ListAllocationsResponseB9Z7github.com/hwipam/hwipam/api/grpc/hwipam/node/v1;infov1b\x06proto3"

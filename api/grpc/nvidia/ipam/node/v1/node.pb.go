@@ -85,8 +85,14 @@ type IPAMParameters struct {
 	Metadata       *IPAMMetadata `protobuf:"bytes,4,opt,name=metadata,proto3" json:"metadata,omitempty"`
 	PoolType       PoolType      `protobuf:"varint,5,opt,name=pool_type,json=poolType,proto3,enum=nvidia.ipam.node.v1.PoolType" json:"pool_type,omitempty"`
 	// Static addresses asked for, each with or without a prefix length.
-	RequestedIps  []string      `protobuf:"bytes,6,rep,name=requested_ips,json=requestedIps,proto3" json:"requested_ips,omitempty"`
-	Features      *IPAMFeatures `protobuf:"bytes,7,opt,name=features,proto3" json:"features,omitempty"`
+	RequestedIps []string      `protobuf:"bytes,6,rep,name=requested_ips,json=requestedIps,proto3" json:"requested_ips,omitempty"`
+	Features     *IPAMFeatures `protobuf:"bytes,7,opt,name=features,proto3" json:"features,omitempty"`
+	// hwipam's addition, outside nv-ipam's field numbers: the CNI network's name
+	// (the network config's "name"), recorded with each allocation so that CNI GC
+	// of one network releases only that network's allocations. nv-ipam's plugin
+	// never sends it and nv-ipam's daemon ignores it; an allocation made without it
+	// is never released by GC.
+	NetworkName   string `protobuf:"bytes,100,opt,name=network_name,json=networkName,proto3" json:"network_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -168,6 +174,13 @@ func (x *IPAMParameters) GetFeatures() *IPAMFeatures {
 		return x.Features
 	}
 	return nil
+}
+
+func (x *IPAMParameters) GetNetworkName() string {
+	if x != nil {
+		return x.NetworkName
+	}
+	return ""
 }
 
 // IPAMMetadata is recorded with the allocation.
@@ -668,7 +681,7 @@ var File_nvidia_ipam_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_nvidia_ipam_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1envidia/ipam/node/v1/node.proto\x12\x13nvidia.ipam.node.v1\"\xcd\x02\n" +
+	"\x1envidia/ipam/node/v1/node.proto\x12\x13nvidia.ipam.node.v1\"\xf0\x02\n" +
 	"\x0eIPAMParameters\x12\x14\n" +
 	"\x05pools\x18\x01 \x03(\tR\x05pools\x12'\n" +
 	"\x0fcni_containerid\x18\x02 \x01(\tR\x0ecniContainerid\x12\x1d\n" +
@@ -677,7 +690,8 @@ const file_nvidia_ipam_node_v1_node_proto_rawDesc = "" +
 	"\bmetadata\x18\x04 \x01(\v2!.nvidia.ipam.node.v1.IPAMMetadataR\bmetadata\x12:\n" +
 	"\tpool_type\x18\x05 \x01(\x0e2\x1d.nvidia.ipam.node.v1.PoolTypeR\bpoolType\x12#\n" +
 	"\rrequested_ips\x18\x06 \x03(\tR\frequestedIps\x12=\n" +
-	"\bfeatures\x18\a \x01(\v2!.nvidia.ipam.node.v1.IPAMFeaturesR\bfeatures\"\x99\x01\n" +
+	"\bfeatures\x18\a \x01(\v2!.nvidia.ipam.node.v1.IPAMFeaturesR\bfeatures\x12!\n" +
+	"\fnetwork_name\x18d \x01(\tR\vnetworkName\"\x99\x01\n" +
 	"\fIPAMMetadata\x12 \n" +
 	"\fk8s_pod_name\x18\x01 \x01(\tR\n" +
 	"k8sPodName\x12*\n" +
