@@ -139,6 +139,10 @@ func New(cfg Config) (*Block, error) {
 // Size is the number of addresses in the range, blocked ones included.
 func (b *Block) Size() iprange.U128 { return b.size }
 
+// Orphans is the number of addresses held outside the block or where the current
+// spec excludes them (replayed by Reserve), until they are released.
+func (b *Block) Orphans() uint64 { return uint64(len(b.orphans)) }
+
 // Allocated is the number of addresses held, orphans and the gateway included.
 func (b *Block) Allocated() uint64 {
 	n := b.count + uint64(len(b.orphans))

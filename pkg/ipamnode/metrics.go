@@ -58,13 +58,14 @@ type stateCollector struct{}
 var (
 	descAllocated = prometheus.NewDesc("hwipam_node_pool_allocations", "Addresses held in the pool on this node.", []string{"pool"}, nil)
 	descFree      = prometheus.NewDesc("hwipam_node_pool_free_addresses", "Addresses that can still be handed out (float: IPv6 blocks are huge).", []string{"pool"}, nil)
+	descOrphans   = prometheus.NewDesc("hwipam_node_pool_orphaned_addresses", "Addresses held outside the block the pool hands out from on this node (all of them when it has none): kept until released, reported to the controller so no other node gets them.", []string{"pool"}, nil)
 	descActive    = prometheus.NewDesc("hwipam_node_pool_active", "1 when the pool has a block for this node, 0 when it only keeps old allocations.", []string{"pool"}, nil)
 	descCommits   = prometheus.NewDesc("hwipam_node_store_commits_total", "Store commits (each Allocate or Deallocate that changed something).", nil, nil)
 	descTxs       = prometheus.NewDesc("hwipam_node_store_transactions_total", "Write transactions (fsyncs) those commits shared.", nil, nil)
 )
 
 func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descAllocated, descFree, descActive, descCommits, descTxs} {
+	for _, d := range []*prometheus.Desc{descAllocated, descFree, descOrphans, descActive, descCommits, descTxs} {
 		ch <- d
 	}
 }
@@ -78,6 +79,7 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descAllocated, prometheus.GaugeValue, float64(p.Allocated), p.Key)
 		free := float64(p.Free.Hi)*18446744073709551616 + float64(p.Free.Lo)
 		ch <- prometheus.MustNewConstMetric(descFree, prometheus.GaugeValue, free, p.Key)
+		ch <- prometheus.MustNewConstMetric(descOrphans, prometheus.GaugeValue, float64(p.Orphans), p.Key)
 		active := 0.0
 		if p.Active {
 			active = 1

@@ -635,6 +635,10 @@ type PoolInfo struct {
 	Size      iprange.U128
 	Allocated uint64
 	Free      iprange.U128
+	// Orphans are allocations outside the block the pool hands out from (all of
+	// them when it has none): left from an earlier block, excluded since, or of a
+	// pool gone from this node.
+	Orphans uint64
 }
 
 // Pools lists the pools, sorted by key.
@@ -651,6 +655,12 @@ func (m *Manager) Pools() []PoolInfo {
 		info := PoolInfo{Key: p.key, Config: p.cfg, Active: p.active, Allocated: uint64(len(p.allocs))}
 		if p.block != nil {
 			info.Size, info.Free = p.block.Size(), p.block.Free()
+		}
+		switch {
+		case p.active && p.block != nil:
+			info.Orphans = p.block.Orphans()
+		default:
+			info.Orphans = info.Allocated
 		}
 		p.mu.Unlock()
 		out = append(out, info)
