@@ -112,6 +112,13 @@ type world struct {
 	uncertain map[string]attachment
 	nextID    int
 	counts    map[string]int
+	logs      []namedLog
+}
+
+// namedLog is the output of one process the test started.
+type namedLog struct {
+	what string
+	w    *lockedWriter
 }
 
 // TestWholeSystemInvariants is the model-based whole-system test. Each seed runs
@@ -200,8 +207,9 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 
 func (w *world) startProcess(cmd *exec.Cmd, what string) chan struct{} {
 	w.t.Helper()
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &lockedWriter{w: &out}, &lockedWriter{w: &out}
+	logw := &lockedWriter{w: &strings.Builder{}}
+	w.logs = append(w.logs, namedLog{what, logw})
+	cmd.Stdout, cmd.Stderr = logw, logw
 	if os.Getenv("HWIPAM_TEST_LOG") != "" {
 		cmd.Stderr = os.Stderr
 	}
@@ -342,6 +350,10 @@ func (w *world) tracef(format string, args ...any) {
 func (w *world) fail(format string, args ...any) {
 	w.t.Helper()
 	tail := w.trace[max(0, len(w.trace)-40):]
+	for _, l := range w.logs {
+		lines := strings.Split(strings.TrimSpace(l.w.String()), "\n")
+		w.t.Logf("last lines of %s:\n  %s", l.what, strings.Join(lines[max(0, len(lines)-15):], "\n  "))
+	}
 	w.t.Fatalf("seed %d, step %d: %s\nlast actions:\n  %s\nreplay: HWIPAM_SYSTEM_SEED=%d go test ./test/system/ -run TestWholeSystemInvariants -v",
 		w.seed, w.step, fmt.Sprintf(format, args...), strings.Join(tail, "\n  "), w.seed)
 }

@@ -2,10 +2,14 @@ package system
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
 	"testing"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // apiProxy forwards TCP to the API server. The components under test reach the API
@@ -111,8 +115,18 @@ type lockedWriter struct {
 	w  io.Writer
 }
 
+func (l *lockedWriter) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return fmt.Sprint(l.w)
+}
+
 func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// The components log through their own processes; controller-runtime in the test
+// process (envtest's clients) has nothing to say that the test needs.
+func init() { ctrllog.SetLogger(logr.Discard()) }
