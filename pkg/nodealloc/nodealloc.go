@@ -6,6 +6,7 @@ package nodealloc
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -87,9 +88,24 @@ type flight struct {
 	ips  []netip.Addr
 }
 
+// Store is what the allocation state needs of the durable store. The daemon
+// wires in *store.Store; tests wrap it to fail or stall a commit.
+type Store interface {
+	// Load returns every pool and allocation, by pool key.
+	Load() (map[string]*store.PoolState, error)
+	// SavePool records a pool's last known block.
+	SavePool(key string, block json.RawMessage) error
+	// Commit records puts and deletes, all or none, and returns once they are on disk.
+	Commit(puts []store.Put, deletes []store.Key) error
+	// Path names the store in error messages.
+	Path() string
+}
+
+var _ Store = (*store.Store)(nil)
+
 // Manager holds the node's pools and allocations.
 type Manager struct {
-	store *store.Store
+	store Store
 	node  string
 	now   func() time.Time
 
@@ -101,7 +117,7 @@ type Manager struct {
 // active, so that a daemon restarted while the API server is unreachable keeps
 // allocating; the pool sync deactivates those that are gone once it has listed
 // the pools.
-func New(st *store.Store, node string) (*Manager, error) {
+func New(st Store, node string) (*Manager, error) {
 	m := &Manager{store: st, node: node, now: time.Now, pools: map[string]*poolState{}}
 	loaded, err := st.Load()
 	if err != nil {
