@@ -73,7 +73,7 @@ func (c *cleaner) sweep(ctx context.Context) {
 			if c.counts[key] < c.misses {
 				continue
 			}
-			released, err := c.manager.ReleaseIf(pool, a)
+			released, err := c.manager.ReleaseIf(ctx, pool, a)
 			switch {
 			case err != nil:
 				c.log.Error(err, "releasing a stale allocation", "pool", pool, "containerID", a.ContainerID, "ifName", a.IfName)
