@@ -4,7 +4,9 @@
 // (nicdiscovery, published by server-side apply), all under one
 // errgroup so that any fatal error stops the process with a non-zero exit.
 // Nothing on the allocation path calls the API server: with the API server down
-// the daemon keeps allocating from the blocks it last learned.
+// the daemon keeps allocating from the blocks it last learned. At start those
+// blocks serve only once a listing of the pools has confirmed them, or once the
+// API server has failed to answer (see poolSync).
 package ipamnode
 
 import (
@@ -129,8 +131,9 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
-	if err := (&poolSync{client: mgr.GetClient(), manager: mgrState, node: o.NodeName, namespace: o.PoolsNamespace}).
-		setup(mgr); err != nil {
+	pools := &poolSync{client: mgr.GetClient(), reader: mgr.GetAPIReader(), manager: mgrState, node: o.NodeName,
+		namespace: o.PoolsNamespace}
+	if err := pools.setup(mgr); err != nil {
 		return err
 	}
 	if o.CleanupInterval > 0 {
@@ -187,6 +190,10 @@ func Run(ctx context.Context, o *Options) error {
 		if err := srv.Serve(lis); err != nil {
 			return fmt.Errorf("serving gRPC on %s: %w", o.BindAddress, err)
 		}
+		return nil
+	})
+	g.Go(func() error {
+		pools.startup(gctx, logger.WithName("poolsync"))
 		return nil
 	})
 	g.Go(func() error {

@@ -70,12 +70,18 @@ type poolState struct {
 	// sem is the pool's lock, a channel rather than a sync.Mutex so that a request
 	// can stop waiting for it when its context ends. Every holder unlocks in a
 	// defer: a panic (recovered by the gRPC server) must not wedge the pool.
-	sem    chan struct{}
-	key    string
-	cfg    *PoolConfig      // nil: only allocations are known (no block learned yet)
-	block  *allocator.Block // nil with cfg
+	sem   chan struct{}
+	key   string
+	cfg   *PoolConfig      // nil: only allocations are known (no block learned yet)
+	block *allocator.Block // nil with cfg
+	// active: a pool sync (or SetPool) gave the pool this block; it hands out
+	// addresses. A pool that is neither active nor provisional only keeps the
+	// allocations it has until they are released.
 	active bool
-	allocs map[owner]store.Allocation
+	// provisional: the block was loaded from the store and no pool sync has
+	// confirmed it yet. It hands out addresses only after UseStoredBlocks.
+	provisional bool
+	allocs      map[owner]store.Allocation
 	// lastReserved is the round-robin position read from the store, applied when
 	// the pool's block is first configured.
 	lastReserved netip.Addr
@@ -154,6 +160,12 @@ type Manager struct {
 
 	mu    sync.RWMutex
 	pools map[string]*poolState
+
+	// decided is closed by the first SyncPools or by UseStoredBlocks, whichever
+	// comes first: until then a request that needs a new address from a
+	// provisional block waits.
+	decided    chan struct{}
+	decideOnce sync.Once
 }
 
 // Option tunes a Manager.
@@ -166,11 +178,12 @@ func WithClock(now func() time.Time) Option {
 }
 
 // New loads the store and rebuilds every pool. The last known blocks come back
-// active, so that a daemon restarted while the API server is unreachable keeps
-// allocating; the pool sync deactivates those that are gone once it has listed
-// the pools.
+// provisional: their allocations can be looked up and released at once, but a
+// new address comes from one only once the daemon knows it is still this node's
+// block (SyncPools), or has given up asking the API server (UseStoredBlocks).
+// Until either happens, such a request waits.
 func New(st Store, node string, opts ...Option) (*Manager, error) {
-	m := &Manager{store: st, node: node, now: time.Now, pools: map[string]*poolState{}}
+	m := &Manager{store: st, node: node, now: time.Now, pools: map[string]*poolState{}, decided: make(chan struct{})}
 	for _, o := range opts {
 		o(m)
 	}
@@ -196,7 +209,7 @@ func New(st Store, node string, opts ...Option) (*Manager, error) {
 			if err := p.configure(cfg); err != nil {
 				return nil, fmt.Errorf("store %s: pool %s: %w", st.Path(), key, err)
 			}
-			p.active = true // last known block: usable until the pool sync says otherwise
+			p.provisional = true // last known block: maybe no longer this node's
 		}
 		m.pools[key] = p
 	}
@@ -250,7 +263,7 @@ func (m *Manager) SetPool(cfg *PoolConfig) error {
 	p.lockWait()
 	defer p.unlock()
 	if p.cfg != nil && p.cfg.Equal(cfg) {
-		p.active = true
+		p.active, p.provisional = true, false
 		return nil
 	}
 	raw, err := MarshalConfig(cfg)
@@ -263,29 +276,71 @@ func (m *Manager) SetPool(cfg *PoolConfig) error {
 	if err := p.configure(cfg); err != nil {
 		return fmt.Errorf("pool %s: %w", key, err)
 	}
-	p.active = true
+	p.active, p.provisional = true, false
 	return nil
 }
 
-// SyncPools sets every pool in cfgs and deactivates the others: they keep their
-// allocations, which can be released, but hand out nothing new.
+// SyncPools makes cfgs, the complete listing of this node's blocks, the truth:
+// it sets every pool in cfgs and deactivates every other pool, stored blocks
+// included. An empty listing deactivates them all. Deactivated pools keep their
+// allocations, which can be released, but hand out nothing new; so does a pool
+// whose new block could not be set.
 func (m *Manager) SyncPools(cfgs []*PoolConfig) error {
-	keep := map[string]bool{}
-	var errs []error
+	defer m.decide()
+	listed := map[string]bool{}
 	for _, c := range cfgs {
-		keep[c.Key()] = true
-		if err := m.SetPool(c); err != nil {
-			errs = append(errs, err)
-		}
+		listed[c.Key()] = true
 	}
 	for _, p := range m.snapshot("") {
-		if !keep[p.key] {
-			p.lockWait()
-			p.active = false
-			p.unlock()
+		if !listed[p.key] {
+			p.deactivate()
+		}
+	}
+	var errs []error
+	for _, c := range cfgs {
+		if err := m.SetPool(c); err != nil {
+			errs = append(errs, err)
+			m.mu.RLock()
+			p := m.pools[c.Key()]
+			m.mu.RUnlock()
+			if p != nil {
+				p.deactivate()
+			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func (p *poolState) deactivate() {
+	p.lockWait()
+	defer p.unlock()
+	p.active, p.provisional = false, false
+}
+
+func (m *Manager) decide() { m.decideOnce.Do(func() { close(m.decided) }) }
+
+func (m *Manager) isDecided() bool {
+	select {
+	case <-m.decided:
+		return true
+	default:
+		return false
+	}
+}
+
+// UseStoredBlocks lets the blocks loaded from the store hand out addresses
+// until SyncPools replaces them; the daemon calls it when the API server does
+// not answer at start. It returns how many stored blocks that is (none after a
+// SyncPools).
+func (m *Manager) UseStoredBlocks() int {
+	m.decide()
+	n := 0
+	for _, p := range m.snapshot("") {
+		if p.info(true).Provisional {
+			n++
+		}
+	}
+	return n
 }
 
 // snapshot returns the pool with the key, or every pool when key is empty.
@@ -511,6 +566,12 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) (attempt
 		}
 		if !p.active {
 			if _, ok := p.allocs[who]; !ok {
+				if p.provisional {
+					if !m.isDecided() {
+						return attempt{wait: m.decided}, nil
+					}
+					continue // a stored block, serving while the API server does not answer
+				}
 				return attempt{}, fmt.Errorf("%w: %s %q no longer has a block on node %s: existing allocations stay until released, new ones are refused",
 					ErrUnknownPool, kindOf(req), req.Pools[i], m.node)
 			}
@@ -797,29 +858,37 @@ func (m *Manager) finishRelease(keys []string, who owner, rel release, outcome e
 
 // PoolInfo describes one pool for listings.
 type PoolInfo struct {
-	Key       string
-	Config    *PoolConfig // nil when no block was ever learned
-	Active    bool
-	Size      iprange.U128
-	Allocated uint64
-	Free      iprange.U128
+	Key    string
+	Config *PoolConfig // nil when no block was ever learned
+	// Active: the pool hands out new addresses (from a block a pool sync gave
+	// it, or from its stored block while the API server does not answer).
+	Active bool
+	// Provisional: the block was loaded from the store and no pool sync has
+	// confirmed it yet.
+	Provisional bool
+	Size        iprange.U128
+	Allocated   uint64
+	Free        iprange.U128
 }
 
 // Pools lists the pools, sorted by key.
 func (m *Manager) Pools() []PoolInfo {
 	states := m.snapshot("")
 	out := make([]PoolInfo, 0, len(states))
+	decided := m.isDecided()
 	for _, p := range states {
-		out = append(out, p.info())
+		out = append(out, p.info(decided))
 	}
 	slices.SortFunc(out, func(a, b PoolInfo) int { return cmp.Compare(a.Key, b.Key) })
 	return out
 }
 
-func (p *poolState) info() PoolInfo {
+// info describes the pool; decided says whether provisional blocks serve.
+func (p *poolState) info(decided bool) PoolInfo {
 	p.lockWait()
 	defer p.unlock()
-	info := PoolInfo{Key: p.key, Config: p.cfg, Active: p.active, Allocated: uint64(len(p.allocs))}
+	info := PoolInfo{Key: p.key, Config: p.cfg, Active: p.active || (p.provisional && decided), Provisional: p.provisional,
+		Allocated: uint64(len(p.allocs))}
 	if p.block != nil {
 		info.Size, info.Free = p.block.Size(), p.block.Free()
 	}
