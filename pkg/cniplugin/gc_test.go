@@ -41,7 +41,7 @@ func TestGCReleasesOnlyItsOwnNetwork(t *testing.T) {
 		}
 	}
 	// As nv-ipam's plugin allocates: no network name on the wire.
-	if _, err := m.Allocate(&nodealloc.Request{Pools: []string{"net-a"}, ContainerID: "legacy-1", IfName: "net1",
+	if _, err := m.Allocate(t.Context(), &nodealloc.Request{Pools: []string{"net-a"}, ContainerID: "legacy-1", IfName: "net1",
 		Meta: nodealloc.Metadata{PodName: "p", PodNamespace: "ns"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ func serve(t *testing.T) string {
 	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.8")
 	sock, m := harness.ServeNode(t, &nodealloc.PoolConfig{Name: "rail0", Kind: v1alpha1.KindIPPool,
 		Prefix: netip.MustParsePrefix("10.1.0.0/24"), Block: iprange.Range{Start: start, End: end}, ExclusionBase: start, Gateway: start})
-	if _, err := m.Allocate(&nodealloc.Request{Pools: []string{"rail0"}, ContainerID: "0123456789abcdef", IfName: "net1",
+	if _, err := m.Allocate(t.Context(), &nodealloc.Request{Pools: []string{"rail0"}, ContainerID: "0123456789abcdef", IfName: "net1",
 		Meta: nodealloc.Metadata{PodName: "trainer-0", PodNamespace: "ml", DeviceID: "0000:3b:00.2", Network: "rail0-net"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,8 @@ import (
 )
 
 // cleaner releases allocations whose pod is gone, or was replaced by a pod of the
-// same name with another UID, after misses consecutive checks. It snapshots the
+// same name with another UID (for a static pod, the UID its mirror pod names),
+// after misses consecutive checks. It snapshots the
 // allocations, asks the API server without holding any lock, and releases only
 // an allocation that is still exactly what it checked (nodealloc.ReleaseIf).
 // Allocations without pod metadata are never touched.
@@ -73,7 +74,7 @@ func (c *cleaner) sweep(ctx context.Context) {
 			if c.counts[key] < c.misses {
 				continue
 			}
-			released, err := c.manager.ReleaseIf(pool, a)
+			released, err := c.manager.ReleaseIf(ctx, pool, a)
 			switch {
 			case err != nil:
 				c.log.Error(err, "releasing a stale allocation", "pool", pool, "containerID", a.ContainerID, "ifName", a.IfName)
@@ -93,6 +94,11 @@ func (c *cleaner) sweep(ctx context.Context) {
 }
 
 // podGone reports whether the pod no longer exists, or exists with another UID.
+//
+// A static pod is known to the API server by its mirror pod, whose UID is the
+// API server's own. The kubelet, and so the CNI's K8S_POD_UID, knows the static
+// pod by the UID it derived from the manifest, which the mirror pod carries in
+// its kubernetes.io/config.mirror annotation: that is the UID to compare.
 func (c *cleaner) podGone(ctx context.Context, namespace, name, uid string) (bool, error) {
 	var pod metav1.PartialObjectMetadata
 	pod.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Pod"))
@@ -102,6 +108,9 @@ func (c *cleaner) podGone(ctx context.Context, namespace, name, uid string) (boo
 		return true, nil
 	case err != nil:
 		return false, err
+	case uid == "", pod.UID == types.UID(uid):
+		return false, nil
 	}
-	return uid != "" && pod.UID != types.UID(uid), nil
+	mirrorOf, isMirror := pod.Annotations[corev1.MirrorPodAnnotationKey]
+	return !isMirror || mirrorOf != uid, nil
 }

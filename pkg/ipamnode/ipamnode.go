@@ -4,7 +4,9 @@
 // (nicdiscovery, published by server-side apply), all under one
 // errgroup so that any fatal error stops the process with a non-zero exit.
 // Nothing on the allocation path calls the API server: with the API server down
-// the daemon keeps allocating from the blocks it last learned.
+// the daemon keeps allocating from the blocks it last learned. At start those
+// blocks serve only once a listing of the pools has confirmed them, or once the
+// API server has failed to answer (see poolSync).
 package ipamnode
 
 import (
@@ -132,8 +134,9 @@ func Run(ctx context.Context, o *Options) error {
 	// The pool sync kicks the annotator when a block changes, so that the controller
 	// learns soon that this node stopped allocating from a block it took away.
 	blocksChanged := make(chan struct{}, 1)
-	if err := (&poolSync{client: mgr.GetClient(), manager: mgrState, node: o.NodeName, namespace: o.PoolsNamespace,
-		changed: blocksChanged}).setup(mgr); err != nil {
+	pools := &poolSync{client: mgr.GetClient(), reader: mgr.GetAPIReader(), manager: mgrState, node: o.NodeName,
+		namespace: o.PoolsNamespace, changed: blocksChanged}
+	if err := pools.setup(mgr); err != nil {
 		return err
 	}
 	if o.CleanupInterval > 0 {
@@ -190,6 +193,10 @@ func Run(ctx context.Context, o *Options) error {
 		if err := srv.Serve(lis); err != nil {
 			return fmt.Errorf("serving gRPC on %s: %w", o.BindAddress, err)
 		}
+		return nil
+	})
+	g.Go(func() error {
+		pools.startup(gctx, logger.WithName("poolsync"))
 		return nil
 	})
 	g.Go(func() error {

@@ -4,14 +4,18 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
@@ -21,28 +25,55 @@ import (
 // pool event recomputes the whole set (pools are few), so a pool whose block for
 // this node disappears is deactivated: it keeps its allocations and hands out no
 // new ones.
+//
+// At start the blocks kept in the store are provisional (nodealloc.New). The
+// start-up sync asks the API server directly: when it answers, its listing
+// replaces the stored blocks before any of them hands out an address; when it
+// does not, the stored blocks serve until a listing succeeds.
 type poolSync struct {
-	client    client.Client
+	client    client.Client // the manager's cache, fed by the watch
+	reader    client.Reader // the API server itself, for the start-up sync
 	manager   *nodealloc.Manager
 	node      string
 	namespace string
 	// changed, when set, gets a token (never blocking) after each sync that changed
 	// what this node may allocate from.
 	changed chan<- struct{}
+
+	// mu makes each listing and its SyncPools one step, so that two listings
+	// are not applied interleaved.
+	mu     sync.Mutex
+	synced bool
 }
 
-// waitForever is the cache sync timeout: with the API server unreachable the pool
-// sync waits for it, while the gRPC API goes on serving the stored blocks.
-const waitForever = 100 * 365 * 24 * time.Hour
+const (
+	// waitForever is the cache sync timeout: with the API server unreachable the
+	// watch waits for it, while the gRPC API goes on serving.
+	waitForever = 100 * 365 * 24 * time.Hour
+	// startupSyncTimeout bounds the first listing; it is shorter than the CNI
+	// plugin's default call timeout (5 s), since a request that needs a stored
+	// block waits for it.
+	startupSyncTimeout = 3 * time.Second
+	// startupRetryInterval is how often the listing is tried again while the API
+	// server does not answer, so that stored blocks are reconciled soon after it
+	// does, whether or not a pool event follows.
+	startupRetryInterval = 2 * time.Second
+)
 
 func (s *poolSync) setup(mgr ctrl.Manager) error {
 	all := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: s.namespace, Name: "all-pools"}}}
 	})
+	// One event that is there from the start: the controller reconciles once its
+	// cache has synced even when no pool exists (an empty listing deactivates
+	// every stored block; no pool event would ever say so).
+	initial := make(chan event.GenericEvent, 1)
+	initial <- event.GenericEvent{Object: &v1alpha1.IPPool{}}
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("poolsync").
 		Watches(&v1alpha1.IPPool{}, all).
 		Watches(&v1alpha1.CIDRPool{}, all).
+		WatchesRawSource(source.Channel(initial, all)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1, CacheSyncTimeout: waitForever, NeedLeaderElection: new(false),
 			SkipNameValidation: new(true)}). // one daemon per process, but tests run several in turn
 		Complete(s)
@@ -54,14 +85,65 @@ func (s *poolSync) setup(mgr ctrl.Manager) error {
 
 // Reconcile implements reconcile.Reconciler.
 func (s *poolSync) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	n, err := s.sync(ctx, s.client)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	log.FromContext(ctx).V(1).Info("pools synced", "blocks", n)
+	return reconcile.Result{}, nil
+}
+
+// startup lists the pools from the API server itself, bounded by
+// startupSyncTimeout. If that fails, the stored blocks serve
+// (UseStoredBlocks) and the listing is retried every startupRetryInterval until
+// it, or the watch, has synced once.
+func (s *poolSync) startup(ctx context.Context, logger logr.Logger) {
+	for first := true; ; first = false {
+		lctx, cancel := context.WithTimeout(ctx, startupSyncTimeout)
+		n, err := s.sync(lctx, s.reader)
+		cancel()
+		switch {
+		case err == nil:
+			logger.Info("pools synced from the API server", "blocks", n)
+			return
+		case ctx.Err() != nil:
+			return
+		case first:
+			logger.Info("the API server did not answer: allocating from the blocks kept in the store until it does",
+				"storedBlocks", s.manager.UseStoredBlocks(), "error", err.Error())
+		default:
+			logger.V(1).Info("the API server still does not answer", "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(startupRetryInterval):
+		}
+		if s.hasSynced() {
+			return
+		}
+	}
+}
+
+func (s *poolSync) hasSynced() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.synced
+}
+
+// sync lists the pools from r and makes this node's blocks in them the
+// allocatable set; it returns how many blocks that is.
+func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	logger := log.FromContext(ctx)
 	var ips v1alpha1.IPPoolList
-	if err := s.client.List(ctx, &ips, client.InNamespace(s.namespace)); err != nil {
-		return reconcile.Result{}, fmt.Errorf("listing IPPools: %w", err)
+	if err := r.List(ctx, &ips, client.InNamespace(s.namespace)); err != nil {
+		return 0, fmt.Errorf("listing IPPools: %w", err)
 	}
 	var cidrs v1alpha1.CIDRPoolList
-	if err := s.client.List(ctx, &cidrs, client.InNamespace(s.namespace)); err != nil {
-		return reconcile.Result{}, fmt.Errorf("listing CIDRPools: %w", err)
+	if err := r.List(ctx, &cidrs, client.InNamespace(s.namespace)); err != nil {
+		return 0, fmt.Errorf("listing CIDRPools: %w", err)
 	}
 	var cfgs []*nodealloc.PoolConfig
 	for i := range ips.Items {
@@ -84,6 +166,8 @@ func (s *poolSync) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 			cfgs = append(cfgs, c)
 		}
 	}
+	// Both lists succeeded: this is the complete set, also when it is empty.
+	s.synced = true
 	before := s.manager.Holds()
 	err := s.manager.SyncPools(cfgs)
 	if s.changed != nil && !maps.EqualFunc(before, s.manager.Holds(), func(a, b v1alpha1.PoolHold) bool { return a.Block == b.Block }) {
@@ -93,8 +177,7 @@ func (s *poolSync) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 		}
 	}
 	if err != nil {
-		return reconcile.Result{}, fmt.Errorf("applying pool blocks: %w", err)
+		return len(cfgs), fmt.Errorf("applying pool blocks: %w", err)
 	}
-	logger.V(1).Info("pools synced", "blocks", len(cfgs))
-	return reconcile.Result{}, nil
+	return len(cfgs), nil
 }

@@ -29,11 +29,13 @@ func (m *Manager) Holds() map[string]v1alpha1.PoolHold {
 }
 
 func (p *poolState) hold() (v1alpha1.PoolHold, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lockWait()
+	defer p.unlock()
 	var h v1alpha1.PoolHold
 	var block iprange.Range
-	active := p.active && p.cfg != nil
+	// A stored block not yet confirmed by a pool sync counts: the daemon may be
+	// serving it while the API server does not answer.
+	active := (p.active || p.provisional) && p.cfg != nil
 	if active {
 		block = p.cfg.Block
 		h.Block = block.String()

@@ -18,7 +18,7 @@ func TestHoldsFollowBlocksAndOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, cid := range []string{"c1", "c2", "c3"} {
-		if _, err := m.Allocate(req(cid, "p")); err != nil {
+		if _, err := m.Allocate(t.Context(), req(cid, "p")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -41,7 +41,7 @@ func TestHoldsFollowBlocksAndOrphans(t *testing.T) {
 	}
 	want("block moved", map[string]v1alpha1.PoolHold{"p": {Block: "10.0.0.9-10.0.0.16", Held: []string{"10.0.0.2-10.0.0.4"}}}, 3)
 
-	if err := m.Deallocate(req("c2", "p")); err != nil {
+	if err := m.Deallocate(t.Context(), req("c2", "p")); err != nil {
 		t.Fatal(err)
 	}
 	want("one released", map[string]v1alpha1.PoolHold{"p": {Block: "10.0.0.9-10.0.0.16",
@@ -53,7 +53,7 @@ func TestHoldsFollowBlocksAndOrphans(t *testing.T) {
 	want("pool gone", map[string]v1alpha1.PoolHold{"p": {Held: []string{"10.0.0.2-10.0.0.2", "10.0.0.4-10.0.0.4"}}}, 2)
 
 	for _, cid := range []string{"c1", "c3"} {
-		if err := m.Deallocate(req(cid, "p")); err != nil {
+		if err := m.Deallocate(t.Context(), req(cid, "p")); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -66,7 +66,7 @@ func TestCIDRPoolIndexCountsFromFirstUsable(t *testing.T) {
 		{"v6", 5, "fd00:5::6/64"},
 		{"host6", 0, "fd00:6::9/128"},
 	} {
-		res, err := m.Allocate(byIndex(fmt.Sprintf("%s-%d", tc.pool, tc.ix), tc.pool, tc.ix))
+		res, err := m.Allocate(t.Context(), byIndex(fmt.Sprintf("%s-%d", tc.pool, tc.ix), tc.pool, tc.ix))
 		switch {
 		case tc.want == "" && !errors.Is(err, nodealloc.ErrInvalid):
 			t.Errorf("%s index %d = %v %v, want ErrInvalid", tc.pool, tc.ix, res, err)
@@ -81,11 +81,12 @@ func TestCIDRPoolIndexCountsFromFirstUsable(t *testing.T) {
 func TestIndexAllocationsMadeBeforeTheFixKeepTheirAddress(t *testing.T) {
 	m := managerWith(t, cidrPool(t, "v4", "10.5.0.0/24"), store.Put{PoolKey: "cidrpool/v4",
 		Allocation: store.Allocation{ContainerID: "old", IfName: "net1", IP: "10.5.0.5", PodName: "pod-old", PodNamespace: "ns"}})
-	res, err := m.Allocate(byIndex("old", "v4", 5))
+	m.UseStoredBlocks() // as with the API server unreachable: the stored block serves
+	res, err := m.Allocate(t.Context(), byIndex("old", "v4", 5))
 	if err != nil || res[0].Addr.String() != "10.5.0.5/24" {
 		t.Errorf("retry of an old index allocation = %v %v, want its stored 10.5.0.5/24", res, err)
 	}
-	res, err = m.Allocate(byIndex("new", "v4", 5))
+	res, err = m.Allocate(t.Context(), byIndex("new", "v4", 5))
 	if err != nil || res[0].Addr.String() != "10.5.0.6/24" {
 		t.Errorf("new index allocation = %v %v, want 10.5.0.6/24", res, err)
 	}

@@ -6,6 +6,8 @@ package nodealloc
 
 import (
 	"cmp"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -68,12 +70,21 @@ type Result struct {
 type owner struct{ containerID, ifName string }
 
 type poolState struct {
-	mu     sync.Mutex
-	key    string
-	cfg    *PoolConfig      // nil: only allocations are known (no block learned yet)
-	block  *allocator.Block // nil with cfg
+	// sem is the pool's lock, a channel rather than a sync.Mutex so that a request
+	// can stop waiting for it when its context ends. Every holder unlocks in a
+	// defer: a panic (recovered by the gRPC server) must not wedge the pool.
+	sem   chan struct{}
+	key   string
+	cfg   *PoolConfig      // nil: only allocations are known (no block learned yet)
+	block *allocator.Block // nil with cfg
+	// active: a pool sync (or SetPool) gave the pool this block; it hands out
+	// addresses. A pool that is neither active nor provisional only keeps the
+	// allocations it has until they are released.
 	active bool
-	allocs map[owner]store.Allocation
+	// provisional: the block was loaded from the store and no pool sync has
+	// confirmed it yet. It hands out addresses only after UseStoredBlocks.
+	provisional bool
+	allocs      map[owner]store.Allocation
 	// lastReserved is the round-robin position read from the store, applied when
 	// the pool's block is first configured.
 	lastReserved netip.Addr
@@ -90,28 +101,101 @@ type flight struct {
 	ips  []netip.Addr
 }
 
+func newPoolState(key string) *poolState {
+	return &poolState{key: key, sem: make(chan struct{}, 1), allocs: map[owner]store.Allocation{}, inflight: map[owner]*flight{}}
+}
+
+// lock takes the pool's lock, or gives up with ctx's error once ctx is done.
+func (p *poolState) lock(ctx context.Context) error {
+	select {
+	case p.sem <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case p.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("gave up waiting for pool %s: %w", p.key, ctx.Err())
+	}
+}
+
+// lockWait takes the pool's lock however long it takes: for the daemon's own
+// work, and for applying a commit's outcome, which must never be abandoned.
+func (p *poolState) lockWait() { p.sem <- struct{}{} }
+
+func (p *poolState) unlock() { <-p.sem }
+
+// waitFor waits until ch is closed, or gives up with ctx's error.
+func waitFor(ctx context.Context, ch <-chan struct{}, what string) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("gave up waiting for %s: %w", what, ctx.Err())
+	}
+}
+
+// errOutcomeUnknown stands for a store commit that did not return (it
+// panicked): what it wrote is unknown until the store is read again.
+var errOutcomeUnknown = errors.New("store commit did not return")
+
+// Store is what the allocation state needs of the durable store. The daemon
+// wires in *store.Store; tests wrap it to fail or stall a commit.
+type Store interface {
+	// Load returns every pool and allocation, by pool key.
+	Load() (map[string]*store.PoolState, error)
+	// SavePool records a pool's last known block.
+	SavePool(key string, block json.RawMessage) error
+	// Commit records puts and deletes, all or none, and returns once they are on disk.
+	Commit(puts []store.Put, deletes []store.Key) error
+	// Path names the store in error messages.
+	Path() string
+}
+
+var _ Store = (*store.Store)(nil)
+
 // Manager holds the node's pools and allocations.
 type Manager struct {
-	store *store.Store
+	store Store
 	node  string
 	now   func() time.Time
 
 	mu    sync.RWMutex
 	pools map[string]*poolState
+
+	// decided is closed by the first SyncPools or by UseStoredBlocks, whichever
+	// comes first: until then a request that needs a new address from a
+	// provisional block waits.
+	decided    chan struct{}
+	decideOnce sync.Once
+}
+
+// Option tunes a Manager.
+type Option func(*Manager)
+
+// WithClock sets the clock that stamps each allocation's creation time; it is
+// read with the request's pools locked. The default is time.Now.
+func WithClock(now func() time.Time) Option {
+	return func(m *Manager) { m.now = now }
 }
 
 // New loads the store and rebuilds every pool. The last known blocks come back
-// active, so that a daemon restarted while the API server is unreachable keeps
-// allocating; the pool sync deactivates those that are gone once it has listed
-// the pools.
-func New(st *store.Store, node string) (*Manager, error) {
-	m := &Manager{store: st, node: node, now: time.Now, pools: map[string]*poolState{}}
+// provisional: their allocations can be looked up and released at once, but a
+// new address comes from one only once the daemon knows it is still this node's
+// block (SyncPools), or has given up asking the API server (UseStoredBlocks).
+// Until either happens, such a request waits.
+func New(st Store, node string, opts ...Option) (*Manager, error) {
+	m := &Manager{store: st, node: node, now: time.Now, pools: map[string]*poolState{}, decided: make(chan struct{})}
+	for _, o := range opts {
+		o(m)
+	}
 	loaded, err := st.Load()
 	if err != nil {
 		return nil, err
 	}
 	for key, ps := range loaded {
-		p := &poolState{key: key, allocs: make(map[owner]store.Allocation, len(ps.Allocations)), inflight: map[owner]*flight{}}
+		p := newPoolState(key)
 		for _, a := range ps.Allocations {
 			p.allocs[owner{a.ContainerID, a.IfName}] = a
 		}
@@ -128,7 +212,7 @@ func New(st *store.Store, node string) (*Manager, error) {
 			if err := p.configure(cfg); err != nil {
 				return nil, fmt.Errorf("store %s: pool %s: %w", st.Path(), key, err)
 			}
-			p.active = true // last known block: usable until the pool sync says otherwise
+			p.provisional = true // last known block: maybe no longer this node's
 		}
 		m.pools[key] = p
 	}
@@ -175,14 +259,14 @@ func (m *Manager) SetPool(cfg *PoolConfig) error {
 	m.mu.Lock()
 	p, ok := m.pools[key]
 	if !ok {
-		p = &poolState{key: key, allocs: map[owner]store.Allocation{}, inflight: map[owner]*flight{}}
+		p = newPoolState(key)
 		m.pools[key] = p
 	}
 	m.mu.Unlock()
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lockWait()
+	defer p.unlock()
 	if p.cfg != nil && p.cfg.Equal(cfg) {
-		p.active = true
+		p.active, p.provisional = true, false
 		return nil
 	}
 	raw, err := MarshalConfig(cfg)
@@ -195,36 +279,90 @@ func (m *Manager) SetPool(cfg *PoolConfig) error {
 	if err := p.configure(cfg); err != nil {
 		return fmt.Errorf("pool %s: %w", key, err)
 	}
-	p.active = true
+	p.active, p.provisional = true, false
 	return nil
 }
 
-// SyncPools sets every pool in cfgs and deactivates the others: they keep their
-// allocations, which can be released, but hand out nothing new.
+// SyncPools makes cfgs, the complete listing of this node's blocks, the truth:
+// it sets every pool in cfgs and deactivates every other pool, stored blocks
+// included. An empty listing deactivates them all. Deactivated pools keep their
+// allocations, which can be released, but hand out nothing new; so does a pool
+// whose new block could not be set.
 func (m *Manager) SyncPools(cfgs []*PoolConfig) error {
-	keep := map[string]bool{}
-	var errs []error
+	defer m.decide()
+	listed := map[string]bool{}
 	for _, c := range cfgs {
-		keep[c.Key()] = true
-		if err := m.SetPool(c); err != nil {
-			errs = append(errs, err)
+		listed[c.Key()] = true
+	}
+	for _, p := range m.snapshot("") {
+		if !listed[p.key] {
+			p.deactivate()
 		}
 	}
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	for key, p := range m.pools {
-		if !keep[key] {
-			p.mu.Lock()
-			p.active = false
-			p.mu.Unlock()
+	var errs []error
+	for _, c := range cfgs {
+		if err := m.SetPool(c); err != nil {
+			errs = append(errs, err)
+			m.mu.RLock()
+			p := m.pools[c.Key()]
+			m.mu.RUnlock()
+			if p != nil {
+				p.deactivate()
+			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
+func (p *poolState) deactivate() {
+	p.lockWait()
+	defer p.unlock()
+	p.active, p.provisional = false, false
+}
+
+func (m *Manager) decide() { m.decideOnce.Do(func() { close(m.decided) }) }
+
+func (m *Manager) isDecided() bool {
+	select {
+	case <-m.decided:
+		return true
+	default:
+		return false
+	}
+}
+
+// UseStoredBlocks lets the blocks loaded from the store hand out addresses
+// until SyncPools replaces them; the daemon calls it when the API server does
+// not answer at start. It returns how many stored blocks that is (none after a
+// SyncPools).
+func (m *Manager) UseStoredBlocks() int {
+	m.decide()
+	n := 0
+	for _, p := range m.snapshot("") {
+		if p.info(true).Provisional {
+			n++
+		}
+	}
+	return n
+}
+
+// snapshot returns the pool with the key, or every pool when key is empty.
+func (m *Manager) snapshot(key string) []*poolState {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	states := make([]*poolState, 0, len(m.pools))
+	for k, p := range m.pools {
+		if key == "" || k == key {
+			states = append(states, p)
+		}
+	}
+	return states
+}
+
 // lockPools returns the states of the named pools, locked in key order; unknown
-// pools are nil. unlock undoes it.
-func (m *Manager) lockPools(keys []string) (states []*poolState, unlock func()) {
+// pools are nil. unlock undoes it; callers defer it. When ctx ends first it
+// returns ctx's error with no lock held.
+func (m *Manager) lockPools(ctx context.Context, keys []string) (states []*poolState, unlock func(), err error) {
 	m.mu.RLock()
 	states = make([]*poolState, len(keys))
 	for i, k := range keys {
@@ -237,17 +375,27 @@ func (m *Manager) lockPools(keys []string) (states []*poolState, unlock func()) 
 	}
 	sort.Slice(order, func(a, b int) bool { return keys[order[a]] < keys[order[b]] })
 	var locked []*poolState
+	unlock = func() {
+		for _, s := range locked {
+			s.unlock()
+		}
+	}
 	for _, i := range order {
 		if s := states[i]; s != nil && !slices.Contains(locked, s) {
-			s.mu.Lock()
+			if err := s.lock(ctx); err != nil {
+				unlock()
+				return nil, nil, err
+			}
 			locked = append(locked, s)
 		}
 	}
-	return states, func() {
-		for _, s := range locked {
-			s.mu.Unlock()
-		}
-	}
+	return states, unlock, nil
+}
+
+// lockPoolsWait is lockPools without giving up.
+func (m *Manager) lockPoolsWait(keys []string) (states []*poolState, unlock func()) {
+	states, unlock, _ = m.lockPools(context.Background(), keys) // Background never ends: no error
+	return states, unlock
 }
 
 func (m *Manager) keys(req *Request) ([]string, error) {
@@ -278,8 +426,9 @@ func (m *Manager) keys(req *Request) ([]string, error) {
 
 // Allocate hands out one address per pool, all or none, and returns them once
 // they are on disk. Asking again for the same interface returns the same
-// addresses.
-func (m *Manager) Allocate(req *Request) ([]Result, error) {
+// addresses. While it waits for a pool's lock, or for another operation on the
+// same interface, it gives up when ctx ends, leaving nothing behind.
+func (m *Manager) Allocate(ctx context.Context, req *Request) ([]Result, error) {
 	keys, err := m.keys(req)
 	if err != nil {
 		return nil, err
@@ -289,50 +438,90 @@ func (m *Manager) Allocate(req *Request) ([]Result, error) {
 	}
 	who := owner{req.ContainerID, req.IfName}
 	for {
-		states, unlock := m.lockPools(keys)
-		if wait := waitingOn(states, who); wait != nil {
-			unlock()
-			<-wait // the same interface is being allocated or released; then look again
+		at, err := m.tryReserve(ctx, keys, req, who)
+		switch {
+		case err != nil:
+			return nil, err
+		case at.wait != nil:
+			// The same interface is being allocated or released; then look again.
+			if err := waitFor(ctx, at.wait, fmt.Sprintf("the operation in flight for container %s interface %s", who.containerID, who.ifName)); err != nil {
+				return nil, err
+			}
+			continue
+		case at.flight == nil:
+			return at.results, nil
+		}
+		return m.commitAllocation(keys, who, at)
+	}
+}
+
+// attempt is what one look at the locked pools decided.
+type attempt struct {
+	results []Result        // the interface holds its addresses already
+	wait    <-chan struct{} // try again once this is closed
+	flight  *flight         // addresses reserved: commit puts, then finish the flight
+	puts    []store.Put
+}
+
+// tryReserve locks the pools and reserves the request's addresses.
+func (m *Manager) tryReserve(ctx context.Context, keys []string, req *Request, who owner) (attempt, error) {
+	states, unlock, err := m.lockPools(ctx, keys)
+	if err != nil {
+		return attempt{}, err
+	}
+	defer unlock()
+	if wait := waitingOn(states, who); wait != nil {
+		return attempt{wait: wait}, nil
+	}
+	return m.reserve(states, req, who)
+}
+
+// commitAllocation writes the reserved addresses. The commit runs without pool
+// locks, so concurrent Allocates share its transaction (group commit); the
+// reserved addresses cannot be handed out meanwhile. The flight is finished
+// even when the commit panics, so that the interface does not stay in flight.
+func (m *Manager) commitAllocation(keys []string, who owner, at attempt) ([]Result, error) {
+	outcome := errOutcomeUnknown
+	defer func() {
+		if errors.Is(outcome, errOutcomeUnknown) {
+			_, _ = m.finishAllocation(keys, who, at, outcome)
+		}
+	}()
+	outcome = m.store.Commit(at.puts, nil)
+	return m.finishAllocation(keys, who, at, outcome)
+}
+
+// finishAllocation applies a commit's outcome and wakes the flight's waiters. A
+// commit that failed frees its addresses; one whose outcome is unknown keeps
+// them reserved (they may be on disk) until the daemon reads its store again.
+func (m *Manager) finishAllocation(keys []string, who owner, at attempt, outcome error) ([]Result, error) {
+	states, unlock := m.lockPoolsWait(keys)
+	defer unlock()
+	defer close(at.flight.done)
+	for _, p := range states {
+		pf := p.inflight[who]
+		if pf == nil || pf.done != at.flight.done {
 			continue
 		}
-		res, f, puts, err := m.reserve(states, req, who)
-		if err != nil || f == nil {
-			unlock()
-			return res, err
-		}
-		unlock()
-		// The commit runs without pool locks, so concurrent Allocates share its
-		// transaction (group commit); the reserved addresses cannot be handed out
-		// meanwhile.
-		cerr := m.store.Commit(puts, nil)
-		states, unlock = m.lockPools(keys)
-		for _, p := range states {
-			pf := p.inflight[who]
-			if pf == nil {
-				continue
-			}
-			delete(p.inflight, who)
-			if cerr != nil {
-				for _, ip := range pf.ips {
-					p.block.Release(ip)
-				}
-				continue
-			}
-			for _, put := range puts {
+		delete(p.inflight, who)
+		switch {
+		case outcome == nil:
+			for _, put := range at.puts {
 				if put.PoolKey == p.key {
 					p.allocs[who] = put.Allocation
 				}
 			}
+		case errors.Is(outcome, errOutcomeUnknown):
+		default:
+			for _, ip := range pf.ips {
+				p.block.Release(ip)
+			}
 		}
-		close(f.done)
-		if cerr != nil {
-			unlock()
-			return nil, cerr
-		}
-		res = m.results(states, who)
-		unlock()
-		return res, nil
 	}
+	if outcome != nil {
+		return nil, outcome
+	}
+	return m.results(states, who), nil
 }
 
 // waitingOn returns the done channel of an operation in flight for the interface
@@ -350,14 +539,15 @@ func waitingOn(states []*poolState, who owner) <-chan struct{} {
 
 // reserve, with the pools locked, returns the existing results (idempotent
 // retry), or reserves an address in every pool that lacks one and records the
-// flight; the caller commits the puts.
-func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Result, *flight, []store.Put, error) {
+// flight; the caller commits the puts. Whatever way it returns (a panic
+// included), it reserves nothing unless it returns a flight.
+func (m *Manager) reserve(states []*poolState, req *Request, who owner) (attempt, error) {
 	for i, p := range states {
 		if p == nil || p.cfg == nil {
 			// Also for a retry of an allocation imported or stored before this
 			// daemon learned the pool's block: without the block there is no prefix
 			// to answer with.
-			return nil, nil, nil, m.noBlock(req, i, "has no block")
+			return attempt{}, m.noBlock(req, i, "has no block")
 		}
 	}
 	existing := 0
@@ -369,24 +559,41 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 		}
 	}
 	if existing == len(states) {
-		return m.results(states, who), nil, nil, nil
+		return attempt{results: m.results(states, who)}, nil
 	}
 	for i, p := range states {
+		if p == nil || p.cfg == nil {
+			return attempt{}, m.noBlock(req, i, "has no block")
+		}
 		if !p.active {
 			if _, ok := p.allocs[who]; !ok {
-				return nil, nil, nil, m.noBlock(req, i, "no longer has a block (existing allocations stay until released, new ones are refused)")
+				if p.provisional {
+					if !m.isDecided() {
+						return attempt{wait: m.decided}, nil
+					}
+					continue // a stored block, serving while the API server does not answer
+				}
+				return attempt{}, m.noBlock(req, i, "no longer has a block (existing allocations stay until released, new ones are refused)")
 			}
 		}
 	}
 	requested, err := assignRequested(states, req)
 	if err != nil {
-		return nil, nil, nil, err
+		return attempt{}, err
 	}
 	type taken struct {
 		p  *poolState
 		ip netip.Addr
 	}
 	var took []taken
+	reserved := false
+	defer func() {
+		if !reserved {
+			for _, t := range took {
+				t.p.block.Release(t.ip)
+			}
+		}
+	}()
 	var puts []store.Put
 	now := m.now().UTC()
 	for i, p := range states {
@@ -395,10 +602,7 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 		}
 		ip, err := m.pick(p, req, requested[i])
 		if err != nil {
-			for _, t := range took {
-				t.p.block.Release(t.ip)
-			}
-			return nil, nil, nil, fmt.Errorf("pool %s: %w", req.Pools[i], err)
+			return attempt{}, fmt.Errorf("pool %s: %w", req.Pools[i], err)
 		}
 		took = append(took, taken{p, ip})
 		a := store.Allocation{ContainerID: req.ContainerID, IfName: req.IfName, IP: ip.String(),
@@ -415,7 +619,8 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) ([]Resul
 	for _, t := range took {
 		t.p.inflight[who].ips = []netip.Addr{t.ip}
 	}
-	return nil, f, puts, nil
+	reserved = true
+	return attempt{flight: f, puts: puts}, nil
 }
 
 // noBlock is ErrUnknownPool for the request's i-th pool, saying what to check.
@@ -527,13 +732,17 @@ func (m *Manager) results(states []*poolState, who owner) []Result {
 	return out
 }
 
-// IsAllocated succeeds when every pool holds an address for the interface.
-func (m *Manager) IsAllocated(req *Request) error {
+// IsAllocated succeeds when every pool holds an address for the interface. It
+// gives up waiting for the pools' locks when ctx ends.
+func (m *Manager) IsAllocated(ctx context.Context, req *Request) error {
 	keys, err := m.keys(req)
 	if err != nil {
 		return err
 	}
-	states, unlock := m.lockPools(keys)
+	states, unlock, err := m.lockPools(ctx, keys)
+	if err != nil {
+		return err
+	}
 	defer unlock()
 	for i, p := range states {
 		if p == nil {
@@ -549,92 +758,138 @@ func (m *Manager) IsAllocated(req *Request) error {
 
 // Deallocate releases the interface's addresses in the pools; releasing what is
 // not held succeeds. The release is on disk before the addresses can be reused.
-func (m *Manager) Deallocate(req *Request) error {
+// Like Allocate, it gives up waiting when ctx ends, having released nothing.
+func (m *Manager) Deallocate(ctx context.Context, req *Request) error {
 	keys, err := m.keys(req)
 	if err != nil {
 		return err
 	}
-	_, err = m.releaseMatching(keys, owner{req.ContainerID, req.IfName}, nil)
+	_, err = m.releaseMatching(ctx, keys, owner{req.ContainerID, req.IfName}, nil)
 	return err
 }
 
 // ReleaseIf releases one allocation if it is still exactly a (same address, pod
 // UID and creation time): the stale-allocation cleaner decides without locks held,
 // then calls this.
-func (m *Manager) ReleaseIf(poolKey string, a store.Allocation) (bool, error) {
-	return m.releaseMatching([]string{poolKey}, owner{a.ContainerID, a.IfName}, func(cur store.Allocation) bool {
+func (m *Manager) ReleaseIf(ctx context.Context, poolKey string, a store.Allocation) (bool, error) {
+	return m.releaseMatching(ctx, []string{poolKey}, owner{a.ContainerID, a.IfName}, func(cur store.Allocation) bool {
 		return cur.IP == a.IP && cur.PodUID == a.PodUID && cur.CreateTime.Equal(a.CreateTime)
 	})
+}
+
+// release is the part of a release decided with the pools locked.
+type release struct {
+	wait    <-chan struct{} // try again once this is closed
+	done    chan struct{}   // the release's flight
+	dels    []store.Key
+	removed map[*poolState]store.Allocation
 }
 
 // releaseMatching releases the interface's allocations in the pools (those that
 // match, when match is set). The delete commits without pool locks held, like an
 // Allocate's put; the addresses stay reserved until it is on disk.
-func (m *Manager) releaseMatching(keys []string, who owner, match func(store.Allocation) bool) (bool, error) {
+func (m *Manager) releaseMatching(ctx context.Context, keys []string, who owner, match func(store.Allocation) bool) (bool, error) {
 	for {
-		states, unlock := m.lockPools(keys)
-		if wait := waitingOn(states, who); wait != nil {
-			unlock()
-			<-wait
+		rel, err := m.takeForRelease(ctx, keys, who, match)
+		switch {
+		case err != nil:
+			return false, err
+		case rel.wait != nil:
+			if err := waitFor(ctx, rel.wait, fmt.Sprintf("the operation in flight for container %s interface %s", who.containerID, who.ifName)); err != nil {
+				return false, err
+			}
 			continue
-		}
-		done := make(chan struct{})
-		var dels []store.Key
-		removed := map[*poolState]store.Allocation{}
-		for _, p := range states {
-			if p == nil {
-				continue
-			}
-			a, ok := p.allocs[who]
-			if !ok || (match != nil && !match(a)) {
-				continue
-			}
-			ip, _ := netip.ParseAddr(a.IP)
-			dels = append(dels, store.Key{PoolKey: p.key, ContainerID: who.containerID, IfName: who.ifName})
-			removed[p] = a
-			delete(p.allocs, who)
-			p.inflight[who] = &flight{done: done, ips: []netip.Addr{ip}}
-		}
-		unlock()
-		if len(dels) == 0 {
+		case len(rel.dels) == 0:
 			return false, nil
 		}
-		cerr := m.store.Commit(nil, dels)
-		states, unlock = m.lockPools(keys)
-		for _, p := range states {
-			a, ok := removed[p]
-			if !ok {
-				continue
-			}
-			f := p.inflight[who]
-			delete(p.inflight, who)
-			if cerr != nil {
-				p.allocs[who] = a // still on disk: still held
-				continue
-			}
-			if p.block != nil && f != nil {
-				for _, ip := range f.ips {
-					p.block.Release(ip)
-				}
-			}
-		}
-		close(done)
-		unlock()
-		if cerr != nil {
-			return false, cerr
-		}
-		return true, nil
+		return m.commitRelease(keys, who, rel)
 	}
+}
+
+// takeForRelease, with the pools locked, moves the matching allocations into a
+// flight.
+func (m *Manager) takeForRelease(ctx context.Context, keys []string, who owner, match func(store.Allocation) bool) (release, error) {
+	states, unlock, err := m.lockPools(ctx, keys)
+	if err != nil {
+		return release{}, err
+	}
+	defer unlock()
+	if wait := waitingOn(states, who); wait != nil {
+		return release{wait: wait}, nil
+	}
+	rel := release{done: make(chan struct{}), removed: map[*poolState]store.Allocation{}}
+	for _, p := range states {
+		if p == nil {
+			continue
+		}
+		a, ok := p.allocs[who]
+		if !ok || (match != nil && !match(a)) {
+			continue
+		}
+		ip, _ := netip.ParseAddr(a.IP)
+		rel.dels = append(rel.dels, store.Key{PoolKey: p.key, ContainerID: who.containerID, IfName: who.ifName})
+		rel.removed[p] = a
+		delete(p.allocs, who)
+		p.inflight[who] = &flight{done: rel.done, ips: []netip.Addr{ip}}
+	}
+	return rel, nil
+}
+
+// commitRelease writes the deletes and applies the outcome; see commitAllocation.
+func (m *Manager) commitRelease(keys []string, who owner, rel release) (bool, error) {
+	outcome := errOutcomeUnknown
+	defer func() {
+		if errors.Is(outcome, errOutcomeUnknown) {
+			_, _ = m.finishRelease(keys, who, rel, outcome)
+		}
+	}()
+	outcome = m.store.Commit(nil, rel.dels)
+	return m.finishRelease(keys, who, rel, outcome)
+}
+
+// finishRelease frees the released addresses once the delete is on disk. When
+// it is not (or may not be), the allocations are held again, so that a retried
+// release deletes them.
+func (m *Manager) finishRelease(keys []string, who owner, rel release, outcome error) (bool, error) {
+	states, unlock := m.lockPoolsWait(keys)
+	defer unlock()
+	defer close(rel.done)
+	for _, p := range states {
+		a, ok := rel.removed[p]
+		if !ok {
+			continue
+		}
+		f := p.inflight[who]
+		delete(p.inflight, who)
+		if outcome != nil {
+			p.allocs[who] = a // (maybe) still on disk: still held
+			continue
+		}
+		if p.block != nil && f != nil {
+			for _, ip := range f.ips {
+				p.block.Release(ip)
+			}
+		}
+	}
+	if outcome != nil {
+		return false, outcome
+	}
+	return true, nil
 }
 
 // PoolInfo describes one pool for listings.
 type PoolInfo struct {
-	Key       string
-	Config    *PoolConfig // nil when no block was ever learned
-	Active    bool
-	Size      iprange.U128
-	Allocated uint64
-	Free      iprange.U128
+	Key    string
+	Config *PoolConfig // nil when no block was ever learned
+	// Active: the pool hands out new addresses (from a block a pool sync gave
+	// it, or from its stored block while the API server does not answer).
+	Active bool
+	// Provisional: the block was loaded from the store and no pool sync has
+	// confirmed it yet.
+	Provisional bool
+	Size        iprange.U128
+	Allocated   uint64
+	Free        iprange.U128
 	// Orphans are allocations outside the block the pool hands out from (all of
 	// them when it has none): left from an earlier block, excluded since, or of a
 	// pool gone from this node.
@@ -643,51 +898,39 @@ type PoolInfo struct {
 
 // Pools lists the pools, sorted by key.
 func (m *Manager) Pools() []PoolInfo {
-	m.mu.RLock()
-	states := make([]*poolState, 0, len(m.pools))
-	for _, p := range m.pools {
-		states = append(states, p)
-	}
-	m.mu.RUnlock()
+	states := m.snapshot("")
 	out := make([]PoolInfo, 0, len(states))
+	decided := m.isDecided()
 	for _, p := range states {
-		p.mu.Lock()
-		info := PoolInfo{Key: p.key, Config: p.cfg, Active: p.active, Allocated: uint64(len(p.allocs))}
-		if p.block != nil {
-			info.Size, info.Free = p.block.Size(), p.block.Free()
-		}
-		switch {
-		case p.active && p.block != nil:
-			info.Orphans = p.block.Orphans()
-		default:
-			info.Orphans = info.Allocated
-		}
-		p.mu.Unlock()
-		out = append(out, info)
+		out = append(out, p.info(decided))
 	}
 	slices.SortFunc(out, func(a, b PoolInfo) int { return cmp.Compare(a.Key, b.Key) })
 	return out
 }
 
+// info describes the pool; decided says whether provisional blocks serve.
+func (p *poolState) info(decided bool) PoolInfo {
+	p.lockWait()
+	defer p.unlock()
+	info := PoolInfo{Key: p.key, Config: p.cfg, Active: p.active || (p.provisional && decided), Provisional: p.provisional,
+		Allocated: uint64(len(p.allocs))}
+	if p.block != nil {
+		info.Size, info.Free = p.block.Size(), p.block.Free()
+	}
+	if info.Active && p.block != nil {
+		info.Orphans = p.block.Orphans()
+	} else {
+		info.Orphans = info.Allocated
+	}
+	return info
+}
+
 // Allocations returns the allocations of one pool (by key), or of all when key
 // is empty, sorted by pool, container and interface.
 func (m *Manager) Allocations(key string) map[string][]store.Allocation {
-	m.mu.RLock()
-	states := make([]*poolState, 0, len(m.pools))
-	for k, p := range m.pools {
-		if key == "" || k == key {
-			states = append(states, p)
-		}
-	}
-	m.mu.RUnlock()
 	out := map[string][]store.Allocation{}
-	for _, p := range states {
-		p.mu.Lock()
-		list := make([]store.Allocation, 0, len(p.allocs))
-		for _, a := range p.allocs {
-			list = append(list, a)
-		}
-		p.mu.Unlock()
+	for _, p := range m.snapshot(key) {
+		list := p.allocations()
 		slices.SortFunc(list, func(a, b store.Allocation) int {
 			return cmp.Or(cmp.Compare(a.ContainerID, b.ContainerID), cmp.Compare(a.IfName, b.IfName))
 		})
@@ -708,4 +951,14 @@ func (m *Manager) PoolsInUse() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+func (p *poolState) allocations() []store.Allocation {
+	p.lockWait()
+	defer p.unlock()
+	list := make([]store.Allocation, 0, len(p.allocs))
+	for _, a := range p.allocs {
+		list = append(list, a)
+	}
+	return list
 }

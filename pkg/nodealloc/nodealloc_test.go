@@ -58,7 +58,7 @@ func TestAllocateIdempotentAndDeallocate(t *testing.T) {
 	if err := m.SetPool(v4Pool("rail0")); err != nil {
 		t.Fatal(err)
 	}
-	res, err := m.Allocate(req("c1", "rail0"))
+	res, err := m.Allocate(t.Context(), req("c1", "rail0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,32 +66,33 @@ func TestAllocateIdempotentAndDeallocate(t *testing.T) {
 	if r.Addr.String() != "10.0.0.2/24" || r.Gateway.String() != "10.0.0.1" || fmt.Sprint(r.Routes) != "[0.0.0.0/0 10.9.0.0/16]" {
 		t.Errorf("result = %+v", r)
 	}
-	again, err := m.Allocate(req("c1", "rail0"))
+	again, err := m.Allocate(t.Context(), req("c1", "rail0"))
 	if err != nil || again[0].Addr != r.Addr {
 		t.Errorf("repeated Allocate = %v %v, want the same address", again, err)
 	}
-	if err := m.IsAllocated(req("c1", "rail0")); err != nil {
+	if err := m.IsAllocated(t.Context(), req("c1", "rail0")); err != nil {
 		t.Errorf("IsAllocated: %v", err)
 	}
 	// Restart: the allocation and the block come back from the store.
 	m2 := reopen(t, m, path)
-	if err := m2.IsAllocated(req("c1", "rail0")); err != nil {
+	if err := m2.IsAllocated(t.Context(), req("c1", "rail0")); err != nil {
 		t.Errorf("after restart, IsAllocated: %v", err)
 	}
-	next, err := m2.Allocate(req("c2", "rail0"))
+	m2.UseStoredBlocks() // as when the API server does not answer at start
+	next, err := m2.Allocate(t.Context(), req("c2", "rail0"))
 	if err != nil || next[0].Addr.String() != "10.0.0.3/24" {
 		t.Errorf("after restart, next Allocate = %v %v (cursor not restored?)", next, err)
 	}
-	if err := m2.Deallocate(req("c1", "rail0")); err != nil {
+	if err := m2.Deallocate(t.Context(), req("c1", "rail0")); err != nil {
 		t.Fatal(err)
 	}
-	if err := m2.Deallocate(req("c1", "rail0")); err != nil {
+	if err := m2.Deallocate(t.Context(), req("c1", "rail0")); err != nil {
 		t.Errorf("deallocating twice: %v", err)
 	}
-	if err := m2.Deallocate(req("zzz", "no-such-pool")); err != nil {
+	if err := m2.Deallocate(t.Context(), req("zzz", "no-such-pool")); err != nil {
 		t.Errorf("deallocating in an unknown pool: %v", err)
 	}
-	if err := m2.IsAllocated(req("c1", "rail0")); !errors.Is(err, nodealloc.ErrNotAllocated) {
+	if err := m2.IsAllocated(t.Context(), req("c1", "rail0")); !errors.Is(err, nodealloc.ErrNotAllocated) {
 		t.Errorf("IsAllocated after Deallocate = %v", err)
 	}
 }
@@ -123,17 +124,17 @@ func TestErrorsAndExhaustion(t *testing.T) {
 		"wrong kind":     {&nodealloc.Request{Pools: []string{"rail0"}, Kind: v1alpha1.KindCIDRPool, ContainerID: "c", IfName: "i", Meta: nodealloc.Metadata{PodName: "p", PodNamespace: "n"}}, nodealloc.ErrUnknownPool},
 		"foreign static": {&nodealloc.Request{Pools: []string{"rail0"}, ContainerID: "c", IfName: "i", Meta: nodealloc.Metadata{PodName: "p", PodNamespace: "n"}, RequestedIPs: []netip.Addr{netip.MustParseAddr("192.168.0.1")}}, nodealloc.ErrInvalid},
 	} {
-		if _, err := m.Allocate(tc.r); !errors.Is(err, tc.want) {
+		if _, err := m.Allocate(t.Context(), tc.r); !errors.Is(err, tc.want) {
 			t.Errorf("%s: err = %v, want %v", name, err, tc.want)
 		}
 	}
 	// Block .1-.8 with .1 the gateway: 7 addresses.
 	for i := range 7 {
-		if _, err := m.Allocate(req(fmt.Sprint(i), "rail0")); err != nil {
+		if _, err := m.Allocate(t.Context(), req(fmt.Sprint(i), "rail0")); err != nil {
 			t.Fatalf("allocation %d: %v", i, err)
 		}
 	}
-	_, err := m.Allocate(req("full", "rail0"))
+	_, err := m.Allocate(t.Context(), req("full", "rail0"))
 	if !errors.Is(err, nodealloc.ErrExhausted) {
 		t.Fatalf("allocating in a full block: %v", err)
 	}
@@ -149,25 +150,25 @@ func TestStaticIndexGatewayAndDualStackAllOrNothing(t *testing.T) {
 	}
 	r := req("s", "v4", "v6")
 	r.RequestedIPs = []netip.Addr{netip.MustParseAddr("fd00:1::77"), netip.MustParseAddr("10.0.0.5")}
-	res, err := m.Allocate(r)
+	res, err := m.Allocate(t.Context(), r)
 	if err != nil || res[0].Addr.String() != "10.0.0.5/24" || res[1].Addr.String() != "fd00:1::77/64" {
 		t.Fatalf("static dual-stack = %v %v", res, err)
 	}
 	ix := req("ix", "v4")
 	ix.Index = ptr.To[int32](6)
-	if res, err := m.Allocate(ix); err != nil || res[0].Addr.String() != "10.0.0.7/24" {
+	if res, err := m.Allocate(t.Context(), ix); err != nil || res[0].Addr.String() != "10.0.0.7/24" {
 		t.Errorf("by index = %v %v", res, err)
 	}
 	gw := req("gw", "v4")
 	gw.AllocateGateway = true
-	if res, err := m.Allocate(gw); err != nil || res[0].Addr.String() != "10.0.0.1/24" {
+	if res, err := m.Allocate(t.Context(), gw); err != nil || res[0].Addr.String() != "10.0.0.1/24" {
 		t.Errorf("gateway = %v %v", res, err)
 	}
 	// The v4 static address is taken: the dual-stack request fails and leaves no
 	// v6 address behind.
 	clash := req("clash", "v4", "v6")
 	clash.RequestedIPs = []netip.Addr{netip.MustParseAddr("10.0.0.5")}
-	if _, err := m.Allocate(clash); !errors.Is(err, nodealloc.ErrInvalid) {
+	if _, err := m.Allocate(t.Context(), clash); !errors.Is(err, nodealloc.ErrInvalid) {
 		t.Errorf("taken static address: %v", err)
 	}
 	if n := len(m.Allocations(v1alpha1.PoolKey(v1alpha1.KindIPPool, "v6"))["v6"]); n != 1 {
@@ -185,7 +186,7 @@ func TestGatewayHolderGetsNoGatewayOrRoutes(t *testing.T) {
 	gw := req("router", "rail0")
 	gw.AllocateGateway = true
 	for _, attempt := range []string{"ADD", "repeated ADD"} {
-		res, err := m.Allocate(gw)
+		res, err := m.Allocate(t.Context(), gw)
 		if err != nil {
 			t.Fatalf("%s: %v", attempt, err)
 		}
@@ -193,7 +194,7 @@ func TestGatewayHolderGetsNoGatewayOrRoutes(t *testing.T) {
 			t.Errorf("%s of the gateway = %+v, want 10.0.0.1/24 with no gateway and no routes", attempt, r)
 		}
 	}
-	res, err := m.Allocate(req("pod", "rail0"))
+	res, err := m.Allocate(t.Context(), req("pod", "rail0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,22 +208,22 @@ func TestInactivePoolKeepsAllocations(t *testing.T) {
 	if err := m.SetPool(v4Pool("rail0")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Allocate(req("c1", "rail0")); err != nil {
+	if _, err := m.Allocate(t.Context(), req("c1", "rail0")); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.SyncPools(nil); err != nil { // the block disappeared from the API
 		t.Fatal(err)
 	}
-	if _, err := m.Allocate(req("c2", "rail0")); !errors.Is(err, nodealloc.ErrUnknownPool) {
+	if _, err := m.Allocate(t.Context(), req("c2", "rail0")); !errors.Is(err, nodealloc.ErrUnknownPool) {
 		t.Errorf("new allocation in an inactive pool: %v", err)
 	}
-	if res, err := m.Allocate(req("c1", "rail0")); err != nil || res[0].Addr.String() != "10.0.0.2/24" {
+	if res, err := m.Allocate(t.Context(), req("c1", "rail0")); err != nil || res[0].Addr.String() != "10.0.0.2/24" {
 		t.Errorf("existing allocation in an inactive pool: %v %v", res, err)
 	}
 	if got := m.PoolsInUse(); fmt.Sprint(got) != "[rail0]" {
 		t.Errorf("PoolsInUse = %v", got)
 	}
-	if err := m.Deallocate(req("c1", "rail0")); err != nil {
+	if err := m.Deallocate(t.Context(), req("c1", "rail0")); err != nil {
 		t.Fatal(err)
 	}
 	if got := m.PoolsInUse(); len(got) != 0 {
@@ -251,7 +252,7 @@ func TestConcurrentAllocationsAreUniqueAndShareCommits(t *testing.T) {
 		wg.Go(func() {
 			for i := range 25 {
 				cid := fmt.Sprintf("w%d-%d", w, i)
-				res, err := m.Allocate(req(cid, "v6"))
+				res, err := m.Allocate(t.Context(), req(cid, "v6"))
 				if err != nil {
 					t.Error(err)
 					return
@@ -295,17 +296,17 @@ func TestRetryBeforeBlockIsKnown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Allocate(req("c1", "rail0")); !errors.Is(err, nodealloc.ErrUnknownPool) {
+	if _, err := m.Allocate(t.Context(), req("c1", "rail0")); !errors.Is(err, nodealloc.ErrUnknownPool) {
 		t.Errorf("retry before the block is known = %v, want ErrUnknownPool", err)
 	}
-	if err := m.IsAllocated(req("c1", "rail0")); err != nil {
+	if err := m.IsAllocated(t.Context(), req("c1", "rail0")); err != nil {
 		t.Errorf("the imported allocation is not reported: %v", err)
 	}
 	// Once the block arrives, the retry returns the imported address.
 	if err := m.SetPool(v4Pool("rail0")); err != nil {
 		t.Fatal(err)
 	}
-	res, err := m.Allocate(req("c1", "rail0"))
+	res, err := m.Allocate(t.Context(), req("c1", "rail0"))
 	if err != nil || res[0].Addr.String() != "10.0.0.5/24" {
 		t.Errorf("retry after the block is known = %v %v, want 10.0.0.5/24", res, err)
 	}

@@ -41,7 +41,7 @@ func (s *Service) Allocate(ctx context.Context, in *nodev1.AllocateRequest) (*no
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
-	res, err := s.Manager.Allocate(req)
+	res, err := s.Manager.Allocate(ctx, req)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -60,24 +60,24 @@ func (s *Service) Allocate(ctx context.Context, in *nodev1.AllocateRequest) (*no
 }
 
 // IsAllocated implements IPAMService.
-func (s *Service) IsAllocated(_ context.Context, in *nodev1.IsAllocatedRequest) (*nodev1.IsAllocatedResponse, error) {
+func (s *Service) IsAllocated(ctx context.Context, in *nodev1.IsAllocatedRequest) (*nodev1.IsAllocatedResponse, error) {
 	req, err := toRequest(in.GetParameters())
 	if err != nil {
 		return nil, err
 	}
-	if err := s.Manager.IsAllocated(req); err != nil {
+	if err := s.Manager.IsAllocated(ctx, req); err != nil {
 		return nil, toStatus(err)
 	}
 	return &nodev1.IsAllocatedResponse{}, nil
 }
 
 // Deallocate implements IPAMService.
-func (s *Service) Deallocate(_ context.Context, in *nodev1.DeallocateRequest) (*nodev1.DeallocateResponse, error) {
+func (s *Service) Deallocate(ctx context.Context, in *nodev1.DeallocateRequest) (*nodev1.DeallocateResponse, error) {
 	req, err := toRequest(in.GetParameters())
 	if err != nil {
 		return nil, err
 	}
-	if err := s.Manager.Deallocate(req); err != nil {
+	if err := s.Manager.Deallocate(ctx, req); err != nil {
 		return nil, toStatus(err)
 	}
 	return &nodev1.DeallocateResponse{}, nil
@@ -180,6 +180,8 @@ func toStatus(err error) error {
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
 }

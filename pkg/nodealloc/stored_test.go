@@ -1,0 +1,90 @@
+package nodealloc_test
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/nodealloc"
+)
+
+// TestStoredBlocksServeOnlyOnceDecided: after a restart the blocks kept in the
+// store hand out no new address until a pool sync confirms them, or the daemon
+// gives up on the API server (UseStoredBlocks). Existing allocations answer at
+// once either way.
+func TestStoredBlocksServeOnlyOnceDecided(t *testing.T) {
+	m, path := newManager(t)
+	for _, c := range []*nodealloc.PoolConfig{v4Pool("rail0"), v6Pool("v6")} {
+		if err := m.SetPool(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res, err := m.Allocate(t.Context(), req("c1", "rail0")); err != nil || res[0].Addr.String() != "10.0.0.2/24" {
+		t.Fatalf("first allocation = %v %v", res, err)
+	}
+	short := func() context.Context {
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		t.Cleanup(cancel)
+		return ctx
+	}
+
+	// Restarted, nothing decided yet.
+	m2 := reopen(t, m, path)
+	if res, err := m2.Allocate(short(), req("c2", "rail0")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a new address from a stored block before any pool sync = %v %v, want to wait (DeadlineExceeded)", res, err)
+	}
+	if res, err := m2.Allocate(short(), req("c1", "rail0")); err != nil || res[0].Addr.String() != "10.0.0.2/24" {
+		t.Errorf("retry of a stored allocation before any pool sync = %v %v, want 10.0.0.2/24 at once", res, err)
+	}
+	if p := m2.Pools(); len(p) != 2 || p[0].Active || !p[0].Provisional {
+		t.Errorf("pools before any sync = %+v, want provisional and not active", p)
+	}
+	// The sync lists rail0 with a moved block, and no v6.
+	moved := v4Pool("rail0")
+	moved.Block = iprange.Range{Start: netip.MustParseAddr("10.0.0.9"), End: netip.MustParseAddr("10.0.0.16")}
+	moved.ExclusionBase = moved.Block.Start
+	if err := m2.SyncPools([]*nodealloc.PoolConfig{moved}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := m2.Allocate(short(), req("c2", "rail0")); err != nil || !moved.Block.Contains(res[0].Addr.Addr()) {
+		t.Errorf("after the sync moved the block = %v %v, want an address in %s", res, err, moved.Block)
+	}
+	if res, err := m2.Allocate(short(), req("c3", "v6")); !errors.Is(err, nodealloc.ErrUnknownPool) {
+		t.Errorf("a stored block the sync did not list = %v %v, want ErrUnknownPool", res, err)
+	}
+
+	// Every pool was deleted: the empty listing deactivates every stored block.
+	m3 := reopen(t, m, path)
+	if err := m3.SyncPools(nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, pool := range []string{"rail0", "v6"} {
+		if res, err := m3.Allocate(short(), req("c4", pool)); !errors.Is(err, nodealloc.ErrUnknownPool) {
+			t.Errorf("%s after an empty listing = %v %v, want ErrUnknownPool", pool, res, err)
+		}
+	}
+	if err := m3.IsAllocated(t.Context(), req("c1", "rail0")); err != nil {
+		t.Errorf("the stored allocation after an empty listing: %v", err)
+	}
+
+	// The API server does not answer: the stored blocks serve until the first sync.
+	m4 := reopen(t, m, path)
+	if n := m4.UseStoredBlocks(); n != 2 {
+		t.Errorf("UseStoredBlocks = %d, want 2", n)
+	}
+	if res, err := m4.Allocate(short(), req("c5", "rail0")); err != nil || res[0].Addr.String() != "10.0.0.3/24" {
+		t.Errorf("from the stored block with the API server away = %v %v, want 10.0.0.3/24", res, err)
+	}
+	if err := m4.SyncPools(nil); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := m4.Allocate(short(), req("c6", "rail0")); !errors.Is(err, nodealloc.ErrUnknownPool) {
+		t.Errorf("after the first sync, once the API server answers, listed nothing = %v %v, want ErrUnknownPool", res, err)
+	}
+	if n := m4.UseStoredBlocks(); n != 0 {
+		t.Errorf("UseStoredBlocks after a sync = %d, want 0", n)
+	}
+}
