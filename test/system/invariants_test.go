@@ -122,13 +122,13 @@ type namedLog struct {
 }
 
 // TestWholeSystemInvariants is the model-based whole-system test. Each seed runs
-// HWIPAM_SYSTEM_STEPS steps (default 60); HWIPAM_SYSTEM_SEEDS seeds run (default
-// 2), or exactly HWIPAM_SYSTEM_SEED to replay a failure.
+// HWIPAM_SYSTEM_STEPS steps (default 80); HWIPAM_SYSTEM_SEEDS seeds run (default
+// 3), or exactly HWIPAM_SYSTEM_SEED to replay a failure.
 func TestWholeSystemInvariants(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Fatalf("the go command is needed to build the binaries: %v", err)
 	}
-	steps := envInt(t, "HWIPAM_SYSTEM_STEPS", 60)
+	steps := envInt(t, "HWIPAM_SYSTEM_STEPS", 80)
 	var seeds []uint64
 	if s := os.Getenv("HWIPAM_SYSTEM_SEED"); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
@@ -137,7 +137,7 @@ func TestWholeSystemInvariants(t *testing.T) {
 		}
 		seeds = []uint64{seed}
 	} else {
-		for range envInt(t, "HWIPAM_SYSTEM_SEEDS", 2) {
+		for range envInt(t, "HWIPAM_SYSTEM_SEEDS", 3) {
 			seeds = append(seeds, rand.Uint64()%1_000_000)
 		}
 	}
