@@ -52,7 +52,7 @@ func openLogFile(path string) (*os.File, error) {
 	if err := unix.Fstatfs(dfd, &fs); err != nil {
 		return nil, fmt.Errorf("directory %s: %w", resolved, err)
 	}
-	if name := pseudoFS(int64(fs.Type)); name != "" {
+	if name := pseudoFS(int64(fs.Type)); name != "" { //nolint:unconvert // Statfs_t.Type is not int64 on every architecture
 		return nil, fmt.Errorf("directory %s is on %s, not a place for a log file", resolved, name)
 	}
 	// Two tries: another plugin instance may create the file between our stat and

@@ -1,6 +1,7 @@
 package ipamnode_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"testing"
 	"time"
@@ -90,5 +91,5 @@ func sameJSON(a, b string) bool {
 	}
 	ja, _ := json.Marshal(x)
 	jb, _ := json.Marshal(y)
-	return string(ja) == string(jb)
+	return bytes.Equal(ja, jb)
 }

@@ -301,14 +301,16 @@ func (m *Manager) SyncPools(cfgs []*PoolConfig) error {
 	}
 	var errs []error
 	for _, c := range cfgs {
-		if err := m.SetPool(c); err != nil {
-			errs = append(errs, err)
-			m.mu.RLock()
-			p := m.pools[c.Key()]
-			m.mu.RUnlock()
-			if p != nil {
-				p.deactivate()
-			}
+		err := m.SetPool(c)
+		if err == nil {
+			continue
+		}
+		errs = append(errs, err)
+		m.mu.RLock()
+		p := m.pools[c.Key()]
+		m.mu.RUnlock()
+		if p != nil {
+			p.deactivate()
 		}
 	}
 	return errors.Join(errs...)

@@ -79,15 +79,14 @@ func (a attachment) String() string {
 }
 
 type simNode struct {
-	name     string
-	dir      string
-	group    string
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	conn     *grpc.ClientConn
-	info     infov1.NodeInfoServiceClient
-	socket   string
-	storeDir string
+	name   string
+	dir    string
+	group  string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	conn   *grpc.ClientConn
+	info   infov1.NodeInfoServiceClient
+	socket string
 }
 
 type world struct {
