@@ -84,7 +84,9 @@ type poolState struct {
 	// provisional: the block was loaded from the store and no pool sync has
 	// confirmed it yet. It hands out addresses only after UseStoredBlocks.
 	provisional bool
-	allocs      map[owner]store.Allocation
+	// storedInactive: the store marks the block taken away (Store.DeactivatePool).
+	storedInactive bool
+	allocs         map[owner]store.Allocation
 	// lastReserved is the round-robin position read from the store, applied when
 	// the pool's block is first configured.
 	lastReserved netip.Addr
@@ -145,8 +147,10 @@ var errOutcomeUnknown = errors.New("store commit did not return")
 type Store interface {
 	// Load returns every pool and allocation, by pool key.
 	Load() (map[string]*store.PoolState, error)
-	// SavePool records a pool's last known block.
+	// SavePool records a pool's last known block, active.
 	SavePool(key string, block json.RawMessage) error
+	// DeactivatePool marks the pool's stored block as no longer the node's.
+	DeactivatePool(key string) error
 	// Commit records puts and deletes, all or none, and returns once they are on disk.
 	Commit(puts []store.Put, deletes []store.Key) error
 	// Path names the store in error messages.
@@ -212,7 +216,10 @@ func New(st Store, node string, opts ...Option) (*Manager, error) {
 			if err := p.configure(cfg); err != nil {
 				return nil, fmt.Errorf("store %s: pool %s: %w", st.Path(), key, err)
 			}
-			p.provisional = true // last known block: maybe no longer this node's
+			// The last known block: maybe no longer this node's. One that was taken
+			// away before the restart only describes old allocations.
+			p.provisional = !ps.Pool.Inactive
+			p.storedInactive = ps.Pool.Inactive
 		}
 		m.pools[key] = p
 	}
@@ -265,7 +272,7 @@ func (m *Manager) SetPool(cfg *PoolConfig) error {
 	m.mu.Unlock()
 	p.lockWait()
 	defer p.unlock()
-	if p.cfg != nil && p.cfg.Equal(cfg) {
+	if p.cfg != nil && p.cfg.Equal(cfg) && !p.storedInactive {
 		p.active, p.provisional = true, false
 		return nil
 	}
@@ -276,6 +283,7 @@ func (m *Manager) SetPool(cfg *PoolConfig) error {
 	if err := m.store.SavePool(key, raw); err != nil {
 		return err
 	}
+	p.storedInactive = false
 	if err := p.configure(cfg); err != nil {
 		return fmt.Errorf("pool %s: %w", key, err)
 	}
@@ -294,12 +302,14 @@ func (m *Manager) SyncPools(cfgs []*PoolConfig) error {
 	for _, c := range cfgs {
 		listed[c.Key()] = true
 	}
+	var errs []error
 	for _, p := range m.snapshot("") {
 		if !listed[p.key] {
-			p.deactivate()
+			if err := m.deactivate(p); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
-	var errs []error
 	for _, c := range cfgs {
 		err := m.SetPool(c)
 		if err == nil {
@@ -310,16 +320,29 @@ func (m *Manager) SyncPools(cfgs []*PoolConfig) error {
 		p := m.pools[c.Key()]
 		m.mu.RUnlock()
 		if p != nil {
-			p.deactivate()
+			if err := m.deactivate(p); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (p *poolState) deactivate() {
+// deactivate stops the pool handing out addresses, and records that in the store
+// first, so that a restart while the API server is unreachable does not bring a
+// block back that was already taken away. The pool is deactivated in memory also
+// when the store write fails.
+func (m *Manager) deactivate(p *poolState) error {
 	p.lockWait()
 	defer p.unlock()
+	var err error
+	if p.cfg != nil && !p.storedInactive {
+		if err = m.store.DeactivatePool(p.key); err == nil {
+			p.storedInactive = true
+		}
+	}
 	p.active, p.provisional = false, false
+	return err
 }
 
 func (m *Manager) decide() { m.decideOnce.Do(func() { close(m.decided) }) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -86,5 +87,44 @@ func TestStoredBlocksServeOnlyOnceDecided(t *testing.T) {
 	}
 	if n := m4.UseStoredBlocks(); n != 0 {
 		t.Errorf("UseStoredBlocks after a sync = %d, want 0", n)
+	}
+}
+
+// TestBlockTakenAwayStaysAwayAfterRestart: a block a pool sync took away is
+// marked so in the store; a restart with the API server unreachable (stored
+// blocks serving) hands out nothing new from it — the controller may have given
+// it to another node — while its allocations still answer retries and release.
+// A sync that gives it back makes it serve again, also after the next restart.
+func TestBlockTakenAwayStaysAwayAfterRestart(t *testing.T) {
+	m, path := newManager(t)
+	if err := m.SetPool(v4Pool("rail0")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Allocate(t.Context(), req("c1", "rail0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SyncPools(nil); err != nil {
+		t.Fatal(err)
+	}
+	restart := func(from string) (*nodealloc.Manager, string) {
+		to := filepath.Join(t.TempDir(), "store")
+		copyFile(t, from, to)
+		return openManager(t, to), to
+	}
+	m2, path2 := restart(path)
+	m2.UseStoredBlocks()
+	if res, err := m2.Allocate(t.Context(), req("c2", "rail0")); !errors.Is(err, nodealloc.ErrUnknownPool) {
+		t.Errorf("new address from a block taken away before the restart = %v %v, want ErrUnknownPool", res, err)
+	}
+	if res, err := m2.Allocate(t.Context(), req("c1", "rail0")); err != nil || res[0].Addr.String() != "10.0.0.2/24" {
+		t.Errorf("retry of its allocation = %v %v, want 10.0.0.2/24", res, err)
+	}
+	if err := m2.SyncPools([]*nodealloc.PoolConfig{v4Pool("rail0")}); err != nil {
+		t.Fatal(err)
+	}
+	m3, _ := restart(path2)
+	m3.UseStoredBlocks()
+	if res, err := m3.Allocate(t.Context(), req("c2", "rail0")); err != nil || res[0].Addr.String() != "10.0.0.3/24" {
+		t.Errorf("after the block came back and a restart = %v %v, want 10.0.0.3/24", res, err)
 	}
 }

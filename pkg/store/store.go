@@ -77,6 +77,10 @@ type Pool struct {
 	Block json.RawMessage `json:"block,omitempty"`
 	// LastReserved is the last address handed out.
 	LastReserved string `json:"lastReserved,omitempty"`
+	// Inactive is set when the API server took Block away from the node: it still
+	// describes the node's old allocations, but must not hand out new ones after a
+	// restart, even while the API server is unreachable.
+	Inactive bool `json:"inactive,omitempty"`
 }
 
 // PoolState is a pool with its allocations, as Load returns them.
@@ -301,10 +305,22 @@ type Key struct {
 // SavePool records a pool's last known block.
 func (s *Store) SavePool(key string, block json.RawMessage) error {
 	err := s.db.Batch(func(tx *bolt.Tx) error {
-		return updatePool(tx, key, func(p *Pool) { p.Block = block })
+		return updatePool(tx, key, func(p *Pool) { p.Block, p.Inactive = block, false })
 	})
 	if err != nil {
 		return fmt.Errorf("writing pool %s to store %s: %w", key, s.path, err)
+	}
+	return nil
+}
+
+// DeactivatePool records that the pool's block is no longer the node's: it is
+// kept for the allocations made in it, but marked Inactive.
+func (s *Store) DeactivatePool(key string) error {
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		return updatePool(tx, key, func(p *Pool) { p.Inactive = true })
+	})
+	if err != nil {
+		return fmt.Errorf("marking pool %s inactive in store %s: %w", key, s.path, err)
 	}
 	return nil
 }
