@@ -3,6 +3,7 @@ package poolcontroller
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -31,18 +32,52 @@ type reports struct {
 	orphans []string
 }
 
+// seenReport is a node's held report and when the controller last saw it.
+type seenReport struct {
+	raw  string
+	seen time.Time
+}
+
+// lastReports returns every node's held report by node name. A node whose report
+// is missing — its Node object deleted, or re-registered without annotations
+// until its daemon restores them — keeps the one last seen for the grace period:
+// its daemon still holds what it reported.
+func (r *Reconciler) lastReports(nodes []client.Object, now time.Time) map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.reports == nil {
+		r.reports = map[string]seenReport{}
+	}
+	out := map[string]string{}
+	for _, n := range nodes {
+		if raw, ok := n.GetAnnotations()[v1alpha1.HeldAnnotation]; ok {
+			r.reports[n.GetName()] = seenReport{raw: raw, seen: now}
+		}
+	}
+	for name, rep := range r.reports {
+		if now.Sub(rep.seen) >= r.ReleaseGracePeriod {
+			delete(r.reports, name)
+			continue
+		}
+		out[name] = rep.raw
+	}
+	for _, n := range nodes {
+		if raw, ok := n.GetAnnotations()[v1alpha1.HeldAnnotation]; ok {
+			out[n.GetName()] = raw
+		}
+	}
+	return out
+}
+
 // readReports collects, for the pool with key, what every node's daemon reports:
 // the addresses it holds outside its block, and a reported block that status (own,
 // the node's valid assignments) no longer gives it, which the daemon may still be
 // allocating from until it reports again. Ranges of other pools count only inside
 // network. A missing or unreadable annotation reports nothing.
-func readReports(nodes []client.Object, key string, network iprange.Range, own map[string]iprange.Range) reports {
+func readReports(byNode map[string]string, key string, network iprange.Range, own map[string]iprange.Range) reports {
 	out := reports{held: map[string][]iprange.Range{}}
-	for _, n := range nodes {
-		raw, ok := n.GetAnnotations()[v1alpha1.HeldAnnotation]
-		if !ok {
-			continue
-		}
+	for _, name := range slices.Sorted(maps.Keys(byNode)) {
+		raw := byNode[name]
 		var rep map[string]v1alpha1.PoolHold
 		if err := json.Unmarshal([]byte(raw), &rep); err != nil {
 			continue
@@ -55,15 +90,15 @@ func readReports(nodes []client.Object, key string, network iprange.Range, own m
 				}
 			}
 			if k == key && len(rs) > 0 {
-				out.orphans = append(out.orphans, fmt.Sprintf("%s: %s", n.GetName(), joinRanges(rs)))
+				out.orphans = append(out.orphans, fmt.Sprintf("%s: %s", name, joinRanges(rs)))
 			}
 			if b, err := iprange.ParseRange(h.Block); err == nil {
-				if cur, assigned := own[n.GetName()]; k != key || !assigned || !cur.Covers(b) {
+				if cur, assigned := own[name]; k != key || !assigned || !cur.Covers(b) {
 					rs = append(rs, b)
 				}
 			}
 			if k == key {
-				out.held[n.GetName()] = append(out.held[n.GetName()], rs...)
+				out.held[name] = append(out.held[name], rs...)
 				continue
 			}
 			for _, r := range rs {

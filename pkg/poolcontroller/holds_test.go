@@ -187,3 +187,25 @@ func TestStatusConvergesWhenTheCacheLags(t *testing.T) {
 	f.reconcile(r, "p") // desired equals the frozen pool's status
 	wantStrings(t, "blocks after a came back", f.blocksOf(f.ipPool("p")), []string{"a=10.92.0.1-10.92.0.8"})
 }
+
+// A Node re-registered without annotations (until its daemon restores them) keeps
+// its last report for the grace period: a pool created meanwhile avoids what the
+// daemon holds. Found by the whole-system test (seed 933375).
+func TestReportOfARecreatedNodeIsKeptForGrace(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.node("a", true, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"held":["10.93.0.2"]}}`})
+	f.node("b", true, nil)
+	f.newIPPool("q", "10.94.0.0/24", 4, nil) // a reconcile that sees a's report
+	f.reconcile(f.ip, "q")
+	f.deleteNode("a")
+	f.node("a", false, nil)
+	f.newIPPool("p", "10.93.0.0/24", 4, nil)
+	f.reconcile(f.ip, "p")
+	wantStrings(t, "blocks while a's report is missing", f.blocksOf(f.ipPool("p")), []string{"b=10.93.0.5-10.93.0.8"})
+	f.clock.Advance(time.Minute)
+	f.reconcile(f.ip, "p")
+	wantStrings(t, "blocks after the grace period", f.blocksOf(f.ipPool("p")), []string{"b=10.93.0.5-10.93.0.8"})
+	f.node("c", true, nil)
+	f.reconcile(f.ip, "p")
+	wantStrings(t, "blocks of a new node", f.blocksOf(f.ipPool("p")), []string{"b=10.93.0.5-10.93.0.8", "c=10.93.0.1-10.93.0.4"})
+}

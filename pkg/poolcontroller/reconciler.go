@@ -53,9 +53,11 @@ type Reconciler struct {
 	// Now returns the current time; nil means time.Now.
 	Now func() time.Time
 
-	mu     sync.Mutex
-	state  map[types.NamespacedName]*poolState
-	writes atomic.Uint64
+	mu    sync.Mutex
+	state map[types.NamespacedName]*poolState
+	// reports remembers each node's last held report (see lastReports).
+	reports map[string]seenReport
+	writes  atomic.Uint64
 }
 
 // poolState is what the reconciler remembers of one pool between reconciles.
@@ -252,7 +254,7 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	for i := range nodes.Items {
 		objs[i] = &nodes.Items[i]
 	}
-	rep := readReports(objs, p.storeKey(), layout.Range(), own)
+	rep := readReports(r.lastReports(objs, now), p.storeKey(), layout.Range(), own)
 	live, until := st.liveReservations(now)
 	for _, res := range live {
 		rep.held[res.Node] = append(rep.held[res.Node], res.Range)
