@@ -365,7 +365,7 @@ var _ = Describe("a malformed NetworkAttachmentDefinition", Label("malformed"), 
 		start := time.Now()
 		createPod(ctx, "bad-net", "bad-pooltype")
 		Eventually(ctx, func() string { return podEvents(ctx, "bad-net") }).
-			WithTimeout(60*time.Second).WithPolling(time.Second).
+			WithTimeout(60 * time.Second).WithPolling(time.Second).
 			Should(And(ContainSubstring("FailedCreatePodSandBox"), ContainSubstring(`poolType "bogus": want ippool or cidrpool`)))
 		fmt.Fprintf(GinkgoWriter, "event after %.1fs:%s\n", time.Since(start).Seconds(), podEvents(ctx, "bad-net"))
 		pod, err := node.Clientset.CoreV1().Pods(ns).Get(ctx, "bad-net", metav1.GetOptions{})
