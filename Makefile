@@ -75,6 +75,21 @@ image-push: image ## Push the image to $(REGISTRY)/$(IMAGE_NAME):$(IMAGE_TAG) (p
 clean: ## Remove build outputs (bin/). The test-asset cache is kept.
 	rm -rf $(BIN_DIR)
 
+##@ Demo
+
+.PHONY: demo
+demo: root-check deps test-assets ## A real node running hwipam: NIC labels, rail pools, Multus NADs, pods and their addresses (root).
+	@$(ASSETS_ENV) && go run ./hack/demo up
+
+.PHONY: demo-down
+demo-down: root-check ## Stop the demo and remove everything it made.
+	@go run ./hack/demo down
+
+.PHONY: root-check
+root-check:
+	@if [ "$$(id -u)" != 0 ]; then \
+		echo "the demo runs a real kubelet and containerd and needs root (links, mounts, cgroups, iptables): run it as root, e.g. sudo make demo" >&2; exit 1; fi
+
 ##@ Test
 
 .PHONY: deps

@@ -109,6 +109,11 @@ func (p Process) stop(grace time.Duration) {
 	}
 }
 
+// Running says whether any of the node's processes is still alive.
+func (s *State) Running() bool {
+	return slices.ContainsFunc(s.Processes, Process.alive)
+}
+
 // Teardown stops everything the node in s started and removes what it made on the host:
 // processes, containers and their shims, mounts under the run directory, links,
 // iptables rules and cgroups. It keeps going past failures and returns them all.
