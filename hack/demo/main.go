@@ -63,7 +63,7 @@ func main() {
 }
 
 func progress(format string, args ...any) {
-	fmt.Printf("[demo %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+	fmt.Fprintf(os.Stdout, "[demo %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
 
 func down() error {
@@ -176,7 +176,7 @@ func waitLabels(ctx context.Context, c *realnode.Cluster) error {
 	return wait.PollUntilContextTimeout(ctx, time.Second, 90*time.Second, true, func(ctx context.Context) (bool, error) {
 		n, err := c.Clientset.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
 		if err != nil {
-			return false, nil //nolint:nilerr // retried until the timeout
+			return false, nil // retried until the timeout
 		}
 		return n.Labels[key] != "", nil
 	})
@@ -227,7 +227,7 @@ func createNetworks(ctx context.Context, c *realnode.Cluster) error {
 		for _, n := range nets {
 			var p v1alpha1.IPPool
 			if err := cl.Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: n.pool}, &p); err != nil || len(p.Status.Allocations) == 0 {
-				return false, nil //nolint:nilerr // retried until the timeout
+				return false, nil // retried until the timeout
 			}
 		}
 		return true, nil
@@ -267,9 +267,9 @@ func show(ctx context.Context, c *realnode.Cluster, pods []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("== NIC labels on node %s (published by ipam-node's NIC discovery; %d nic.hwipam.io/ labels)\n", c.NodeName, countPrefix(n.Labels))
+	fmt.Fprintf(os.Stdout, "== NIC labels on node %s (published by ipam-node's NIC discovery; %d nic.hwipam.io/ labels)\n", c.NodeName, countPrefix(n.Labels))
 	l := func(k string) string { return n.Labels["nic.hwipam.io/"+k] }
-	fmt.Printf("  present=%s count=%s rdma=%s\n", l("present"), l("count"), l("rdma"))
+	fmt.Fprintf(os.Stdout, "  present=%s count=%s rdma=%s\n", l("present"), l("count"), l("rdma"))
 	var netdevs []string
 	for k := range n.Labels {
 		if nd, ok := strings.CutPrefix(k, "nic.hwipam.io/"); ok && !strings.Contains(nd, ".") && n.Labels[k] != "true" && nd != "count" {
@@ -277,16 +277,16 @@ func show(ctx context.Context, c *realnode.Cluster, pods []string) error {
 		}
 	}
 	slices.Sort(netdevs)
-	fmt.Printf("  %-16s %-5s %-12s %-12s %-5s %s\n", "NETDEV", "LINK", "MODEL", "SPEED(Mb/s)", "NUMA", "VFS")
+	fmt.Fprintf(os.Stdout, "  %-16s %-5s %-12s %-12s %-5s %s\n", "NETDEV", "LINK", "MODEL", "SPEED(Mb/s)", "NUMA", "VFS")
 	for _, nd := range netdevs {
-		fmt.Printf("  %-16s %-5s %-12s %-12s %-5s %s\n", nd, l(nd), l(nd+".model"), or(l(nd+".speed"), "-"), l(nd+".numa"), l(nd+".vfs"))
+		fmt.Fprintf(os.Stdout, "  %-16s %-5s %-12s %-12s %-5s %s\n", nd, l(nd), l(nd+".model"), or(l(nd+".speed"), "-"), l(nd+".numa"), l(nd+".vfs"))
 	}
 	out, err := c.Kubectl(ctx, "get", "ippools", "-A", "-o",
 		"custom-columns=POOL:.metadata.name,SUBNET:.spec.subnet,NODE:.status.allocations[*].nodeName,BLOCK-START:.status.allocations[*].startIP,BLOCK-END:.status.allocations[*].endIP")
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\n== each pool's blocks\n%s", indent(out))
+	fmt.Fprintf(os.Stdout, "\n== each pool's blocks\n%s", indent(out))
 	for _, p := range pods {
 		pod, err := c.Clientset.CoreV1().Pods("default").Get(ctx, p, metav1.GetOptions{})
 		if err != nil {
@@ -305,10 +305,10 @@ func show(ctx context.Context, c *realnode.Cluster, pods []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("\n== addresses inside pod %s (kubectl exec %s -- ip -4 -o addr show)\n", p, p)
+		fmt.Fprintf(os.Stdout, "\n== addresses inside pod %s (kubectl exec %s -- ip -4 -o addr show)\n", p, p)
 		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 			if f := strings.Fields(l); len(f) >= 4 && f[1] != "lo" {
-				fmt.Printf("  %-6s %-18s %s\n", f[1], f[3], network[f[1]])
+				fmt.Fprintf(os.Stdout, "  %-6s %-18s %s\n", f[1], f[3], network[f[1]])
 			}
 		}
 	}
@@ -316,8 +316,8 @@ func show(ctx context.Context, c *realnode.Cluster, pods []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\n== kubectl get ippools -A\n%s", indent(out))
-	fmt.Printf("\nThe node keeps running. Try:\n  export KUBECONFIG=%s PATH=%s:$PATH\n  kubectl get pods -A -o wide\n"+
+	fmt.Fprintf(os.Stdout, "\n== kubectl get ippools -A\n%s", indent(out))
+	fmt.Fprintf(os.Stdout, "\nThe node keeps running. Try:\n  export KUBECONFIG=%s PATH=%s:$PATH\n  kubectl get pods -A -o wide\n"+
 		"Stop it with: make demo-down\n", c.Kubeconfig, c.Bin)
 	return nil
 }

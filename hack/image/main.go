@@ -6,7 +6,7 @@
 //	hwipam-image build -o OUT.tar [--tag REF] [--user UID:GID] [--entrypoint PATH]
 //	                   [--dir PATH[:MODE]]... [--link PATH=TARGET]... PATH=SRC[:MODE]...
 //	hwipam-image push [--insecure] OUT.tar REF
-//	hwipam-image serve [--addr 127.0.0.1:0] [--addr-file FILE]
+//	hwipam-image serve [--addr 127.0.0.1:0] [--addr-file FILE] [--blob-dir DIR]
 //
 // Every file is written with a fixed modification time, owner 0:0 and the given mode
 // (default 0755), so the same inputs give the same image digest.
@@ -47,7 +47,7 @@ const usage = `usage:
   hwipam-image build -o OUT.tar [--tag REF] [--user UID:GID] [--entrypoint PATH]
                      [--dir PATH[:MODE]]... [--link PATH=TARGET]... PATH=SRC[:MODE]...
   hwipam-image push [--insecure] OUT.tar REF
-  hwipam-image serve [--addr 127.0.0.1:0] [--addr-file FILE]
+  hwipam-image serve [--addr 127.0.0.1:0] [--addr-file FILE] [--blob-dir DIR]
 `
 
 // epoch is the modification time of every file in a layer and the image's creation
@@ -310,14 +310,24 @@ func push(args []string) error {
 	return nil
 }
 
-// serve runs an in-memory registry until SIGTERM/SIGINT. With --addr-file it writes
-// the address it listens on there once it accepts connections.
+// serve runs a registry until SIGTERM/SIGINT: manifests in memory, blobs in memory
+// or, with --blob-dir, on disk (a registry holding the hwipam image otherwise keeps
+// ~370 MiB resident). With --addr-file it writes the address it listens on there once
+// it accepts connections.
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "listen address")
 	addrFile := fs.String("addr-file", "", "file to write the bound host:port into")
+	blobDir := fs.String("blob-dir", "", "keep blobs in this directory instead of memory")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	opts := []registry.Option{registry.Logger(log.New(io.Discard, "", 0))}
+	if *blobDir != "" {
+		if err := os.MkdirAll(*blobDir, 0o755); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		opts = append(opts, registry.WithBlobHandler(registry.NewDiskBlobHandler(*blobDir)))
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -334,7 +344,7 @@ func serve(args []string) error {
 	}
 	log.Printf("registry on %s", ln.Addr())
 	srv := &http.Server{
-		Handler:           registry.New(registry.Logger(log.New(io.Discard, "", 0))),
+		Handler:           registry.New(opts...),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

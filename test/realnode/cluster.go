@@ -78,7 +78,6 @@ type Cluster struct {
 
 	opts  Options
 	state *State
-	stops []func()
 }
 
 // Start brings the node up and returns when the Node is Ready. On error everything
@@ -152,9 +151,6 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 
 // Stop tears the node down (see State.Teardown). keepDir keeps the run directory.
 func (c *Cluster) Stop(keepDir bool) error {
-	for _, s := range c.stops {
-		s()
-	}
 	return c.state.Teardown(keepDir)
 }
 
@@ -423,6 +419,10 @@ func (c *Cluster) startControlPlane(ctx context.Context, a assetDirs) error {
 		return err
 	}
 	c.Kubeconfig = kubeconfig
+	c.state.Kubeconfig, c.state.Kubectl = kubeconfig, filepath.Join(a.node, "kubectl")
+	if err := c.state.save(); err != nil {
+		return err
+	}
 	if c.Config, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
 		return err
 	}
@@ -503,7 +503,8 @@ func (c *Cluster) BusyboxImage() string { return c.Registry + "/" + busyboxImage
 
 func (c *Cluster) startRegistry(ctx context.Context, a assetDirs) error {
 	addrFile := filepath.Join(c.Dir, "registry.addr")
-	if _, err := c.start("registry", filepath.Join(a.node, "hwipam-image"), []string{"serve", "--addr-file", addrFile}); err != nil {
+	if _, err := c.start("registry", filepath.Join(a.node, "hwipam-image"), []string{"serve", "--addr-file", addrFile,
+		"--blob-dir", filepath.Join(c.Dir, "registry")}); err != nil {
 		return err
 	}
 	if err := c.waitFor(ctx, "the registry", "registry", 30*time.Second, func() error {

@@ -32,6 +32,11 @@ type State struct {
 	CgroupName string `json:"cgroupName"`
 	// ContainerdSocket identifies this node's runc shims (they outlive containerd).
 	ContainerdSocket string `json:"containerdSocket"`
+	// Kubeconfig and Kubectl let Teardown delete the pods through the API first, so
+	// that kubelet runs CNI DEL for each (libcni keeps a result cache per attachment
+	// in /var/lib/cni, outside the run directory).
+	Kubeconfig string `json:"kubeconfig"`
+	Kubectl    string `json:"kubectl"`
 }
 
 // Process is one process the node started.
@@ -120,6 +125,7 @@ func (s *State) Running() bool {
 // With keepDir the run directory (logs) stays; otherwise it is removed.
 func (s *State) Teardown(keepDir bool) error {
 	var errs []error
+	s.deletePods()
 	// kubelet first, so that it does not restart what is killed next.
 	for _, p := range s.Processes {
 		if p.Name == "kubelet" {
@@ -171,6 +177,28 @@ func (s *State) Teardown(keepDir bool) error {
 	return errors.Join(errs...)
 }
 
+// deletePods deletes every pod through the API while kubelet runs, workloads before
+// kube-system (ipam-node must answer their CNI DEL), with kube-controller-manager
+// stopped first so that nothing is re-created. Best effort, bounded in time: whatever
+// is left is killed next.
+func (s *State) deletePods() {
+	if s.Kubeconfig == "" || s.Kubectl == "" || !slices.ContainsFunc(s.Processes, func(p Process) bool {
+		return p.Name == "kubelet" && p.alive()
+	}) {
+		return
+	}
+	for _, p := range s.Processes {
+		if p.Name == "kube-controller-manager" {
+			p.stop(5 * time.Second)
+		}
+	}
+	for _, scope := range [][]string{{"-A", "--field-selector=metadata.namespace!=kube-system"}, {"-n", "kube-system", "--all"}} {
+		args := append([]string{"--kubeconfig", s.Kubeconfig, "delete", "pods", "--grace-period=1", "--wait", "--timeout=30s",
+			"--request-timeout=5s"}, scope...)
+		_ = exec.Command(s.Kubectl, args...).Run()
+	}
+}
+
 // pidsWithArg lists the processes that have arg as one of their arguments.
 func pidsWithArg(arg string) []int {
 	entries, _ := os.ReadDir("/proc")
@@ -202,7 +230,7 @@ func killCgroup(name string) {
 		found := false
 		_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
-				return nil //nolint:nilerr // a cgroup that went away meanwhile is fine
+				return nil // a cgroup that went away meanwhile is fine
 			}
 			data, _ := os.ReadFile(path)
 			for _, f := range strings.Fields(string(data)) {
