@@ -67,8 +67,9 @@ image: build ## Build the hwipam image into bin/hwipam-image.tar (no Docker; `ct
 		$(foreach b,$(BINARIES),/$(b)=$(BIN_DIR)/$(b))
 
 .PHONY: image-push
-image-push: image ## Push the image to $(REGISTRY)/$(IMAGE_NAME):$(IMAGE_TAG) (plain HTTP for a loopback registry).
+image-push: ## Push the image to $(REGISTRY)/$(IMAGE_NAME):$(IMAGE_TAG) (plain HTTP for a loopback registry).
 	@if [ -z "$(REGISTRY)" ]; then echo "set REGISTRY, e.g. make image-push REGISTRY=registry.example.com/hwipam" >&2; exit 2; fi
+	@$(MAKE) --no-print-directory image
 	$(IMAGE_TOOL) push $(if $(filter localhost% 127.%,$(REGISTRY)),--insecure) $(IMAGE_TAR) $(REGISTRY)/$(IMAGE_NAME):$(IMAGE_TAG)
 
 .PHONY: clean
