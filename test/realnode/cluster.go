@@ -717,8 +717,17 @@ resolvConf: /etc/resolv.conf
 syncFrequency: 10s
 nodeStatusUpdateFrequency: 5s
 shutdownGracePeriod: 0s
+podLogsDir: %[8]s
 `, c.state.CgroupName, c.ContainerdSocket, c.NodeIP, port,
-		filepath.Join(pkiDir, "kubelet.crt"), filepath.Join(pkiDir, "kubelet.key"), filepath.Join(pkiDir, "ca.crt"))
+		filepath.Join(pkiDir, "kubelet.crt"), filepath.Join(pkiDir, "kubelet.key"), filepath.Join(pkiDir, "ca.crt"),
+		filepath.Join(c.Dir, "pod-logs"))
+	// kubelet makes these at fixed paths (its device-plugin socket, the links to
+	// container logs): removed at teardown when this node made them.
+	for _, d := range []string{"/var/lib/kubelet", "/var/log/containers"} {
+		if _, err := os.Stat(d); errors.Is(err, os.ErrNotExist) {
+			c.state.KubeletDirs = append(c.state.KubeletDirs, d)
+		}
+	}
 	kdir := filepath.Join(c.Dir, "kubelet")
 	if err := os.MkdirAll(kdir, 0o755); err != nil {
 		return err

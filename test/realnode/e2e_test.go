@@ -46,8 +46,9 @@ var (
 	node     *realnode.Cluster
 	cl       client.Client
 	nodeInfo infov1.NodeInfoServiceClient
-	failed   bool
-	// masters are the host links the macvlan networks sit on.
+	// failed keeps the run directory (every component's log) for a look afterwards.
+	failed bool
+	// master is the host link the macvlan networks sit on.
 	master string
 )
 
@@ -57,6 +58,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	node, err = realnode.Start(ctx, realnode.Options{NodeName: "e2e-node",
 		Progress: func(f string, a ...any) { fmt.Fprintf(GinkgoWriter, f+"\n", a...) }})
 	Expect(err).NotTo(HaveOccurred())
+	failed = true // until the suite's setup has finished
 	DeferCleanup(func() {
 		u := node.Usage()
 		var rss int64
@@ -66,7 +68,10 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 			fmt.Fprintf(GinkgoWriter, "%-24s RSS %4d MiB CPU %6.1fs\n", name, b>>20, u.CPUSeconds[name])
 			cpu += u.CPUSeconds[name]
 		}
-		fmt.Fprintf(GinkgoWriter, "node total: RSS %d MiB, CPU %.1fs; run dir %s\n", rss>>20, cpu, node.Dir)
+		fmt.Fprintf(GinkgoWriter, "node total: RSS %d MiB, CPU %.1fs\n", rss>>20, cpu)
+		if failed {
+			fmt.Fprintf(GinkgoWriter, "kept the run directory, logs in %s/logs and %s/pod-logs\n", node.Dir, node.Dir)
+		}
 		Expect(node.Stop(failed)).To(Succeed())
 	})
 	image, err := node.BuildImage(ctx, harness.RepoRoot(), "e2e")
@@ -90,6 +95,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		createNAD(ctx, p.name, macvlanConfig(p.name, p.name, `"poolType": "ippool"`))
 	}
 	fmt.Fprintf(GinkgoWriter, "node up, hwipam deployed, networks created in %.1fs\n", time.Since(start).Seconds())
+	failed = false
 }, NodeTimeout(15*time.Minute))
 
 var _ = AfterEach(func() {

@@ -37,6 +37,10 @@ type State struct {
 	// in /var/lib/cni, outside the run directory).
 	Kubeconfig string `json:"kubeconfig"`
 	Kubectl    string `json:"kubectl"`
+	// KubeletDirs are host directories kubelet creates at fixed paths that did not
+	// exist before this node started (/var/lib/kubelet for its device-plugin socket,
+	// /var/log/containers); they are removed unless another kubelet runs.
+	KubeletDirs []string `json:"kubeletDirs"`
 }
 
 // Process is one process the node started.
@@ -153,6 +157,23 @@ func (s *State) Teardown(keepDir bool) error {
 		}
 	}
 	errs = append(errs, unmountUnder(s.Dir))
+	// kubelet links every container's log into /var/log/containers (a fixed path);
+	// the logs themselves are under the run directory.
+	if links, err := os.ReadDir("/var/log/containers"); err == nil {
+		for _, l := range links {
+			p := filepath.Join("/var/log/containers", l.Name())
+			if target, err := os.Readlink(p); err == nil && strings.HasPrefix(target, s.Dir+"/") {
+				_ = os.Remove(p)
+			}
+		}
+	}
+	if len(s.KubeletDirs) > 0 && !kubeletRunning() {
+		for _, d := range s.KubeletDirs {
+			if err := os.RemoveAll(d); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	for _, rule := range s.IPTables {
 		del := append([]string{"-t", "nat", "-D"}, rule...)
 		if out, err := exec.Command("iptables", del...).CombinedOutput(); err != nil && !strings.Contains(string(out), "does a matching rule exist") {
@@ -197,6 +218,17 @@ func (s *State) deletePods() {
 			"--request-timeout=5s"}, scope...)
 		_ = exec.Command(s.Kubectl, args...).Run()
 	}
+}
+
+// kubeletRunning says whether any kubelet process runs on this host.
+func kubeletRunning() bool {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); err == nil && strings.TrimSpace(string(comm)) == "kubelet" {
+			return true
+		}
+	}
+	return false
 }
 
 // pidsWithArg lists the processes that have arg as one of their arguments.
