@@ -125,7 +125,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			return nil, err
 		}
 	}
-	c.CNIBinDir, c.CNIConfDir = filepath.Join(c.Dir, "cni/bin"), filepath.Join(c.Dir, "cni/net.d")
+	c.CNIBinDir, c.CNIConfDir = filepath.Join(c.Dir, "cni", "bin"), filepath.Join(c.Dir, "cni", "net.d")
 	c.StateDir = filepath.Join(c.Dir, "nv-ipam")
 
 	steps := []struct {
@@ -496,9 +496,10 @@ const (
 	busyboxImage = "busybox:hwipam"
 )
 
-// PauseImage and BusyboxImage are references to the sandbox and workload images
-// (busybox with sh, ip, ping, sleep, cat, ls).
-func (c *Cluster) PauseImage() string   { return c.Registry + "/" + pauseImage }
+// PauseImage is the sandbox image (containerd's pinned sandbox image).
+func (c *Cluster) PauseImage() string { return c.Registry + "/" + pauseImage }
+
+// BusyboxImage is the workload image: busybox with sh, ip, ping, sleep, cat and ls.
 func (c *Cluster) BusyboxImage() string { return c.Registry + "/" + busyboxImage }
 
 func (c *Cluster) startRegistry(ctx context.Context, a assetDirs) error {
@@ -669,8 +670,8 @@ func (c *Cluster) startKubelet(ctx context.Context, a assetDirs) error {
     }]
   }]
 }
-`, c.Kubeconfig, filepath.Join(c.Dir, "cni/multus"), c.CNIBinDir, filepath.Join(c.Dir, "logs/multus.log"),
-		c.Bridge, filepath.Join(c.Dir, "cni/ipam"), c.PodSubnet.String(),
+`, c.Kubeconfig, filepath.Join(c.Dir, "cni", "multus"), c.CNIBinDir, filepath.Join(c.Dir, "logs", "multus.log"),
+		c.Bridge, filepath.Join(c.Dir, "cni", "ipam"), c.PodSubnet.String(),
 		nthAddr(c.PodSubnet, 10), nthAddr(c.PodSubnet, 250), c.NodeIP.String())
 	if err := os.WriteFile(filepath.Join(c.CNIConfDir, "00-multus.conf"), []byte(multus), 0o644); err != nil {
 		return err
@@ -778,7 +779,7 @@ func (c *Cluster) makeCgroups() error {
 		if e.Name() == "unified" || !e.IsDir() {
 			continue
 		}
-		dir := filepath.Join("/sys/fs/cgroup", e.Name(), c.state.CgroupName)
+		dir := "/sys/fs/cgroup/" + e.Name() + "/" + c.state.CgroupName
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			if errors.Is(err, os.ErrExist) {
 				continue
@@ -791,7 +792,7 @@ func (c *Cluster) makeCgroups() error {
 		}
 		if e.Name() == "cpuset" {
 			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-				v, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuset", f))
+				v, err := os.ReadFile("/sys/fs/cgroup/cpuset/" + f)
 				if err != nil {
 					return err
 				}

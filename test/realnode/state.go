@@ -161,7 +161,7 @@ func (s *State) Teardown(keepDir bool) error {
 	// the logs themselves are under the run directory.
 	if links, err := os.ReadDir("/var/log/containers"); err == nil {
 		for _, l := range links {
-			p := filepath.Join("/var/log/containers", l.Name())
+			p := "/var/log/containers/" + l.Name()
 			if target, err := os.Readlink(p); err == nil && strings.HasPrefix(target, s.Dir+"/") {
 				_ = os.Remove(p)
 			}
@@ -224,7 +224,7 @@ func (s *State) deletePods() {
 func kubeletRunning() bool {
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
-		if comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); err == nil && strings.TrimSpace(string(comm)) == "kubelet" {
+		if comm, err := os.ReadFile("/proc/" + e.Name() + "/comm"); err == nil && strings.TrimSpace(string(comm)) == "kubelet" {
 			return true
 		}
 	}
@@ -240,7 +240,7 @@ func pidsWithArg(arg string) []int {
 		if err != nil {
 			continue
 		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
 		if err != nil {
 			continue
 		}
@@ -257,7 +257,7 @@ func pidsWithArg(arg string) []int {
 // killCgroup SIGKILLs every process in the v1 cgroup tree name (in the pids
 // hierarchy, which every process is in) until none is left or 5 s have passed.
 func killCgroup(name string) {
-	root := filepath.Join("/sys/fs/cgroup/pids", name)
+	root := "/sys/fs/cgroup/pids/" + name
 	for try := 0; try < 50; try++ {
 		found := false
 		_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
