@@ -216,7 +216,7 @@ func build(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s %s %s\n", *out, ref, digest)
+	fmt.Fprintf(os.Stdout, "%s %s %s\n", *out, ref, digest)
 	return nil
 }
 
@@ -224,7 +224,7 @@ func build(args []string) error {
 func layerTar(entries []entry) ([]byte, error) {
 	all := map[string]entry{}
 	for _, e := range entries {
-		if old, dup := all[e.path]; dup && !(old.typ == tar.TypeDir && e.typ == tar.TypeDir) {
+		if old, dup := all[e.path]; dup && (old.typ != tar.TypeDir || e.typ != tar.TypeDir) {
 			return nil, fmt.Errorf("%s is given twice", e.path)
 		}
 		all[e.path] = e
@@ -306,7 +306,7 @@ func push(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s@%s\n", ref, digest)
+	fmt.Fprintf(os.Stdout, "%s@%s\n", ref, digest)
 	return nil
 }
 
