@@ -70,7 +70,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		}
 		fmt.Fprintf(GinkgoWriter, "node total: RSS %d MiB, CPU %.1fs\n", rss>>20, cpu)
 		if failed {
-			fmt.Fprintf(GinkgoWriter, "kept the run directory, logs in %s/logs and %s/pod-logs\n", node.Dir, node.Dir)
+			fmt.Fprintf(GinkgoWriter, "kept the run directory: component logs in %s/logs, container logs in %s/logs/pods\n", node.Dir, node.Dir)
 		}
 		Expect(node.Stop(failed)).To(Succeed())
 	})

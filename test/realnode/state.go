@@ -129,6 +129,12 @@ func (s *State) Running() bool {
 // With keepDir the run directory (logs) stays; otherwise it is removed.
 func (s *State) Teardown(keepDir bool) error {
 	var errs []error
+	if keepDir {
+		// kubelet removes a deleted pod's container logs: keep a copy first.
+		if podLogs := filepath.Join(s.Dir, "pod-logs"); isDir(podLogs) {
+			_ = os.CopyFS(filepath.Join(s.Dir, "logs", "pods"), os.DirFS(podLogs))
+		}
+	}
 	s.deletePods()
 	// kubelet first, so that it does not restart what is killed next.
 	for _, p := range s.Processes {
@@ -218,6 +224,11 @@ func (s *State) deletePods() {
 			"--request-timeout=5s"}, scope...)
 		_ = exec.Command(s.Kubectl, args...).Run()
 	}
+}
+
+func isDir(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.IsDir()
 }
 
 // kubeletRunning says whether any kubelet process runs on this host.
