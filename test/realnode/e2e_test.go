@@ -24,6 +24,7 @@ import (
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/test/harness"
 	"github.com/hwipam/hwipam/test/realnode"
 )
@@ -78,7 +79,11 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(err).NotTo(HaveOccurred())
 	master = node.Prefix + "m0"
 	Expect(node.AddVeth(master, node.Prefix+"m0p")).To(Succeed())
-	Expect(node.Deploy(ctx, harness.RepoRoot(), realnode.DeployOptions{Image: image})).To(Succeed())
+	// NIC discovery reads a DGX-H100-like sysfs tree: the node gets rail labels.
+	tree, err := fakesysfs.DGXH100(filepath.Join(node.Dir, "sysfs"))
+	Expect(err).NotTo(HaveOccurred())
+	Expect(node.Deploy(ctx, harness.RepoRoot(), realnode.DeployOptions{Image: image,
+		HostPaths: []string{tree.Root}, NodeArgs: []string{"--sysfs-root=" + tree.Root}})).To(Succeed())
 	cl, err = node.Client()
 	Expect(err).NotTo(HaveOccurred())
 	conn, err := grpc.NewClient("unix://"+filepath.Join(node.StateDir, "daemon.sock"),
@@ -362,6 +367,59 @@ var _ = Describe("the node daemon restarting", Label("restart"), Ordered, func()
 		Expect(allocations(ctx)).To(Equal(before))
 		createPod(ctx, "after-kill", "e2e-b")
 		Expect(networkIPs(waitReady(ctx, "after-kill"))).To(HaveKey("e2e-b"))
+	})
+})
+
+var _ = Describe("pools that follow a rail", Label("rail"), func() {
+	railPool := func(name, subnet, netdev string) *v1alpha1.IPPool {
+		return &v1alpha1.IPPool{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system"},
+			Spec: v1alpha1.IPPoolSpec{Subnet: subnet, PerNodeBlockSize: 16,
+				NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+					MatchExpressions: []corev1.NodeSelectorRequirement{{
+						Key: "nic.hwipam.io/" + netdev, Operator: corev1.NodeSelectorOpIn, Values: []string{"ib"}}},
+				}}}},
+		}
+	}
+
+	It("give a block only to the node that has the rail, and pods on it addresses from it", func(ctx SpecContext) {
+		// ipam-node's NIC discovery labelled the node from the sysfs tree.
+		Eventually(ctx, func(g Gomega) {
+			n, err := node.Clientset.CoreV1().Nodes().Get(ctx, node.NodeName, metav1.GetOptions{})
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(n.Labels).To(HaveKeyWithValue("nic.hwipam.io/ibp24s0", "ib"))
+			g.Expect(n.Labels).To(HaveKeyWithValue("nic.hwipam.io/ibp24s0.model", "ConnectX-7"))
+			g.Expect(n.Labels).NotTo(HaveKey("nic.hwipam.io/ibp999s0"))
+		}).WithTimeout(60 * time.Second).Should(Succeed())
+
+		Expect(cl.Create(ctx, railPool("rail-on", "10.33.0.0/24", "ibp24s0"))).To(Succeed())
+		Expect(cl.Create(ctx, railPool("rail-off", "10.34.0.0/24", "ibp999s0"))).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) {
+			for _, name := range []string{"rail-on", "rail-off"} {
+				Expect(cl.Delete(ctx, &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system"}})).To(Succeed())
+			}
+		})
+		Eventually(ctx, func(g Gomega) {
+			var p v1alpha1.IPPool
+			g.Expect(cl.Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: "rail-on"}, &p)).To(Succeed())
+			g.Expect(p.Status.Allocations).To(ConsistOf(HaveField("NodeName", node.NodeName)))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		var off v1alpha1.IPPool
+		Expect(cl.Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: "rail-off"}, &off)).To(Succeed())
+		Expect(off.Status.Allocations).To(BeEmpty())
+
+		createNAD(ctx, "rail-on", macvlanConfig("rail-on", "rail-on", `"poolType": "ippool"`))
+		createNAD(ctx, "rail-off", macvlanConfig("rail-off", "rail-off", `"poolType": "ippool"`))
+		createPod(ctx, "on-rail", "rail-on")
+		ip := networkIPs(waitReady(ctx, "on-rail"))["rail-on"]
+		start, end := block(ctx, "rail-on")
+		Expect(ip.Compare(start) >= 0 && ip.Compare(end) <= 0).To(BeTrue(), "%s outside %s-%s", ip, start, end)
+
+		// A pool whose rail this node lacks: the pod is told why.
+		createPod(ctx, "off-rail", "rail-off")
+		Eventually(ctx, func() string { return podEvents(ctx, "off-rail") }).
+			WithTimeout(60 * time.Second).WithPolling(time.Second).
+			Should(And(ContainSubstring("FailedCreatePodSandBox"), ContainSubstring(`"rail-off" has no block on node `+node.NodeName)))
 	})
 })
 
