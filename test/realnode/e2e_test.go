@@ -1,12 +1,18 @@
 package realnode_test
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -237,6 +243,18 @@ func ipamNodePod(ctx context.Context) *corev1.Pod {
 }
 
 var _ = Describe("deploy/base on a real node", Label("deploy"), func() {
+	It("uses an image with the Dockerfile's layout, built by make image", func() {
+		files, cfg := readImage(filepath.Join(node.Dir, "image", "hwipam-image.tar"))
+		for _, bin := range []string{"ipam-controller", "ipam-node", "nv-ipam", "ipamctl"} {
+			Expect(files).To(HaveKeyWithValue("/"+bin, BeEquivalentTo(0o755)), "/%s in the image", bin)
+		}
+		Expect(files).To(HaveKey("/etc/passwd"))
+		Expect(files).To(HaveKeyWithValue("/tmp", BeEquivalentTo(0o1777)))
+		Expect(cfg.OS).To(Equal("linux"))
+		Expect(cfg.Architecture).To(Equal(runtime.GOARCH))
+		Expect(cfg.Config.User).To(Equal("65532:65532"))
+	})
+
 	It("installs the plugin and nv-ipam.conf into the host's CNI directories", func() {
 		st, err := os.Stat(filepath.Join(node.CNIBinDir, "nv-ipam"))
 		Expect(err).NotTo(HaveOccurred())
@@ -439,6 +457,57 @@ var _ = Describe("a malformed NetworkAttachmentDefinition", Label("malformed"), 
 		Expect(allocations(ctx)).NotTo(ContainElement(ContainSubstring("/bad-net")))
 	})
 })
+
+// imageConfig is the part of an OCI image config the layout spec reads.
+type imageConfig struct {
+	OS           string `json:"os"`
+	Architecture string `json:"architecture"`
+	Config       struct {
+		User string `json:"User"`
+	} `json:"config"`
+}
+
+// readImage reads a docker-save tarball of one single-layer image: every path in the
+// layer with its mode, and the config.
+func readImage(path string) (map[string]int64, imageConfig) {
+	entries := map[string][]byte{}
+	f, err := os.Open(path)
+	Expect(err).NotTo(HaveOccurred())
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		Expect(err).NotTo(HaveOccurred())
+		data, err := io.ReadAll(tr)
+		Expect(err).NotTo(HaveOccurred())
+		entries[h.Name] = data
+	}
+	var manifest []struct {
+		Config string
+		Layers []string
+	}
+	Expect(json.Unmarshal(entries["manifest.json"], &manifest)).To(Succeed())
+	Expect(manifest).To(HaveLen(1))
+	Expect(manifest[0].Layers).To(HaveLen(1))
+	var cfg imageConfig
+	Expect(json.Unmarshal(entries[manifest[0].Config], &cfg)).To(Succeed())
+	gz, err := gzip.NewReader(bytes.NewReader(entries[manifest[0].Layers[0]]))
+	Expect(err).NotTo(HaveOccurred())
+	files := map[string]int64{}
+	lr := tar.NewReader(gz)
+	for {
+		h, err := lr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		Expect(err).NotTo(HaveOccurred())
+		files["/"+strings.TrimSuffix(h.Name, "/")] = h.Mode
+	}
+	return files, cfg
+}
 
 // execCtr runs ctr against the node's containerd.
 func execCtr(ctx context.Context, args ...string) (string, error) {
