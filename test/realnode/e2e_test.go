@@ -291,6 +291,14 @@ var _ = Describe("deploy/base on a real node", Label("deploy"), func() {
 		// The liveness endpoint answers (ipam-node is on the host network).
 		Expect(ipamNodePod(ctx).Spec.Containers[0].LivenessProbe.HTTPGet).NotTo(BeNil())
 	})
+
+	It("grants the binaries every API call they make (no RBAC refusal in their logs)", func(ctx SpecContext) {
+		for _, obj := range []string{"daemonset/hwipam-node", "deployment/hwipam-controller"} {
+			logs, err := node.Kubectl(ctx, "-n", "kube-system", "logs", obj)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(logs).NotTo(ContainSubstring("forbidden"), obj)
+		}
+	})
 })
 
 var _ = Describe("the controller on a control-plane node", Label("deploy"), func() {
