@@ -22,7 +22,9 @@ PROTOC_GEN_GO   := $(BIN_DIR)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)
 PROTOC_GEN_GRPC := $(BIN_DIR)/protoc-gen-go-grpc-$(PROTOC_GEN_GRPC_VERSION)
 
 # Debian packages the tests need: `ip` (iproute2) for network namespaces, ping.
-APT_PACKAGES := iproute2 iputils-ping
+# runc (with seccomp), busybox-static (the workload image) and iptables (the node's
+# service address) for the real node.
+APT_PACKAGES := iproute2 iputils-ping runc busybox-static iptables
 
 # Loads KUBEBUILDER_ASSETS and HWIPAM_CNI_BIN_DIR, building the assets on first use.
 ASSETS_ENV := eval "$$(hack/test-assets.sh env)"
@@ -45,9 +47,49 @@ build: ## Build every binary under cmd/ into bin/.
 	@mkdir -p $(BIN_DIR)
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN_DIR)/ $(addprefix ./cmd/,$(BINARIES))
 
+# The image: the layout of the Dockerfile (binaries at /, distroless-like /etc/passwd,
+# default user 65532 "nonroot"; ipam-node's DaemonSet runs it as root), built with
+# go-containerregistry by hack/image, no Docker engine needed.
+IMAGE_NAME    ?= hwipam
+IMAGE_TAG     ?= $(VERSION)
+IMAGE_TAR     := $(BIN_DIR)/hwipam-image.tar
+REGISTRY      ?=
+IMAGE_TOOL     = $$(hack/test-assets.sh image-tool)
+
+.PHONY: image
+image: build ## Build the hwipam image into bin/hwipam-image.tar (no Docker; `ctr images import` or `make image-push`).
+	@mkdir -p $(BIN_DIR)/image-root
+	@printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > $(BIN_DIR)/image-root/passwd
+	@printf 'root:x:0:\nnonroot:x:65532:\n' > $(BIN_DIR)/image-root/group
+	$(IMAGE_TOOL) build -o $(IMAGE_TAR) --tag $(IMAGE_NAME):$(IMAGE_TAG) --user 65532:65532 \
+		--dir /tmp:1777 --dir /home/nonroot:0700 \
+		/etc/passwd=$(BIN_DIR)/image-root/passwd:0644 /etc/group=$(BIN_DIR)/image-root/group:0644 \
+		$(foreach b,$(BINARIES),/$(b)=$(BIN_DIR)/$(b))
+
+.PHONY: image-push
+image-push: ## Push the image to $(REGISTRY)/$(IMAGE_NAME):$(IMAGE_TAG) (plain HTTP for a loopback registry).
+	@if [ -z "$(REGISTRY)" ]; then echo "set REGISTRY, e.g. make image-push REGISTRY=registry.example.com/hwipam" >&2; exit 2; fi
+	@$(MAKE) --no-print-directory image
+	$(IMAGE_TOOL) push $(if $(filter localhost% 127.%,$(REGISTRY)),--insecure) $(IMAGE_TAR) $(REGISTRY)/$(IMAGE_NAME):$(IMAGE_TAG)
+
 .PHONY: clean
 clean: ## Remove build outputs (bin/). The test-asset cache is kept.
 	rm -rf $(BIN_DIR)
+
+##@ Demo
+
+.PHONY: demo
+demo: root-check deps test-assets ## A real node running hwipam: NIC labels, rail pools, Multus NADs, pods and their addresses (root).
+	@$(ASSETS_ENV) && go run ./hack/demo up
+
+.PHONY: demo-down
+demo-down: root-check ## Stop the demo and remove everything it made.
+	@go run ./hack/demo down
+
+.PHONY: root-check
+root-check:
+	@if [ "$$(id -u)" != 0 ]; then \
+		echo "the demo runs a real kubelet and containerd and needs root (links, mounts, cgroups, iptables): run it as root, e.g. sudo make demo" >&2; exit 1; fi
 
 ##@ Test
 

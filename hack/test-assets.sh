@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Builds the test control plane (kube-apiserver, etcd) and the CNI reference plugins
-# from source through the Go module proxy, at the versions pinned in the build modules
-# under hack/, and caches them outside the work tree. A second run finds the cache and
-# costs well under a second.
+# Builds the test control plane (kube-apiserver, etcd), the CNI reference plugins and
+# the real node (kubelet, kube-scheduler, kube-controller-manager, kubectl, containerd,
+# Multus, the image tool and the pause binary) from source through the Go module proxy,
+# at the versions pinned in the build modules under hack/, and caches them outside the
+# work tree. A second run finds the cache and costs well under a second. Builds run one
+# at a time (a lock on the cache), so two work trees share one build.
 #
 # Usage:
 #   hack/test-assets.sh            build what is missing, print where everything is
 #   hack/test-assets.sh env        build what is missing, print shell exports for
-#                                  KUBEBUILDER_ASSETS and HWIPAM_CNI_BIN_DIR
+#                                  KUBEBUILDER_ASSETS, HWIPAM_CNI_BIN_DIR and
+#                                  HWIPAM_NODE_BIN_DIR
+#   hack/test-assets.sh image-tool build only hwipam-image (for `make image`), print its path
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -82,9 +86,77 @@ build_cni() {
 	(cd "$cni_dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/noop" ./noop)
 }
 
+# The real node: Kubernetes node components at the apiserver's version, containerd,
+# Multus, and hwipam-image (images and a registry without Docker) with the pause binary.
+node_dir="$here/node"
+kube_node_version=$(module_version "$node_dir/kubernetes" k8s.io/kubernetes)
+kube_node_out="$cache_root/node/kubernetes-$kube_node_version-$(cache_key "$node_dir/kubernetes")"
+containerd_version=$(module_version "$node_dir/containerd" github.com/containerd/containerd/v2)
+containerd_out="$cache_root/node/containerd-$containerd_version-$(cache_key "$node_dir/containerd")"
+multus_version=$(module_version "$node_dir/multus" gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
+multus_out="$cache_root/node/multus-$multus_version-$(cache_key "$node_dir/multus")"
+image_dir="$here/image"
+image_out="$cache_root/node/image-$(cache_key "$image_dir")-$(cat "$image_dir"/*.go "$image_dir"/pause/*.go | sha256sum | cut -c1-12)"
+node_bin="$cache_root/node/bin-$(echo "$kube_node_out $containerd_out $multus_out $image_out" | sha256sum | cut -c1-12)"
+
+build_kube_node() {
+	local out=$1 minor t
+	minor=$(echo "$kube_node_version" | cut -d. -f2)
+	local date ldflags="-s -w"
+	date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+	for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		ldflags+=" -X $p.gitVersion=$kube_node_version -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+		ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=$date"
+	done
+	for t in kubelet kube-scheduler kube-controller-manager kubectl; do
+		log "building $t $kube_node_version (first run only; kubelet ~4, the rest ~2 minutes each on 2 cores)"
+		(cd "$node_dir/kubernetes" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" \
+			-o "$out/$t" "k8s.io/kubernetes/cmd/$t")
+	done
+}
+
+build_containerd() {
+	local out=$1 t
+	log "building containerd $containerd_version, its runc shim and ctr (first run only; ~2 minutes)"
+	for t in containerd containerd-shim-runc-v2 ctr; do
+		(cd "$node_dir/containerd" && CGO_ENABLED=0 go build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+			-ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd_version" \
+			-o "$out/$t" "github.com/containerd/containerd/v2/cmd/$t")
+	done
+}
+
+build_multus() {
+	local out=$1
+	log "building multus $multus_version (thin plugin; first run only; ~1 minute)"
+	(cd "$node_dir/multus" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" \
+		-o "$out/multus" gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus)
+}
+
+build_image_tool() {
+	local out=$1
+	log "building hwipam-image and pause"
+	(cd "$image_dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/hwipam-image" . &&
+		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/pause" ./pause)
+}
+
+# link_node_bin DEST puts one symlink per node binary into DEST, so that the harness
+# finds them all in one directory.
+link_node_bin() {
+	local out=$1 d f
+	for d in "$kube_node_out" "$containerd_out" "$multus_out" "$image_out"; do
+		for f in "$d"/*; do ln -s "$f" "$out/$(basename "$f")"; done
+	done
+}
+
 mkdir -p "$cache_root"
 exec 9>"$cache_root/.lock"
 flock 9
+
+if [[ ${1:-} == image-tool ]]; then
+	[[ -x "$image_out/hwipam-image" ]] || build_into "$image_out" build_image_tool
+	echo "$image_out/hwipam-image"
+	exit 0
+fi
 
 if [[ -x "$cp_out/kube-apiserver" && -x "$cp_out/etcd" ]]; then
 	log "control plane cached in $cp_out"
@@ -97,12 +169,35 @@ else
 	build_into "$cni_out" build_cni
 fi
 
+if [[ -x "$image_out/hwipam-image" && -x "$image_out/pause" ]]; then
+	log "hwipam-image cached in $image_out"
+else
+	build_into "$image_out" build_image_tool
+fi
+if [[ -x "$containerd_out/containerd" && -x "$containerd_out/containerd-shim-runc-v2" && -x "$containerd_out/ctr" ]]; then
+	log "containerd cached in $containerd_out"
+else
+	build_into "$containerd_out" build_containerd
+fi
+if [[ -x "$multus_out/multus" ]]; then
+	log "multus cached in $multus_out"
+else
+	build_into "$multus_out" build_multus
+fi
+if [[ -x "$kube_node_out/kubelet" && -x "$kube_node_out/kube-scheduler" && -x "$kube_node_out/kube-controller-manager" && -x "$kube_node_out/kubectl" ]]; then
+	log "kubelet, kube-scheduler, kube-controller-manager, kubectl cached in $kube_node_out"
+else
+	build_into "$kube_node_out" build_kube_node
+fi
+[[ -d "$node_bin" ]] || build_into "$node_bin" link_node_bin
+
 case ${1:-} in
 env)
 	printf 'export KUBEBUILDER_ASSETS=%q\n' "$cp_out"
 	printf 'export HWIPAM_CNI_BIN_DIR=%q\n' "$cni_out"
+	printf 'export HWIPAM_NODE_BIN_DIR=%q\n' "$node_bin"
 	;;
 *)
-	printf 'KUBEBUILDER_ASSETS=%s\nHWIPAM_CNI_BIN_DIR=%s\n' "$cp_out" "$cni_out"
+	printf 'KUBEBUILDER_ASSETS=%s\nHWIPAM_CNI_BIN_DIR=%s\nHWIPAM_NODE_BIN_DIR=%s\n' "$cp_out" "$cni_out" "$node_bin"
 	;;
 esac
