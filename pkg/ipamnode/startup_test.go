@@ -3,112 +3,18 @@ package ipamnode_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
-	"net/url"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/test/harness"
 )
-
-// apiProxy passes TCP connections through to the API server while up; while
-// down it closes each one as soon as it is accepted, like an API server that
-// cannot be reached.
-type apiProxy struct {
-	ln     net.Listener
-	target string
-	up     atomic.Bool
-
-	mu    sync.Mutex
-	conns map[net.Conn]bool
-}
-
-func startAPIProxy(t *testing.T, cfg *rest.Config) *apiProxy {
-	t.Helper()
-	target := cfg.Host
-	if u, err := url.Parse(cfg.Host); err == nil && u.Host != "" {
-		target = u.Host
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &apiProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	p.up.Store(true)
-	go p.serve()
-	t.Cleanup(func() {
-		ln.Close()
-		p.setUp(false)
-	})
-	return p
-}
-
-// config is cfg reaching the API server through the proxy.
-func (p *apiProxy) config(cfg *rest.Config) *rest.Config {
-	c := rest.CopyConfig(cfg)
-	c.Host = "https://" + p.ln.Addr().String()
-	c.Timeout = 2 * time.Second
-	return c
-}
-
-// setUp lets connections through, or cuts every open one and refuses new ones.
-func (p *apiProxy) setUp(up bool) {
-	p.up.Store(up)
-	if up {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		c.Close()
-	}
-}
-
-func (p *apiProxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !p.up.Load() {
-			c.Close()
-			continue
-		}
-		go p.pipe(c)
-	}
-}
-
-func (p *apiProxy) pipe(c net.Conn) {
-	up, err := net.Dial("tcp", p.target)
-	if err != nil {
-		c.Close()
-		return
-	}
-	p.mu.Lock()
-	p.conns[c], p.conns[up] = true, true
-	p.mu.Unlock()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
-	<-done
-	c.Close()
-	up.Close()
-	p.mu.Lock()
-	delete(p.conns, c)
-	delete(p.conns, up)
-	p.mu.Unlock()
-}
 
 func allocate(t *testing.T, d *daemon, cid, pool string) (*nodev1.AllocateResponse, error) {
 	t.Helper()
@@ -205,23 +111,23 @@ func TestStoredBlocksServeUntilTheAPIServerAnswers(t *testing.T) {
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	c := cp.Client
 	poolWithBlock(t, c, "p", "10.13.0.0/24", "10.13.0.1", "10.13.0.4")
-	proxy := startAPIProxy(t, cp.Config)
+	proxy := harness.NewAPIProxy(t, cp.Config)
 	dir := t.TempDir()
-	d := startDaemon(t, proxy.config(cp.Config), dir, nil)
+	d := startDaemon(t, proxy.Config(cp.Config), dir, nil)
 	waitFor(t, "the pool to sync", func() bool { _, err := allocate(t, d, "c1", "p"); return err == nil })
 	if err := d.stop(); err != nil {
 		t.Fatal(err)
 	}
 
-	proxy.setUp(false)
+	proxy.SetUp(false)
 	deletePool(t, c, "p")
-	d = startDaemon(t, proxy.config(cp.Config), dir, nil)
+	d = startDaemon(t, proxy.Config(cp.Config), dir, nil)
 	res, err := allocate(t, d, "c2", "p")
 	if err != nil || res.Allocations[0].Ip != "10.13.0.2/24" {
 		t.Fatalf("allocation with the API server unreachable = %v %v, want 10.13.0.2/24 from the stored block", res, err)
 	}
 
-	proxy.setUp(true)
+	proxy.SetUp(true)
 	answered := time.Now()
 	probe := 0
 	waitFor(t, "the stored block to be reconciled once the API server answers", func() bool {

@@ -96,7 +96,7 @@ type world struct {
 	rng        *rand.Rand
 	cp         *harness.ControlPlane
 	c          client.Client
-	proxy      *apiProxy
+	proxy      *harness.APIProxy
 	kubeconfig string
 	nodeBin    string
 	pluginBin  string
@@ -170,8 +170,8 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 	w := &world{t: t, ctx: t.Context(), seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5157)), cp: cp, c: cp.Client,
 		nodeBin: bins["ipam-node"], pluginBin: bins["nv-ipam"], live: map[string]attachment{}, uncertain: map[string]attachment{},
 		counts: map[string]int{}}
-	host := strings.TrimSuffix(strings.TrimPrefix(cp.Config.Host, "https://"), "/")
-	w.proxy = newAPIProxy(t, host)
+	w.proxy = harness.NewAPIProxy(t, cp.Config)
+	host := w.proxy.Target()
 	kc, err := cp.WriteKubeconfig(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +184,7 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 		t.Fatalf("kubeconfig does not name the API server %s", host)
 	}
 	w.kubeconfig = filepath.Join(t.TempDir(), "kubeconfig-proxy")
-	if err := os.WriteFile(w.kubeconfig, []byte(strings.ReplaceAll(string(raw), host, w.proxy.addr)), 0o600); err != nil {
+	if err := os.WriteFile(w.kubeconfig, []byte(strings.ReplaceAll(string(raw), host, w.proxy.Addr())), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ctrl := exec.Command(bins["ipam-controller"], "--kubeconfig", w.kubeconfig, "--ippools-namespace", namespace,
@@ -385,13 +385,13 @@ func (w *world) run(steps int) {
 			return 0
 		}, w.daemonRestart},
 		{"api-stop", func() int {
-			if w.proxy.up() {
+			if w.proxy.Up() {
 				return 2
 			}
 			return 0
 		}, w.apiStop},
 		{"api-start", func() int {
-			if !w.proxy.up() {
+			if !w.proxy.Up() {
 				return 15
 			}
 			return 0
@@ -417,7 +417,7 @@ func (w *world) run(steps int) {
 	}
 	w.step = steps + 1
 	w.tracef("final: everything up, every address released")
-	if !w.proxy.up() {
+	if !w.proxy.Up() {
 		w.apiStart()
 	}
 	for i, n := range w.nodes {
@@ -609,7 +609,7 @@ func firstLine(err error) string {
 // ---- operator actions ----
 
 func (w *world) poolCreate() {
-	if !w.proxy.up() && w.rng.IntN(2) == 0 {
+	if !w.proxy.Up() && w.rng.IntN(2) == 0 {
 		return // the operator's kubectl works; the components' API does not
 	}
 	for _, i := range w.rng.Perm(len(poolDefs)) {
@@ -726,14 +726,12 @@ func (w *world) daemonRestart() {
 }
 
 func (w *world) apiStop() {
-	w.proxy.stop()
+	w.proxy.SetUp(false)
 	w.tracef("API server unreachable")
 }
 
 func (w *world) apiStart() {
-	if err := w.proxy.start(); err != nil {
-		w.fail("restoring the API server proxy: %v", err)
-	}
+	w.proxy.SetUp(true)
 	w.tracef("API server reachable")
 }
 
