@@ -158,37 +158,26 @@ if [[ ${1:-} == image-tool ]]; then
 	exit 0
 fi
 
-if [[ -x "$cp_out/kube-apiserver" && -x "$cp_out/etcd" ]]; then
-	log "control plane cached in $cp_out"
-else
-	build_into "$cp_out" build_controlplane
-fi
-if [[ -x "$cni_out/macvlan" && -x "$cni_out/cnitool" && -x "$cni_out/noop" ]]; then
-	log "CNI plugins cached in $cni_out"
-else
-	build_into "$cni_out" build_cni
-fi
+# ensure WHAT DEST BUILDFN FILE... builds into DEST unless every FILE is there.
+ensure() {
+	local what=$1 dest=$2 fn=$3 f
+	shift 3
+	for f in "$@"; do
+		if [[ ! -x "$dest/$f" ]]; then
+			build_into "$dest" "$fn"
+			return
+		fi
+	done
+	log "$what cached in $dest"
+}
 
-if [[ -x "$image_out/hwipam-image" && -x "$image_out/pause" ]]; then
-	log "hwipam-image cached in $image_out"
-else
-	build_into "$image_out" build_image_tool
-fi
-if [[ -x "$containerd_out/containerd" && -x "$containerd_out/containerd-shim-runc-v2" && -x "$containerd_out/ctr" ]]; then
-	log "containerd cached in $containerd_out"
-else
-	build_into "$containerd_out" build_containerd
-fi
-if [[ -x "$multus_out/multus" ]]; then
-	log "multus cached in $multus_out"
-else
-	build_into "$multus_out" build_multus
-fi
-if [[ -x "$kube_node_out/kubelet" && -x "$kube_node_out/kube-scheduler" && -x "$kube_node_out/kube-controller-manager" && -x "$kube_node_out/kubectl" ]]; then
-	log "kubelet, kube-scheduler, kube-controller-manager, kubectl cached in $kube_node_out"
-else
-	build_into "$kube_node_out" build_kube_node
-fi
+ensure "control plane" "$cp_out" build_controlplane kube-apiserver etcd
+ensure "CNI plugins" "$cni_out" build_cni macvlan cnitool noop
+ensure "hwipam-image" "$image_out" build_image_tool hwipam-image pause
+ensure containerd "$containerd_out" build_containerd containerd containerd-shim-runc-v2 ctr
+ensure multus "$multus_out" build_multus multus
+ensure "kubelet, kube-scheduler, kube-controller-manager, kubectl" "$kube_node_out" build_kube_node \
+	kubelet kube-scheduler kube-controller-manager kubectl
 [[ -d "$node_bin" ]] || build_into "$node_bin" link_node_bin
 
 case ${1:-} in

@@ -175,17 +175,7 @@ func waitReady(ctx context.Context, name string) *corev1.Pod {
 	return pod
 }
 
-func podEvents(ctx context.Context, name string) string {
-	evs, err := node.Clientset.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
-	if err != nil {
-		return err.Error()
-	}
-	var b strings.Builder
-	for _, e := range evs.Items {
-		fmt.Fprintf(&b, "\n  %s %s: %s", e.Type, e.Reason, e.Message)
-	}
-	return b.String()
-}
+func podEvents(ctx context.Context, name string) string { return podEventsIn(ctx, ns, name) }
 
 // networkIPs reads Multus' network-status annotation: network name -> address.
 func networkIPs(pod *corev1.Pod) map[string]netip.Addr {
@@ -315,6 +305,7 @@ var _ = Describe("the controller on a control-plane node", Label("deploy"), func
 	})
 })
 
+// podEventsIn lists a pod's events, one per line, for failure messages.
 func podEventsIn(ctx context.Context, namespace, name string) string {
 	evs, err := node.Clientset.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 	if err != nil {
