@@ -410,6 +410,9 @@ func (c *Cluster) startControlPlane(ctx context.Context, a assetDirs) error {
 		// client kubelet trusts.
 		"--kubelet-preferred-address-types=InternalIP",
 		"--kubelet-client-certificate=" + p.path("admin.crt"), "--kubelet-client-key=" + p.path("admin.key"),
+		// Admission webhooks: there is no kube-proxy on this node, so the apiserver
+		// calls a webhook Service's endpoints (pod addresses on the bridge) directly.
+		"--enable-aggregator-routing=true",
 		"--v=0",
 	}); err != nil {
 		return err

@@ -203,3 +203,30 @@ func tailLines(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// Undeploy deletes what Deploy started (the ipam-node DaemonSet and the controller
+// Deployment) and waits until their pods are gone, so another rendering of hwipam can
+// take the node over. CRDs, pools, RBAC and the daemon's state on the host stay;
+// Deploy (or Redeploy) brings the same deployment back.
+func (c *Cluster) Undeploy(ctx context.Context) error {
+	if _, err := c.Kubectl(ctx, "-n", "kube-system", "delete", "--wait=true", "--timeout=2m",
+		"daemonset/hwipam-node", "deployment/hwipam-controller"); err != nil {
+		return err
+	}
+	for _, app := range []string{"hwipam-node", "hwipam-controller"} {
+		if _, err := c.Kubectl(ctx, "-n", "kube-system", "wait", "--for=delete", "pod",
+			"-l", "app.kubernetes.io/name="+app, "--timeout=2m"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Redeploy applies again the kustomization the last Deploy generated and waits for
+// both rollouts.
+func (c *Cluster) Redeploy(ctx context.Context) error {
+	if _, err := c.Kubectl(ctx, "apply", "-k", filepath.Join(c.Dir, "deploy")); err != nil {
+		return err
+	}
+	return c.WaitRollout(ctx, 3*time.Minute)
+}
