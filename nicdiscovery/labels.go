@@ -20,6 +20,10 @@ const (
 	LabelPresent = LabelPrefix + "present"
 	LabelCount   = LabelPrefix + "count"
 	LabelRDMA    = LabelPrefix + "rdma"
+	// LabelNetdevs is "hidden" when the scan ran in a network namespace that does
+	// not show the NICs' netdevs (Inventory.NetdevsHidden): InfiniBand ports are
+	// then labelled by their RDMA device instead of their IPoIB netdev.
+	LabelNetdevs = LabelPrefix + "netdevs"
 )
 
 // Rails maps a rail name to the netdev names and PCI addresses that form it; on a
@@ -51,7 +55,7 @@ func LoadRails(path string) (Rails, error) {
 }
 
 // reservedKeys are the label names a netdev name cannot take.
-var reservedKeys = map[string]bool{"present": true, "count": true, "rdma": true}
+var reservedKeys = map[string]bool{"present": true, "count": true, "rdma": true, "netdevs": true}
 
 // invalidLabelChars are the characters a label name or value cannot hold.
 var invalidLabelChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
@@ -90,19 +94,31 @@ func Labels(inv *Inventory, rails Rails) (map[string]string, []string) {
 		}
 		pfs++
 		for _, p := range n.Ports {
-			if p.Netdev == "" {
+			netdev := p.Netdev
+			if netdev == "" && inv.NetdevsHidden && p.RDMADevice != "" {
+				// The port's netdev (IPoIB) exists on the host, but this network
+				// namespace cannot name it: label the port by its RDMA device.
+				netdev = p.RDMADevice
+				if p.RDMAPort > 1 {
+					netdev += "_p" + strconv.Itoa(p.RDMAPort)
+				}
+				warnings = append(warnings, fmt.Sprintf("%s port %d of %s: its netdev is not visible from this network "+
+					"namespace (the daemon runs without hostNetwork); labelled by its RDMA device as %q",
+					p.RDMADevice, p.RDMAPort, n.PCIAddress, netdev))
+			}
+			if netdev == "" {
 				continue
 			}
 			ports++
 			// "." separates a netdev's keys (ib0.speed, rail.x): not part of a name.
-			key := labelSafe(strings.ReplaceAll(p.Netdev, ".", "_"))
+			key := labelSafe(strings.ReplaceAll(netdev, ".", "_"))
 			if key == "" || len(key) > validation.LabelValueMaxLength-len(".model") || reservedKeys[key] {
 				warnings = append(warnings, fmt.Sprintf("netdev %q of %s cannot be made a label key of its own; not labelled",
-					p.Netdev, n.PCIAddress))
+					netdev, n.PCIAddress))
 				continue
 			}
-			if key != p.Netdev {
-				warnings = append(warnings, fmt.Sprintf("netdev %q is labelled as %q", p.Netdev, key))
+			if key != netdev {
+				warnings = append(warnings, fmt.Sprintf("netdev %q is labelled as %q", netdev, key))
 			}
 			if _, dup := labels[LabelPrefix+key]; dup {
 				warnings = append(warnings, fmt.Sprintf("netdev %q of %s gives the label key %q another netdev has; not labelled",
@@ -125,15 +141,18 @@ func Labels(inv *Inventory, rails Rails) (map[string]string, []string) {
 			if n.NUMANode >= 0 {
 				labels[base+".numa"] = strconv.Itoa(n.NUMANode)
 			}
-			byNetdev[p.Netdev] = key
+			byNetdev[netdev] = key
 			if _, ok := firstNetdev[n.PCIAddress]; !ok {
-				firstNetdev[n.PCIAddress] = p.Netdev
+				firstNetdev[n.PCIAddress] = netdev
 			}
 		}
 	}
 	if pfs > 0 {
 		labels[LabelPresent] = "true"
 		labels[LabelCount] = strconv.Itoa(ports)
+		if inv.NetdevsHidden {
+			labels[LabelNetdevs] = "hidden"
+		}
 	}
 	names := make([]string, 0, len(rails))
 	for name := range rails {
@@ -155,6 +174,10 @@ func Labels(inv *Inventory, rails Rails) (map[string]string, []string) {
 				labels[key] = v
 				break
 			}
+		}
+		if _, ok := labels[key]; !ok && inv.NetdevsHidden {
+			warnings = append(warnings, fmt.Sprintf("rail %q: none of %v is visible from this network namespace; "+
+				"name the rail's functions by PCI address in the rail map", name, rails[name]))
 		}
 	}
 	return labels, warnings

@@ -21,7 +21,9 @@ func addLive(nics []NIC, log logr.Logger) {
 		}
 		for j := range n.Ports {
 			p := &n.Ports[j]
-			if p.Netdev == "" {
+			if p.Netdev == "" || p.NetdevFrom != "" {
+				// A netdev named by the GID table is in another network namespace:
+				// a link of that name here would be another one.
 				continue
 			}
 			link, err := netlink.LinkByName(p.Netdev)

@@ -79,6 +79,12 @@ func Scan(ctx context.Context, o Options) (*Inventory, error) {
 	}
 	slices.SortFunc(inv.NICs, func(a, b NIC) int { return cmp.Compare(a.PCIAddress, b.PCIAddress) })
 	nameVFs(inv.NICs)
+	if netdevsHidden(root, inv.NICs) {
+		inv.NetdevsHidden = true
+		for i := range inv.NICs {
+			addGIDNetdevs(filepath.Join(root, "sys", "bus", "pci", "devices", inv.NICs[i].PCIAddress), &inv.NICs[i])
+		}
+	}
 	live := root == "/"
 	if o.Live != nil {
 		live = *o.Live
@@ -183,6 +189,12 @@ func readFunction(dir string, f pciFunction) NIC {
 			n.Ports = append(n.Ports, p)
 		}
 	}
+	sortPorts(&n)
+	return n
+}
+
+// sortPorts orders the ports and sets the function's first-port summary.
+func sortPorts(n *NIC) {
 	slices.SortFunc(n.Ports, func(a, b Port) int {
 		return cmp.Or(cmp.Compare(a.Number, b.Number), cmp.Compare(a.Netdev, b.Netdev))
 	})
@@ -190,7 +202,90 @@ func readFunction(dir string, f pciFunction) NIC {
 		p := n.Ports[0]
 		n.LinkLayer, n.SpeedMbps, n.PortState, n.PortGUID = p.LinkLayer, p.SpeedMbps, p.PortState, p.PortGUID
 	}
-	return n
+}
+
+// netdevsHidden tells a scan in a network namespace other than the host's (a pod
+// without hostNetwork: its sysfs lists that namespace's netdevs only) from one on
+// the host: no NIC function shows a netdev, and no netdev of the namespace is a
+// physical device - a host has at least its management port, a pod only lo and
+// its veth. A host whose every physical netdev was moved into pods looks the same.
+func netdevsHidden(root string, nics []NIC) bool {
+	rdma := false
+	for _, n := range nics {
+		if len(n.Netdevs) > 0 || len(n.Representors) > 0 {
+			return false
+		}
+		rdma = rdma || len(n.RDMADevices) > 0
+	}
+	if !rdma {
+		return false
+	}
+	class := filepath.Join(root, "sys", "class", "net")
+	for _, name := range listDir(class) {
+		if _, err := os.Stat(filepath.Join(class, name, "device")); err == nil {
+			return false
+		}
+		target, err := os.Readlink(filepath.Join(class, name))
+		if err == nil && !strings.Contains(target, "/virtual/") {
+			return false
+		}
+	}
+	return true
+}
+
+// addGIDNetdevs names the Ethernet ports of a function whose netdevs this network
+// namespace does not show, from its RDMA device's GID table: gid_attrs/ndevs/<i>
+// holds the name of the netdev a RoCE GID belongs to, in whatever namespace that
+// netdev is. An InfiniBand port's GIDs name no netdev (the read fails). A switchdev
+// RDMA device has a port per representor after the uplink's port 1: only port 1
+// is taken there.
+func addGIDNetdevs(dir string, n *NIC) {
+	if len(n.RDMADevices) == 0 {
+		return
+	}
+	rdmaDir := filepath.Join(dir, "infiniband", n.RDMADevices[0])
+	rdma := readRDMA(rdmaDir, n.RDMADevices[0])
+	have := map[int]bool{}
+	for _, p := range n.Ports {
+		if p.Netdev != "" {
+			have[p.Number] = true
+		}
+	}
+	added := false
+	for num, rp := range rdma.ports {
+		if have[num] || rp.linkLayer != LinkLayerEthernet || len(rdma.ports) > 2 && num != 1 {
+			continue
+		}
+		name := gidNetdev(filepath.Join(rdmaDir, "ports", strconv.Itoa(num), "gid_attrs", "ndevs"))
+		if name == "" || slices.Contains(n.Netdevs, name) {
+			continue
+		}
+		p := Port{Netdev: name, Number: num, NetdevType: arphrdEther, NetdevFrom: NetdevFromRDMAGID}
+		rp.fill(&p, rdma.name)
+		n.Ports = append(n.Ports, p)
+		n.Netdevs = append(n.Netdevs, name)
+		added = true
+	}
+	if added {
+		slices.Sort(n.Netdevs)
+		sortPorts(n)
+	}
+}
+
+// gidNetdev is the netdev named by the lowest-indexed GID entry that names one.
+func gidNetdev(dir string) string {
+	names := listDir(dir)
+	slices.SortFunc(names, func(a, b string) int {
+		x, _ := strconv.Atoi(a)
+		y, _ := strconv.Atoi(b)
+		return cmp.Compare(x, y)
+	})
+	for _, idx := range names {
+		if name := readString(filepath.Join(dir, idx)); name != "" {
+			return name
+		}
+	}
+	return ""
 }
 
 // ARPHRD types of the netdevs a NIC has.

@@ -18,7 +18,18 @@ type Inventory struct {
 	Root string `json:"root"`
 	// NICs are the NVIDIA NIC functions, PFs and VFs, by PCI address.
 	NICs []NIC `json:"nics"`
+	// NetdevsHidden is true when the scan sees no netdev of the node's NICs, nor
+	// any other physical netdev: it runs in a network namespace other than the
+	// host's (a pod without hostNetwork), whose sysfs lists only that namespace's
+	// netdevs. Ethernet (RoCE) ports are then named from their RDMA GID table
+	// (Port.NetdevFrom); InfiniBand ports, whose IPoIB netdev no GID names, have
+	// no netdev.
+	NetdevsHidden bool `json:"netdevsHidden,omitempty"`
 }
+
+// NetdevFromRDMAGID is Port.NetdevFrom for a netdev named by the RDMA port's GID
+// table (gid_attrs/ndevs) because the function's net/ directory does not show it.
+const NetdevFromRDMAGID = "rdma-gid"
 
 // NIC is one NVIDIA NIC PCI function.
 type NIC struct {
@@ -70,6 +81,9 @@ type Port struct {
 	RDMAPort   int    `json:"rdmaPort,omitempty"`
 	PortState  string `json:"portState,omitempty"`
 	PortGUID   string `json:"portGUID,omitempty"`
+	// NetdevFrom says where Netdev comes from when not from the function's net/
+	// directory: NetdevFromRDMAGID.
+	NetdevFrom string `json:"netdevFrom,omitempty"`
 	// Master is the bond or bridge the netdev is enslaved to (RoCE LAG: bond0).
 	Master    string   `json:"master,omitempty"`
 	OperState string   `json:"operState,omitempty"`

@@ -7,6 +7,7 @@
 package fakesysfs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -90,6 +91,10 @@ type RDMAPort struct {
 	State string // "4: ACTIVE"
 	// GID0 is the port's first GID, "fe80:0000:0000:0000:<port GUID>".
 	GID0 string
+	// NDev is the netdev the port's RoCE GIDs belong to (gid_attrs/ndevs/0).
+	// "" on an Ethernet port means the function's netdev of this port, or its
+	// bond master; an InfiniBand port's GIDs name no netdev.
+	NDev string
 }
 
 // sys is a path under Root/sys.
@@ -146,7 +151,7 @@ func (t *Tree) Add(f Function) error {
 		}
 	}
 	if f.RDMA != nil {
-		if err := t.addRDMA(dir, f.RDMA); err != nil {
+		if err := t.addRDMA(dir, f.RDMA, f.Netdevs); err != nil {
 			return err
 		}
 	}
@@ -196,6 +201,28 @@ func (t *Tree) Unbind(addr string) error {
 // a pod's or VM's network namespace (host-device CNI) does on the host.
 func (t *Tree) MoveNetdev(addr, name string) error {
 	return errors.Join(os.Remove(t.sys("class", "net", name)), os.RemoveAll(filepath.Join(t.devDir(addr), "net", name)))
+}
+
+// PodView makes the tree what a pod without hostNetwork sees of the same machine:
+// sysfs mounted in the pod's network namespace lists only that namespace's netdevs
+// (lo and the pod's veth eth0), so the functions' net/ directories and the host's
+// /sys/class/net entries are gone; PCI functions and RDMA devices (shared RDMA
+// namespace mode) stay.
+func (t *Tree) PodView() error {
+	var errs []error
+	for _, name := range listNames(t.sys("class", "net")) {
+		errs = append(errs, os.Remove(t.sys("class", "net", name)))
+	}
+	for _, addr := range listNames(t.sys("bus", "pci", "devices")) {
+		errs = append(errs, os.RemoveAll(filepath.Join(t.devDir(addr), "net")))
+	}
+	errs = append(errs, os.RemoveAll(t.sys("devices", "virtual", "net")))
+	for _, v := range []struct{ name, typ string }{{"lo", "772"}, {"eth0", "1"}} {
+		dir := t.sys("devices", "virtual", "net", v.name)
+		errs = append(errs, writeFiles(dir, map[string]string{"type": v.typ, "operstate": "up"}),
+			relLink(dir, t.sys("class", "net", v.name)))
+	}
+	return errors.Join(errs...)
 }
 
 func (t *Tree) addNetdev(dev string, nd Netdev) error {
@@ -251,7 +278,7 @@ func (t *Tree) addNetdev(dev string, nd Netdev) error {
 	return nil
 }
 
-func (t *Tree) addRDMA(dev string, r *RDMA) error {
+func (t *Tree) addRDMA(dev string, r *RDMA, netdevs []Netdev) error {
 	dir := filepath.Join(dev, "infiniband", r.Name)
 	files := map[string]string{"node_guid": r.NodeGUID, "node_type": "1: CA"}
 	for _, p := range r.Ports {
@@ -261,6 +288,23 @@ func (t *Tree) addRDMA(dev string, r *RDMA) error {
 		files[filepath.Join(pre, "state")] = p.State
 		files[filepath.Join(pre, "phys_state")] = "5: LinkUp"
 		files[filepath.Join(pre, "gids", "0")] = p.GID0
+		if p.LinkLayer != "Ethernet" {
+			// The kernel lists gid_attrs for an InfiniBand port too, but reading
+			// its ndevs fails (EINVAL): left out here.
+			files[filepath.Join(pre, "gid_attrs", "types", "0")] = "IB/RoCE v1"
+			continue
+		}
+		ndev := p.NDev
+		for _, nd := range netdevs {
+			if ndev == "" && nd.Type == 1 && nd.DevPort == p.Num-1 && nd.Parent == "" {
+				ndev = cmp.Or(nd.Master, nd.Name)
+			}
+		}
+		// RoCE v1 and v2 GIDs of the link-local address, both on the port's netdev.
+		for i, typ := range []string{"IB/RoCE v1", "RoCE v2"} {
+			files[filepath.Join(pre, "gid_attrs", "types", strconv.Itoa(i))] = typ
+			files[filepath.Join(pre, "gid_attrs", "ndevs", strconv.Itoa(i))] = ndev
+		}
 	}
 	if err := writeFiles(dir, files); err != nil {
 		return err

@@ -203,7 +203,8 @@ func Switchdev(root string, vfs int) (*Tree, error) {
 	for v := range vfs {
 		nds = append(nds, Netdev{Name: fmt.Sprintf("enp59s0f0r%d", v), Type: 1, OperState: "up", MTU: 1500,
 			MAC: fmt.Sprintf("ce:00:00:3b:00:%02x", v), PhysPortName: fmt.Sprintf("pf0vf%d", v), DevPort: 0})
-		ports = append(ports, RDMAPort{Num: 2 + v, LinkLayer: "Ethernet", Rate: "100 Gb/sec (4X EDR)", State: "4: ACTIVE"})
+		ports = append(ports, RDMAPort{Num: 2 + v, LinkLayer: "Ethernet", Rate: "100 Gb/sec (4X EDR)", State: "4: ACTIVE",
+			NDev: fmt.Sprintf("enp59s0f0r%d", v)})
 	}
 	if err := t.Add(Function{Address: pf, Vendor: VendorNVIDIA, Device: DeviceCX6Dx, Class: ClassEthernet, Driver: "mlx5_core",
 		NUMA: 0, TotalVFs: 8, NumVFs: vfs, Netdevs: nds, RDMA: &RDMA{Name: "mlx5_0", Ports: ports}}); err != nil {

@@ -60,8 +60,13 @@ func nicsCommand() *cobra.Command {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
 				return enc.Encode(struct {
-					NICs []nicdiscovery.NIC `json:"nics"`
-				}{inv.NICs})
+					NICs          []nicdiscovery.NIC `json:"nics"`
+					NetdevsHidden bool               `json:"netdevsHidden,omitempty"`
+				}{inv.NICs, inv.NetdevsHidden})
+			}
+			if inv.NetdevsHidden {
+				fmt.Fprintln(cmd.ErrOrStderr(), "ipamctl: note: this network namespace shows none of the NICs' netdevs "+
+					"(a pod without hostNetwork?): Ethernet ports are named from their RDMA GID table, InfiniBand ports have none")
 			}
 			return nicsTable(cmd.OutOrStdout(), inv.NICs)
 		},
