@@ -4,6 +4,7 @@ package ipamctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
@@ -40,6 +41,37 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		},
 	})
-	root.AddCommand(poolsCommand(), allocationsCommand(), nicsCommand(), labelsCommand())
+	root.AddCommand(poolsCommand(), allocationsCommand(), nicsCommand(), labelsCommand(), planCommand())
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &UsageError{err} })
+	if _, _, err := root.Find(opts.Args); err != nil {
+		return &UsageError{err}
+	}
 	return root.ExecuteContext(ctx)
 }
+
+// Exit codes.
+const (
+	ExitOK = 0
+	// ExitProblems: the command ran and found problems (or failed on its own).
+	ExitProblems = 1
+	// ExitUsage: a usage mistake, or the daemon or API server could not be reached.
+	ExitUsage = 2
+)
+
+// ExitCode is the process exit code for Run's error.
+func ExitCode(err error) int {
+	var conn *ConnectionError
+	switch {
+	case err == nil:
+		return ExitOK
+	case IsUsageError(err), errors.As(err, &conn):
+		return ExitUsage
+	}
+	return ExitProblems
+}
+
+// ConnectionError is a failure to reach ipam-node or the API server.
+type ConnectionError struct{ err error }
+
+func (e *ConnectionError) Error() string { return e.err.Error() }
+func (e *ConnectionError) Unwrap() error { return e.err }

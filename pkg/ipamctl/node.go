@@ -47,7 +47,7 @@ func (f *nodeFlags) call(ctx context.Context, fn func(context.Context, infov1.No
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	if err := fn(ctx, infov1.NewNodeInfoServiceClient(conn)); err != nil {
-		return fmt.Errorf("cannot query ipam-node at %s (is it running on this node? see --socket): %w", f.socket, err)
+		return &ConnectionError{fmt.Errorf("cannot query ipam-node at %s (is it running on this node? see --socket): %w", f.socket, err)}
 	}
 	return nil
 }
@@ -55,7 +55,7 @@ func (f *nodeFlags) call(ctx context.Context, fn func(context.Context, infov1.No
 // checkOutput validates -o.
 func checkOutput(o string) error {
 	if o != "table" && o != "json" {
-		return fmt.Errorf("--output %q: want table or json", o)
+		return usageErrorf("--output %q: want table or json", o)
 	}
 	return nil
 }

@@ -208,19 +208,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		setCondition(&c, v1alpha1.ConditionOrphans, false, "NoneHeld", "no node holds addresses outside its block")
 	}
 	c.SelectedNodes = int32(len(in.Selected))
-	c.AllocatedNodes = int32(len(out.Assignments))
-	if n := len(out.Unassigned); n > 0 {
-		msg := fmt.Sprintf("%d selected node(s) have no block (first: %s): no free block is left (%d usable blocks, %d assigned); "+
-			"widen the pool's range, make per-node blocks smaller, or narrow the nodeSelector",
-			n, out.Unassigned[0], countUsable(layout, len(out.Assignments)), len(out.Assignments))
-		setCondition(&c, v1alpha1.ConditionExhausted, true, "NoFreeBlock", msg)
-		setCondition(&c, v1alpha1.ConditionReady, false, "Exhausted", msg)
-		if st.exhausted != n {
-			r.event(p, corev1.EventTypeWarning, "PoolExhausted", "Assign", "%s", msg)
-		}
-	} else {
-		setCondition(&c, v1alpha1.ConditionExhausted, false, "FreeBlocks", "every selected node has a block")
-		setCondition(&c, v1alpha1.ConditionReady, true, "AllNodesAssigned", "every selected node has a block")
+	if msg := setAssignedConditions(&c, layout, out); msg != "" && st.exhausted != len(out.Unassigned) {
+		r.event(p, corev1.EventTypeWarning, "PoolExhausted", "Assign", "%s", msg)
 	}
 	st.exhausted = len(out.Unassigned)
 	updateMetrics(r.Kind, p.object(), layout, len(out.Assignments), len(out.Unassigned))
@@ -229,6 +218,24 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: out.RequeueAfter}, nil
+}
+
+// setAssignedConditions sets the allocated-node count and the Exhausted and Ready
+// conditions after a plan; it returns the exhaustion message, "" when every
+// selected node has a block.
+func setAssignedConditions(c *v1alpha1.PoolStatusCommon, layout blocks.Layout, out plan) string {
+	c.AllocatedNodes = int32(len(out.Assignments))
+	if n := len(out.Unassigned); n > 0 {
+		msg := fmt.Sprintf("%d selected node(s) have no block (first: %s): no free block is left (%d usable blocks, %d assigned); "+
+			"widen the pool's range, make per-node blocks smaller, or narrow the nodeSelector",
+			n, out.Unassigned[0], countUsable(layout, len(out.Assignments)), len(out.Assignments))
+		setCondition(c, v1alpha1.ConditionExhausted, true, "NoFreeBlock", msg)
+		setCondition(c, v1alpha1.ConditionReady, false, "Exhausted", msg)
+		return msg
+	}
+	setCondition(c, v1alpha1.ConditionExhausted, false, "FreeBlocks", "every selected node has a block")
+	setCondition(c, v1alpha1.ConditionReady, true, "AllNodesAssigned", "every selected node has a block")
+	return ""
 }
 
 // planInput gathers the nodes, the daemons' reports and the status of the pool for

@@ -1,0 +1,244 @@
+package ipamctl_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/ipamctl"
+	"github.com/hwipam/hwipam/pkg/poolcontroller"
+	"github.com/hwipam/hwipam/test/harness"
+)
+
+func planReport(t *testing.T, args ...string) ipamctl.PlanReport {
+	t.Helper()
+	out, err := run(t, append([]string{"plan", "-o", "json"}, args...)...)
+	if err != nil {
+		t.Fatalf("plan %v: %v", args, err)
+	}
+	var r ipamctl.PlanReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("plan -o json does not parse: %v\n%s", err, out)
+	}
+	return r
+}
+
+// The figures of a small pool, worked out by hand: a /24 in blocks of 10 from .1
+// (25 blocks, .251-.254 left over), the gateway .1 and .5-.6 excluded, both in the
+// first block.
+func TestPlanFigures(t *testing.T) {
+	r := planReport(t, "--subnet", "10.0.0.0/24", "--block-size", "10", "--gateway", "10.0.0.1",
+		"--exclude", "10.0.0.5-10.0.0.6", "--nodes", "3", "--node-name-length", "8", "--list")
+	want := ipamctl.PlanReport{Kind: "IPPool", Range: "10.0.0.0/24", BlockSize: "10", Blocks: "25", UsableBlocks: 25,
+		Nodes: 3, Assigned: 3, FirstBlock: "10.0.0.1-10.0.0.10", LastBlock: "10.0.0.21-10.0.0.30",
+		UsablePerNodeMin: "7", UsablePerNodeMax: "10", UsableTotal: "27", LostToGateway: "1", LostToExclusions: "2",
+		LostToNetworkAndBroadcast: "2", NodeNameLength: 8, StatusBytes: r.StatusBytes, RequestLimitBytes: 1572864,
+		MaxNodesWithinRequestLimit: 25,
+		Assignments: []ipamctl.PlanBlock{{"node-xx0", "10.0.0.1-10.0.0.10", "7"}, {"node-xx1", "10.0.0.11-10.0.0.20", "10"},
+			{"node-xx2", "10.0.0.21-10.0.0.30", "10"}}}
+	if !reflect.DeepEqual(r, want) {
+		t.Errorf("plan\n got %+v\nwant %+v", r, want)
+	}
+	if r.StatusBytes < 1500 || r.StatusBytes > 4000 {
+		t.Errorf("a 3-node pool object of %d bytes", r.StatusBytes)
+	}
+
+	// A CIDRPool: a /22 in /24s, gateway index 1, index 0-1 excluded per node (the
+	// network address and the gateway: only .0's exclusion costs nothing extra).
+	c := planReport(t, "--cidr", "10.8.0.0/22", "--per-node-prefix", "24", "--gateway-index", "1",
+		"--per-node-exclude", "0-2", "--nodes", "5")
+	if c.Blocks != "4" || c.Assigned != 4 || c.Unassigned != 1 || c.FirstBlock != "10.8.0.0/24" || c.LastBlock != "10.8.3.0/24" ||
+		c.UsablePerNodeMin != "252" || c.LostToNetworkAndBroadcast != "8" || c.LostToGateway != "0" || c.LostToExclusions != "8" {
+		t.Errorf("CIDRPool plan %+v", c)
+	}
+
+	// The etcd limit binds before the blocks run out: a smaller limit, fewer nodes.
+	small := planReport(t, "--subnet", "10.0.0.0/16", "--block-size", "4", "--max-request-bytes", "65536")
+	if small.UsableBlocks != 16383 || small.MaxNodesWithinRequestLimit == 0 || small.MaxNodesWithinRequestLimit >= 1000 {
+		t.Errorf("with a 64 KiB limit: %d usable blocks, %d nodes fit", small.UsableBlocks, small.MaxNodesWithinRequestLimit)
+	}
+}
+
+// JSON and YAML carry the same report, and both round-trip.
+func TestPlanOutputsRoundTrip(t *testing.T) {
+	args := []string{"plan", "--cidr", "fd00:10::/56", "--per-node-prefix", "64", "--gateway-index", "1", "--nodes", "4", "--list"}
+	js, err := run(t, append(args, "-o", "json")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ym, err := run(t, append(args, "-o", "yaml")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fromJSON, fromYAML ipamctl.PlanReport
+	if err := json.Unmarshal([]byte(js), &fromJSON); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict([]byte(ym), &fromYAML); err != nil {
+		t.Fatalf("%v\n%s", err, ym)
+	}
+	if !reflect.DeepEqual(fromJSON, fromYAML) || fromJSON.Assigned != 4 || len(fromJSON.Assignments) != 4 {
+		t.Fatalf("json %+v\nyaml %+v", fromJSON, fromYAML)
+	}
+	again, err := json.MarshalIndent(fromJSON, "", "  ")
+	if err != nil || string(again)+"\n" != js {
+		t.Errorf("JSON does not round-trip (%v):\n%s\n%s", err, again, js)
+	}
+	table, err := run(t, args...)
+	if err != nil || !strings.Contains(table, "first block:") || !strings.Contains(table, "fd00:10::/64") {
+		t.Errorf("table (%v):\n%s", err, table)
+	}
+}
+
+func TestPlanUsageErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"plan"}, "either --subnet"},
+		{[]string{"plan", "--subnet", "10.0.0.0/24", "--block-size", "4", "--cidr", "10.1.0.0/16"}, "either --subnet"},
+		{[]string{"plan", "--subnet", "10.0.0.0/33", "--block-size", "4"}, "spec.subnet"},
+		{[]string{"plan", "--subnet", "10.0.0.0/24", "--block-size", "0"}, "perNodeBlockSize"},
+		{[]string{"plan", "--subnet", "10.0.0.0/24", "--block-size", "4", "--exclude", "10.0.0.9-x"}, "--exclude"},
+		{[]string{"plan", "--subnet", "10.0.0.0/24", "--block-size", "4", "--gateway-index", "1"}, "CIDRPool's"},
+		{[]string{"plan", "--subnet", "10.0.0.0/24", "--block-size", "4", "-o", "xml"}, "--output"},
+		{[]string{"plan", "--no-such-flag"}, "unknown flag"},
+		{[]string{"no-such-command"}, "unknown command"},
+	} {
+		_, err := run(t, c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) || ipamctl.ExitCode(err) != ipamctl.ExitUsage {
+			t.Errorf("%v: error %v (exit %d), want one about %q with exit %d", c.args, err, ipamctl.ExitCode(err), c.want, ipamctl.ExitUsage)
+		}
+	}
+}
+
+// plan lays pools out as the controller does: random IPPools and CIDRPools, the
+// nodes plan names created on a real API server, the real reconciler run; status
+// must list exactly the plan's blocks, and the object's size match the plan's.
+// HWIPAM_PLAN_SEED replays a run.
+func TestPlanAgreesWithController(t *testing.T) {
+	cp, err := harness.NewControlPlane(harness.ControlPlaneOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.Stop() })
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("HWIPAM_PLAN_SEED"); s != "" {
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("seed %d (HWIPAM_PLAN_SEED=%d replays it)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	ctx := t.Context()
+	ns := "plan"
+	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 8 {
+		nameLen := 12 + i // names differ between cases: nodes are cluster-scoped
+		nodes := 1 + rng.IntN(40)
+		label := fmt.Sprintf("case%d", i)
+		args := []string{"--nodes", strconv.Itoa(nodes), "--node-name-length", strconv.Itoa(nameLen), "--list"}
+		var obj client.Object
+		kind := v1alpha1.KindIPPool
+		sel := &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+			{Key: "plan.hwipam.io/case", Operator: corev1.NodeSelectorOpIn, Values: []string{label}}}}}}
+		meta := metav1.ObjectMeta{Name: label, Namespace: ns}
+		if i%2 == 0 {
+			third := rng.IntN(250)
+			size := 1 + rng.IntN(24)
+			spec := v1alpha1.IPPoolSpec{Subnet: fmt.Sprintf("10.%d.0.0/24", third), PerNodeBlockSize: size, NodeSelector: sel}
+			args = append(args, "--subnet", spec.Subnet, "--block-size", strconv.Itoa(size))
+			if rng.IntN(2) == 0 {
+				spec.Gateway = fmt.Sprintf("10.%d.0.%d", third, 1+rng.IntN(254))
+				args = append(args, "--gateway", spec.Gateway)
+			}
+			for range rng.IntN(3) {
+				a := 1 + rng.IntN(250)
+				b := min(a+rng.IntN(40), 254)
+				e := v1alpha1.ExcludeRange{StartIP: fmt.Sprintf("10.%d.0.%d", third, a), EndIP: fmt.Sprintf("10.%d.0.%d", third, b)}
+				spec.Exclusions = append(spec.Exclusions, e)
+				args = append(args, "--exclude", e.StartIP+"-"+e.EndIP)
+			}
+			obj = &v1alpha1.IPPool{ObjectMeta: meta, Spec: spec}
+		} else {
+			kind = v1alpha1.KindCIDRPool
+			prefix := 16 + rng.IntN(6)
+			per := int32(min(prefix+2+rng.IntN(8), 30))
+			spec := v1alpha1.CIDRPoolSpec{CIDR: fmt.Sprintf("10.%d.0.0/%d", 128+i*8, prefix), PerNodeNetworkPrefix: per, NodeSelector: sel}
+			args = append(args, "--cidr", spec.CIDR, "--per-node-prefix", strconv.Itoa(int(per)))
+			if rng.IntN(2) == 0 {
+				gi := int32(1)
+				spec.GatewayIndex = &gi
+				args = append(args, "--gateway-index", "1")
+			}
+			obj = &v1alpha1.CIDRPool{ObjectMeta: meta, Spec: spec}
+		}
+		plan := planReport(t, args...)
+		for _, a := range plan.Assignments { // every planned node, with a block or not
+			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: a.Node, Labels: map[string]string{"plan.hwipam.io/case": label}}}
+			if err := cp.Client.Create(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := cp.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		r := &poolcontroller.Reconciler{Client: cp.Client, Kind: kind}
+		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: label}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		switch p := obj.(type) {
+		case *v1alpha1.IPPool:
+			for _, a := range p.Status.Allocations {
+				got[a.NodeName] = a.StartIP + "-" + a.EndIP
+			}
+		case *v1alpha1.CIDRPool:
+			for _, a := range p.Status.Allocations {
+				got[a.NodeName] = a.Prefix
+			}
+		}
+		want := map[string]string{}
+		for _, a := range plan.Assignments {
+			if a.Block != "" {
+				want[a.Node] = a.Block
+			}
+		}
+		if len(plan.Assignments) != nodes || len(want) != plan.Assigned {
+			t.Errorf("case %d: plan lists %d nodes, %d with a block, for %d nodes (%d assigned)", i, len(plan.Assignments), len(want),
+				nodes, plan.Assigned)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("case %d (%s %v): the controller assigned\n%v\nplan said\n%v", i, kind, args, got, want)
+		}
+		raw, err := cp.Clientset.CoreV1().RESTClient().Get().AbsPath("/apis/nv-ipam.nvidia.com/v1alpha1/namespaces", ns,
+			strings.ToLower(kind)+"s", label).DoRaw(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The plan's size allows for the metadata the API server adds; the stored
+		// object also carries the spec's nodeSelector, which plan's flags lack.
+		if diff := plan.StatusBytes - len(raw); diff < -300 || diff > 600 {
+			t.Errorf("case %d: plan says the object has %d bytes, the API server returns %d", i, plan.StatusBytes, len(raw))
+		}
+	}
+}
