@@ -80,7 +80,30 @@ func ownsPorts(n NIC) bool {
 // each netdev or rail that cannot be labelled. Labels hold only slow-changing
 // facts: never a link's state.
 func Labels(inv *Inventory, rails Rails) (map[string]string, []string) {
+	labels, warnings, _ := labelSet(inv, rails)
+	return labels, warnings
+}
+
+// PortLabel says which label a NIC port is published under.
+type PortLabel struct {
+	PCIAddress string `json:"pciAddress"`
+	// Port is the port's number on its function.
+	Port int `json:"port"`
+	// Key is the port's label key, nic.hwipam.io/<name>.
+	Key string `json:"key"`
+	// Rails are the rail map's rails that name this port.
+	Rails []string `json:"rails,omitempty"`
+}
+
+// PortLabels lists the labelled ports of an inventory, in inventory order.
+func PortLabels(inv *Inventory, rails Rails) []PortLabel {
+	_, _, ports := labelSet(inv, rails)
+	return ports
+}
+
+func labelSet(inv *Inventory, rails Rails) (map[string]string, []string, []PortLabel) {
 	labels := map[string]string{}
+	var portLabels []PortLabel
 	var warnings []string
 	byNetdev := map[string]string{} // netdev → its label name part
 	firstNetdev := map[string]string{}
@@ -141,6 +164,7 @@ func Labels(inv *Inventory, rails Rails) (map[string]string, []string) {
 			if n.NUMANode >= 0 {
 				labels[base+".numa"] = strconv.Itoa(n.NUMANode)
 			}
+			portLabels = append(portLabels, PortLabel{PCIAddress: n.PCIAddress, Port: p.Number, Key: base})
 			byNetdev[netdev] = key
 			if _, ok := firstNetdev[n.PCIAddress]; !ok {
 				firstNetdev[n.PCIAddress] = netdev
@@ -172,6 +196,11 @@ func Labels(inv *Inventory, rails Rails) (map[string]string, []string) {
 			}
 			if v, ok := byNetdev[netdev]; ok {
 				labels[key] = v
+				for i := range portLabels {
+					if portLabels[i].Key == LabelPrefix+v {
+						portLabels[i].Rails = append(portLabels[i].Rails, name)
+					}
+				}
 				break
 			}
 		}
@@ -180,5 +209,5 @@ func Labels(inv *Inventory, rails Rails) (map[string]string, []string) {
 				"name the rail's functions by PCI address in the rail map", name, rails[name]))
 		}
 	}
-	return labels, warnings
+	return labels, warnings, portLabels
 }

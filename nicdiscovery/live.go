@@ -1,8 +1,11 @@
 package nicdiscovery
 
 import (
+	"net"
+
 	"github.com/go-logr/logr"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // addLive fills in what only the running kernel knows precisely: each netdev's
@@ -33,7 +36,12 @@ func addLive(nics []NIC, log logr.Logger) {
 			}
 			a := link.Attrs()
 			p.OperState = a.OperState.String()
+			up, carrier := a.RawFlags&unix.IFF_UP != 0, a.RawFlags&unix.IFF_LOWER_UP != 0
+			p.AdminUp, p.Carrier = &up, &carrier
 			p.MTU = a.MTU
+			if n.Function == FunctionPF && j == 0 && len(a.Vfs) > 0 {
+				n.VFStates = vfStates(a.Vfs)
+			}
 			if len(a.HardwareAddr) > 0 {
 				p.MAC = a.HardwareAddr.String()
 			}
@@ -47,4 +55,39 @@ func addLive(nics []NIC, log logr.Logger) {
 			}
 		}
 	}
+}
+
+// vfStates converts the VF list a PF's link reports.
+func vfStates(vfs []netlink.VfInfo) []VFState {
+	out := make([]VFState, 0, len(vfs))
+	for _, v := range vfs {
+		st := VFState{Index: v.ID, VLAN: v.Vlan, QoS: v.Qos, SpoofCheck: v.Spoofchk, Trust: v.Trust != 0,
+			LinkState: vfLinkState(v.LinkState)}
+		if len(v.Mac) > 0 && !isZeroMAC(v.Mac) {
+			st.MAC = v.Mac.String()
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+func vfLinkState(s uint32) string {
+	switch s {
+	case netlink.VF_LINK_STATE_AUTO:
+		return "auto"
+	case netlink.VF_LINK_STATE_ENABLE:
+		return "enable"
+	case netlink.VF_LINK_STATE_DISABLE:
+		return "disable"
+	}
+	return "unknown"
+}
+
+func isZeroMAC(m net.HardwareAddr) bool {
+	for _, b := range m {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -64,6 +64,22 @@ type NIC struct {
 	EswitchMode  string   `json:"eswitchMode,omitempty"`
 	Representors []string `json:"representors,omitempty"`
 	Ports        []Port   `json:"ports,omitempty"`
+	// VFStates are the PF's VFs as its netdev reports them over netlink (live
+	// scans only): what the PF enforces on each VF.
+	VFStates []VFState `json:"vfStates,omitempty"`
+}
+
+// VFState is one VF as its PF's netlink link reports it.
+type VFState struct {
+	Index int    `json:"index"`
+	MAC   string `json:"mac,omitempty"`
+	VLAN  int    `json:"vlan,omitempty"`
+	QoS   int    `json:"qos,omitempty"`
+	// SpoofCheck and Trust are the PF's settings for the VF.
+	SpoofCheck bool `json:"spoofCheck"`
+	Trust      bool `json:"trust"`
+	// LinkState is auto (follows the PF's uplink), enable or disable.
+	LinkState string `json:"linkState"`
 }
 
 // Port is one network port of a function: a netdev, its RDMA port, or both.
@@ -86,7 +102,11 @@ type Port struct {
 	NetdevFrom string `json:"netdevFrom,omitempty"`
 	// Master is the bond or bridge the netdev is enslaved to (RoCE LAG: bond0).
 	Master    string   `json:"master,omitempty"`
-	OperState string   `json:"operState,omitempty"`
+	OperState string `json:"operState,omitempty"`
+	// AdminUp and Carrier come from netlink (live scans only): the link is set up
+	// (IFF_UP), and it has a carrier (IFF_LOWER_UP).
+	AdminUp   *bool    `json:"adminUp,omitempty"`
+	Carrier   *bool    `json:"carrier,omitempty"`
 	MTU       int      `json:"mtu,omitempty"`
 	MAC       string   `json:"mac,omitempty"`
 	Addresses []string `json:"addresses,omitempty"`

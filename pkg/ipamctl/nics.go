@@ -1,7 +1,7 @@
 package ipamctl
 
 import (
-	"encoding/json"
+	"bytes"
 	"fmt"
 	"io"
 	"slices"
@@ -41,39 +41,139 @@ func stderrLogger(w io.Writer, verbose bool) logr.Logger {
 	return funcr.New(func(_, args string) { fmt.Fprintln(w, "ipamctl:", args) }, funcr.Options{Verbosity: v})
 }
 
+// nicsReport is `ipamctl nics -o json|yaml`.
+type nicsReport struct {
+	NICs          []nicdiscovery.NIC       `json:"nics"`
+	NetdevsHidden bool                     `json:"netdevsHidden,omitempty"`
+	Labels        []nicdiscovery.PortLabel `json:"labels,omitempty"`
+}
+
 func nicsCommand() *cobra.Command {
 	var f scanFlags
-	var output string
+	var output, railConfig string
+	var live bool
 	cmd := &cobra.Command{
 		Use:   "nics",
-		Short: "List this node's NVIDIA NIC functions (PFs and VFs) from sysfs",
-		Args:  cobra.NoArgs,
+		Short: "List this node's NVIDIA NIC functions (PFs and VFs) from sysfs, their links from netlink, and their labels",
+		Long: "nics lists the node's NVIDIA NIC functions (sysfs), and, from netlink when the scan is live (the\n" +
+			"node's own /, or --live), each port's link state and the VFs as their PF reports them. Each port\n" +
+			"shows the label it is published under and the rails that name it.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
 				return err
 			}
-			inv, err := f.scan(cmd)
+			rails, err := loadRails(railConfig)
 			if err != nil {
 				return err
 			}
-			if output == "json" {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(struct {
-					NICs          []nicdiscovery.NIC `json:"nics"`
-					NetdevsHidden bool               `json:"netdevsHidden,omitempty"`
-				}{inv.NICs, inv.NetdevsHidden})
+			opts := nicdiscovery.Options{Root: f.root, Logger: stderrLogger(cmd.ErrOrStderr(), f.verbose)}
+			if cmd.Flags().Changed("live") {
+				opts.Live = &live
+			}
+			inv, err := nicdiscovery.Scan(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			r := nicsReport{NICs: inv.NICs, NetdevsHidden: inv.NetdevsHidden, Labels: nicdiscovery.PortLabels(inv, rails)}
+			if output != "table" {
+				return writeReport(cmd.OutOrStdout(), output, r, nil)
 			}
 			if inv.NetdevsHidden {
 				fmt.Fprintln(cmd.ErrOrStderr(), "ipamctl: note: this network namespace shows none of the NICs' netdevs "+
 					"(a pod without hostNetwork?): Ethernet ports are named from their RDMA GID table, InfiniBand ports have none")
 			}
-			return nicsTable(cmd.OutOrStdout(), inv.NICs)
+			return nicsTables(cmd.OutOrStdout(), r)
 		},
 	}
 	f.add(cmd)
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
+	cmd.Flags().BoolVar(&live, "live", false, "read link state from netlink (default: only when --sysfs-root is /)")
+	cmd.Flags().StringVar(&railConfig, "rail-config", "", "rail map (YAML: rail name to netdev names or PCI addresses), as ipam-node's --rail-config")
 	return cmd
+}
+
+func loadRails(path string) (nicdiscovery.Rails, error) {
+	if path == "" {
+		return nil, nil
+	}
+	return nicdiscovery.LoadRails(path)
+}
+
+// nicsTables prints the functions, then, where netlink answered, every port's link
+// and every PF's VFs.
+func nicsTables(w io.Writer, r nicsReport) error {
+	if err := nicsTable(w, r.NICs); err != nil {
+		return err
+	}
+	labelOf := map[string]nicdiscovery.PortLabel{}
+	for _, l := range r.Labels {
+		labelOf[l.PCIAddress+"/"+strconv.Itoa(l.Port)] = l
+	}
+	var links, vfs bytes.Buffer
+	lt := tabwriter.NewWriter(&links, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(lt, "NETDEV\tPCI\tPORT\tADMIN\tOPER\tCARRIER\tMTU\tMAC\tSPEED\tADDRESSES\tLABEL\tRAILS")
+	vt := tabwriter.NewWriter(&vfs, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(vt, "PF\tVF\tMAC\tVLAN\tQOS\tSPOOFCHK\tTRUST\tLINK")
+	anyLink, anyVF := false, false
+	for _, n := range r.NICs {
+		for _, p := range n.Ports {
+			if p.Netdev == "" || p.AdminUp == nil {
+				continue
+			}
+			anyLink = true
+			l := labelOf[n.PCIAddress+"/"+strconv.Itoa(p.Number)]
+			fmt.Fprintf(lt, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", p.Netdev, n.PCIAddress, p.Number, upDown(*p.AdminUp),
+				dash(p.OperState), yesNo(*p.Carrier), p.MTU, dash(p.MAC), speed(p.SpeedMbps), dash(strings.Join(p.Addresses, ",")),
+				dash(l.Key), dash(strings.Join(l.Rails, ",")))
+		}
+		pf := n.PCIAddress
+		if len(n.Netdevs) > 0 {
+			pf = n.Netdevs[0]
+		}
+		for _, v := range n.VFStates {
+			anyVF = true
+			fmt.Fprintf(vt, "%s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\n", pf, v.Index, dash(v.MAC), v.VLAN, v.QoS,
+				onOff(v.SpoofCheck), onOff(v.Trust), v.LinkState)
+		}
+	}
+	for _, t := range []struct {
+		any bool
+		tw  *tabwriter.Writer
+		buf *bytes.Buffer
+	}{{anyLink, lt, &links}, {anyVF, vt, &vfs}} {
+		if !t.any {
+			continue
+		}
+		if err := t.tw.Flush(); err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(w, "\n%s", t.buf.String()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func upDown(b bool) string {
+	if b {
+		return "up"
+	}
+	return "down"
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }
 
 func nicsTable(w io.Writer, nics []nicdiscovery.NIC) error {
@@ -117,18 +217,18 @@ func speed(mbps int) string {
 
 func labelsCommand() *cobra.Command {
 	var f scanFlags
-	var railConfig string
+	var railConfig, output string
 	cmd := &cobra.Command{
 		Use:   "labels",
 		Short: "Print the nic.hwipam.io node labels ipam-node would publish for this node, one key=value per line",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var rails nicdiscovery.Rails
-			if railConfig != "" {
-				var err error
-				if rails, err = nicdiscovery.LoadRails(railConfig); err != nil {
-					return err
-				}
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			rails, err := loadRails(railConfig)
+			if err != nil {
+				return err
 			}
 			inv, err := f.scan(cmd)
 			if err != nil {
@@ -137,6 +237,9 @@ func labelsCommand() *cobra.Command {
 			labels, warnings := nicdiscovery.Labels(inv, rails)
 			for _, w := range warnings {
 				fmt.Fprintln(cmd.ErrOrStderr(), "ipamctl: warning:", w)
+			}
+			if output != "table" {
+				return writeReport(cmd.OutOrStdout(), output, labels, nil)
 			}
 			keys := make([]string, 0, len(labels))
 			for k := range labels {
@@ -153,5 +256,6 @@ func labelsCommand() *cobra.Command {
 	}
 	f.add(cmd)
 	cmd.Flags().StringVar(&railConfig, "rail-config", "", "rail map (YAML: rail name to netdev names or PCI addresses), as ipam-node's --rail-config")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table (key=value lines), json or yaml (a map)")
 	return cmd
 }

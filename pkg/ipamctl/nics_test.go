@@ -81,7 +81,7 @@ func TestNicsErrors(t *testing.T) {
 	if _, err := run(t, "nics", "--sysfs-root", t.TempDir()); err == nil || !strings.Contains(err.Error(), "contains sys/") {
 		t.Fatalf("empty root: %v", err)
 	}
-	if _, err := run(t, "nics", "-o", "yaml"); err == nil || !strings.Contains(err.Error(), "want table or json") {
+	if _, err := run(t, "nics", "-o", "xml"); err == nil || !strings.Contains(err.Error(), "want table, json or yaml") {
 		t.Fatalf("bad output: %v", err)
 	}
 	if _, err := run(t, "labels", "--rail-config", "/nonexistent/rails.yaml"); err == nil || !strings.Contains(err.Error(), "rail map") {

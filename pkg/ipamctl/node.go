@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"sigs.k8s.io/yaml"
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 )
@@ -30,7 +31,7 @@ type nodeFlags struct {
 
 func (f *nodeFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.socket, "socket", DefaultSocket, "ipam-node's gRPC address (unix:///path or host:port)")
-	cmd.Flags().StringVarP(&f.output, "output", "o", "table", "output format: table or json")
+	cmd.Flags().StringVarP(&f.output, "output", "o", "table", "output format: table, json or yaml")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the daemon")
 }
 
@@ -54,10 +55,27 @@ func (f *nodeFlags) call(ctx context.Context, fn func(context.Context, infov1.No
 
 // checkOutput validates -o.
 func checkOutput(o string) error {
-	if o != "table" && o != "json" {
-		return usageErrorf("--output %q: want table or json", o)
+	if o != "table" && o != "json" && o != "yaml" {
+		return usageErrorf("--output %q: want table, json or yaml", o)
 	}
 	return nil
+}
+
+// writeProto prints a daemon response as JSON or YAML.
+func writeProto(w io.Writer, output string, m proto.Message) error {
+	if output != "yaml" {
+		return writeJSON(w, m)
+	}
+	var buf bytes.Buffer
+	if err := writeJSON(&buf, m); err != nil {
+		return err
+	}
+	y, err := yaml.JSONToYAML(buf.Bytes())
+	if err != nil {
+		return fmt.Errorf("encoding YAML: %w", err)
+	}
+	_, err = w.Write(y)
+	return err
 }
 
 func writeJSON(w io.Writer, m proto.Message) error {
@@ -90,8 +108,8 @@ func poolsCommand() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if f.output == "json" {
-					return writeJSON(cmd.OutOrStdout(), resp)
+				if f.output != "table" {
+					return writeProto(cmd.OutOrStdout(), f.output, resp)
 				}
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "POOL\tKIND\tBLOCK\tPREFIX\tGATEWAY\tALLOCATED\tFREE\tACTIVE")
@@ -124,8 +142,8 @@ func allocationsCommand() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if f.output == "json" {
-					return writeJSON(cmd.OutOrStdout(), resp)
+				if f.output != "table" {
+					return writeProto(cmd.OutOrStdout(), f.output, resp)
 				}
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "POOL\tIP\tNETWORK\tPOD\tCONTAINER\tIF\tDEVICE\tCREATED")

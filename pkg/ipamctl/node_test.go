@@ -68,7 +68,7 @@ func TestUnreachableDaemon(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "is it running on this node") {
 		t.Errorf("pools against no daemon = %v", err)
 	}
-	if _, err := run(t, "pools", "-o", "yaml"); err == nil || !strings.Contains(err.Error(), "--output") {
+	if _, err := run(t, "pools", "-o", "xml"); err == nil || !strings.Contains(err.Error(), "--output") {
 		t.Errorf("bad -o = %v", err)
 	}
 }

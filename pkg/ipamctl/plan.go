@@ -111,8 +111,8 @@ func planCommand() *cobra.Command {
 			"  ipamctl plan --cidr 10.8.0.0/14 --per-node-prefix 24 --gateway-index 1 -o json",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if f.output != "table" && f.output != "json" && f.output != "yaml" {
-				return usageErrorf("--output %q: want table, json or yaml", f.output)
+			if err := checkOutput(f.output); err != nil {
+				return err
 			}
 			r, err := f.plan(cmd)
 			if err != nil {
