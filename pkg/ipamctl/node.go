@@ -112,14 +112,15 @@ func poolsCommand() *cobra.Command {
 					return writeProto(cmd.OutOrStdout(), f.output, resp)
 				}
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "POOL\tKIND\tBLOCK\tPREFIX\tGATEWAY\tALLOCATED\tFREE\tACTIVE")
+				fmt.Fprintln(tw, "POOL\tKIND\tBLOCK\tPREFIX\tGATEWAY\tSIZE\tUSED\tFREE\tORPHANS\tEXCLUDED\tACTIVE")
 				for _, p := range resp.GetPools() {
 					block := "-"
 					if p.GetStart() != "" {
 						block = p.GetStart() + "-" + p.GetEnd()
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%v\n", p.GetKey(), dash(p.GetKind()), block, dash(p.GetPrefix()),
-						dash(p.GetGateway()), p.GetAllocated(), dash(p.GetFree()), p.GetActive())
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%v\n", p.GetKey(), dash(p.GetKind()), block,
+						dash(p.GetPrefix()), dash(p.GetGateway()), dash(p.GetSize()), p.GetAllocated(), dash(p.GetFree()), p.GetOrphans(),
+						dash(strings.Join(p.GetExclusions(), ",")), p.GetActive())
 				}
 				return tw.Flush()
 			})

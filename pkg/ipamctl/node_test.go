@@ -19,7 +19,8 @@ func serve(t *testing.T) string {
 	t.Helper()
 	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.8")
 	sock, m := harness.ServeNode(t, &nodealloc.PoolConfig{Name: "rail0", Kind: v1alpha1.KindIPPool,
-		Prefix: netip.MustParsePrefix("10.1.0.0/24"), Block: iprange.Range{Start: start, End: end}, ExclusionBase: start, Gateway: start})
+		Prefix: netip.MustParsePrefix("10.1.0.0/24"), Block: iprange.Range{Start: start, End: end}, ExclusionBase: start, Gateway: start,
+		Exclusions: []iprange.Range{{Start: netip.MustParseAddr("10.1.0.6"), End: netip.MustParseAddr("10.1.0.20")}}})
 	if _, err := m.Allocate(t.Context(), &nodealloc.Request{Pools: []string{"rail0"}, ContainerID: "0123456789abcdef", IfName: "net1",
 		Meta: nodealloc.Metadata{PodName: "trainer-0", PodNamespace: "ml", DeviceID: "0000:3b:00.2", Network: "rail0-net"}}); err != nil {
 		t.Fatal(err)
@@ -45,8 +46,15 @@ func TestPoolsAndAllocations(t *testing.T) {
 			t.Errorf("pools output lacks %q:\n%s", want, out)
 		}
 	}
-	if fields := strings.Fields(strings.Split(out, "\n")[1]); len(fields) < 7 || fields[5] != "1" || fields[6] != "6" {
-		t.Errorf("pools row = %v, want 1 allocated and 6 free (8 minus the gateway minus one)", fields)
+	// POOL KIND BLOCK PREFIX GATEWAY SIZE USED FREE ORPHANS EXCLUDED ACTIVE
+	if fields := strings.Fields(strings.Split(out, "\n")[1]); len(fields) != 11 || fields[5] != "8" || fields[6] != "1" ||
+		fields[7] != "3" || fields[8] != "0" || fields[9] != "10.1.0.6-10.1.0.8" {
+		t.Errorf("pools row = %v, want size 8, 1 used, 3 free (8 minus the gateway, the 3 excluded and one), "+
+			"no orphans, the exclusion's part in the block", fields)
+	}
+	out, err = run(t, "pools", "--socket", sock, "-o", "yaml")
+	if err != nil || !strings.Contains(out, "- 10.1.0.6-10.1.0.8\n") || !strings.Contains(out, "orphans: \"0\"") {
+		t.Errorf("pools -o yaml (%v):\n%s", err, out)
 	}
 	out, err = run(t, "allocations", "--socket", sock)
 	if err != nil {

@@ -87,9 +87,20 @@ func (s *Service) Deallocate(ctx context.Context, in *nodev1.DeallocateRequest) 
 func (s *Service) ListPools(context.Context, *infov1.ListPoolsRequest) (*infov1.ListPoolsResponse, error) {
 	out := &infov1.ListPoolsResponse{}
 	for _, p := range s.Manager.Pools() {
-		info := &infov1.PoolInfo{Key: p.Key, Active: p.Active, Allocated: p.Allocated,
+		info := &infov1.PoolInfo{Key: p.Key, Active: p.Active, Allocated: p.Allocated, Orphans: p.Orphans,
 			Size: p.Size.String(), Free: p.Free.String(), Name: strings.TrimPrefix(p.Key, "cidrpool/")}
 		if c := p.Config; c != nil {
+			for _, e := range c.Exclusions {
+				if e.Overlaps(c.Block) { // the part inside the block
+					if e.Start.Less(c.Block.Start) {
+						e.Start = c.Block.Start
+					}
+					if c.Block.End.Less(e.End) {
+						e.End = c.Block.End
+					}
+					info.Exclusions = append(info.Exclusions, e.String())
+				}
+			}
 			info.Name, info.Kind = c.Name, c.Kind
 			info.Start, info.End, info.Prefix = c.Block.Start.String(), c.Block.End.String(), c.Prefix.String()
 			if c.Gateway.IsValid() {

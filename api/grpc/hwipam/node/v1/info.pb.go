@@ -125,7 +125,13 @@ type PoolInfo struct {
 	// allocations stay until released, new ones are refused.
 	Active bool `protobuf:"varint,11,opt,name=active,proto3" json:"active,omitempty"`
 	// Where the block came from: "api" (this run) or "store" (last known).
-	Source        string `protobuf:"bytes,12,opt,name=source,proto3" json:"source,omitempty"`
+	Source string `protobuf:"bytes,12,opt,name=source,proto3" json:"source,omitempty"`
+	// Address ranges of the block never handed out ("start-end"): the pool's
+	// exclusions and perNodeExclusions that fall into it.
+	Exclusions []string `protobuf:"bytes,13,rep,name=exclusions,proto3" json:"exclusions,omitempty"`
+	// Allocations outside the block the pool hands out from (left from an earlier
+	// block or excluded since; all of them when the pool has no active block).
+	Orphans       uint64 `protobuf:"varint,14,opt,name=orphans,proto3" json:"orphans,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -242,6 +248,20 @@ func (x *PoolInfo) GetSource() string {
 		return x.Source
 	}
 	return ""
+}
+
+func (x *PoolInfo) GetExclusions() []string {
+	if x != nil {
+		return x.Exclusions
+	}
+	return nil
+}
+
+func (x *PoolInfo) GetOrphans() uint64 {
+	if x != nil {
+		return x.Orphans
+	}
+	return 0
 }
 
 type ListAllocationsRequest struct {
@@ -460,7 +480,7 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\x19hwipam/node/v1/info.proto\x12\x0ehwipam.node.v1\"\x12\n" +
 	"\x10ListPoolsRequest\"C\n" +
 	"\x11ListPoolsResponse\x12.\n" +
-	"\x05pools\x18\x01 \x03(\v2\x18.hwipam.node.v1.PoolInfoR\x05pools\"\x94\x02\n" +
+	"\x05pools\x18\x01 \x03(\v2\x18.hwipam.node.v1.PoolInfoR\x05pools\"\xce\x02\n" +
 	"\bPoolInfo\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -474,7 +494,11 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\x04free\x18\n" +
 	" \x01(\tR\x04free\x12\x16\n" +
 	"\x06active\x18\v \x01(\bR\x06active\x12\x16\n" +
-	"\x06source\x18\f \x01(\tR\x06source\",\n" +
+	"\x06source\x18\f \x01(\tR\x06source\x12\x1e\n" +
+	"\n" +
+	"exclusions\x18\r \x03(\tR\n" +
+	"exclusions\x12\x18\n" +
+	"\aorphans\x18\x0e \x01(\x04R\aorphans\",\n" +
 	"\x16ListAllocationsRequest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\"]\n" +
 	"\x17ListAllocationsResponse\x12B\n" +
