@@ -1,6 +1,8 @@
 package ipamnode
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -27,19 +29,25 @@ type CNIOptions struct {
 // atomically: written to a temporary file in the same directory, synced, then
 // renamed over the old one, so a runtime exec'ing the plugin meanwhile runs
 // either the old or the new binary, never a partial one.
-func installCNI(o *CNIOptions) error {
+//
+// It returns the sha256 (hex) of the plugin binary it installed, "" when it
+// installs none.
+func installCNI(o *CNIOptions) (string, error) {
+	sum := ""
 	if !o.SkipBinaryCopy {
 		src, err := os.Open(o.BinFile)
 		if err != nil {
-			return fmt.Errorf("installing the CNI plugin: %w (set --cni-nv-ipam-bin-file, or --cni-skip-nv-ipam-binary-copy)", err)
+			return "", fmt.Errorf("installing the CNI plugin: %w (set --cni-nv-ipam-bin-file, or --cni-skip-nv-ipam-binary-copy)", err)
 		}
 		defer src.Close()
+		h := sha256.New()
 		if err := writeAtomic(filepath.Join(o.BinDir, "nv-ipam"), 0o755, func(w io.Writer) error {
-			_, err := io.Copy(w, src)
+			_, err := io.Copy(io.MultiWriter(w, h), src)
 			return err
 		}); err != nil {
-			return fmt.Errorf("installing the CNI plugin into --cni-bin-dir %s: %w", o.BinDir, err)
+			return "", fmt.Errorf("installing the CNI plugin into --cni-bin-dir %s: %w", o.BinDir, err)
 		}
+		sum = hex.EncodeToString(h.Sum(nil))
 	}
 	if !o.SkipConfig {
 		conf := map[string]any{
@@ -51,16 +59,16 @@ func installCNI(o *CNIOptions) error {
 		}
 		data, err := json.MarshalIndent(conf, "", "  ")
 		if err != nil {
-			return fmt.Errorf("encoding nv-ipam.conf: %w", err)
+			return "", fmt.Errorf("encoding nv-ipam.conf: %w", err)
 		}
 		if err := writeAtomic(filepath.Join(o.ConfDir, "nv-ipam.conf"), 0o644, func(w io.Writer) error {
 			_, err := w.Write(append(data, '\n'))
 			return err
 		}); err != nil {
-			return fmt.Errorf("writing nv-ipam.conf into --cni-conf-dir %s: %w", o.ConfDir, err)
+			return "", fmt.Errorf("writing nv-ipam.conf into --cni-conf-dir %s: %w", o.ConfDir, err)
 		}
 	}
-	return nil
+	return sum, nil
 }
 
 func writeAtomic(path string, mode os.FileMode, write func(io.Writer) error) error {

@@ -19,7 +19,7 @@ func TestInstallCNIIsAtomicAndWritesConf(t *testing.T) {
 	o := NewOptions().CNI
 	o.BinDir, o.ConfDir, o.BinFile = filepath.Join(dir, "bin"), filepath.Join(dir, "conf"), src
 	o.DaemonSocket, o.ForcePoolName = "unix:///run/x.sock", true
-	if err := installCNI(&o); err != nil {
+	if _, err := installCNI(&o); err != nil {
 		t.Fatal(err)
 	}
 	dst := filepath.Join(o.BinDir, "nv-ipam")
@@ -41,7 +41,7 @@ func TestInstallCNIIsAtomicAndWritesConf(t *testing.T) {
 	if err := os.WriteFile(src, []byte("#!/bin/sh\necho v2\n"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := installCNI(&o); err != nil {
+	if _, err := installCNI(&o); err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 64)
@@ -70,7 +70,7 @@ func TestInstallCNIIsAtomicAndWritesConf(t *testing.T) {
 		t.Errorf("temporary files left behind: %v", leftovers)
 	}
 	o.BinFile = filepath.Join(dir, "missing")
-	if err := installCNI(&o); err == nil || !strings.Contains(err.Error(), "--cni-skip-nv-ipam-binary-copy") {
+	if _, err := installCNI(&o); err == nil || !strings.Contains(err.Error(), "--cni-skip-nv-ipam-binary-copy") {
 		t.Errorf("a missing plugin binary: %v, want an error naming the flags", err)
 	}
 }

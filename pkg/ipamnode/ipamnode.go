@@ -74,7 +74,8 @@ func Run(ctx context.Context, o *Options) error {
 			return err
 		}
 	}
-	if err := installCNI(&o.CNI); err != nil {
+	pluginSum, err := installCNI(&o.CNI)
+	if err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(o.StoreFile), 0o700); err != nil {
@@ -100,7 +101,9 @@ func Run(ctx context.Context, o *Options) error {
 		return err
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics(logger), requestMetrics, requestLogger(logger)))
-	svc := &nodeservice.Service{Manager: mgrState}
+	svc := &nodeservice.Service{Manager: mgrState, Info: &infov1.GetInfoResponse{Version: version.String(), NodeName: o.NodeName,
+		StoreFile: o.StoreFile, CniBinDir: o.CNI.BinDir, CniConfDir: o.CNI.ConfDir, PluginSha256: pluginSum,
+		PoolsNamespace: o.PoolsNamespace}}
 	nodev1.RegisterIPAMServiceServer(srv, svc)
 	infov1.RegisterNodeInfoServiceServer(srv, svc)
 

@@ -25,6 +25,8 @@ type Service struct {
 	infov1.UnimplementedNodeInfoServiceServer
 
 	Manager *nodealloc.Manager
+	// Info is what GetInfo answers: the daemon's version and paths.
+	Info *infov1.GetInfoResponse
 }
 
 var (
@@ -81,6 +83,14 @@ func (s *Service) Deallocate(ctx context.Context, in *nodev1.DeallocateRequest) 
 		return nil, toStatus(err)
 	}
 	return &nodev1.DeallocateResponse{}, nil
+}
+
+// GetInfo implements NodeInfoService.
+func (s *Service) GetInfo(context.Context, *infov1.GetInfoRequest) (*infov1.GetInfoResponse, error) {
+	if s.Info == nil {
+		return &infov1.GetInfoResponse{}, nil
+	}
+	return s.Info, nil
 }
 
 // ListPools implements NodeInfoService.

@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -391,4 +392,74 @@ func fileExists(path string) (bool, error) {
 		return false, fmt.Errorf("store %s: %w", path, err)
 	}
 	return st.Size() > 0, nil
+}
+
+// Snapshot reads the store at path without opening it for writing and without
+// waiting for the lock the running daemon holds: it copies the file and checks and
+// loads the copy (bbolt's meta pages are checksummed, so a copy taken while a
+// commit writes still opens at the last complete transaction). For `ipamctl
+// check`. An nv-ipam JSON store that was never imported is reported as such.
+func Snapshot(path string) (map[string]*PoolState, error) {
+	if isNVIPAM, err := looksLikeNVIPAMStore(path); err != nil {
+		return nil, err
+	} else if isNVIPAM {
+		return nil, fmt.Errorf("%s is an nv-ipam JSON store that ipam-node has not imported yet (it does on its next start)", path)
+	}
+	src, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the store: %w", err)
+	}
+	defer src.Close()
+	tmp, err := os.CreateTemp("", "hwipam-store-snapshot-*")
+	if err != nil {
+		return nil, fmt.Errorf("copying the store: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = io.Copy(tmp, src)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("copying the store %s: %w", path, err)
+	}
+	db, err := openSnapshot(tmp.Name(), path)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	s := &Store{db: db, path: path}
+	if err := db.View(func(tx *bolt.Tx) error {
+		var first error
+		for e := range tx.Check() {
+			if first == nil {
+				first = e
+			}
+		}
+		if first != nil {
+			return first
+		}
+		if v := tx.Bucket(bucketMeta); v == nil || !bytes.Equal(v.Get(keySchema), []byte(schemaVersion)) {
+			return fmt.Errorf("no schema %s marker", schemaVersion)
+		}
+		if tx.Bucket(bucketPools) == nil || tx.Bucket(bucketAllocations) == nil {
+			return errors.New("buckets missing")
+		}
+		return nil
+	}); err != nil {
+		return nil, corrupt(path, err)
+	}
+	return s.Load()
+}
+
+func openSnapshot(copyPath, path string) (db *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			db, err = nil, corrupt(path, fmt.Errorf("%v", r))
+		}
+	}()
+	db, err = bolt.Open(copyPath, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return nil, corrupt(path, err)
+	}
+	return db, nil
 }

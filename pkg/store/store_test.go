@@ -383,3 +383,47 @@ func TestImportRefusesBadChecksum(t *testing.T) {
 		t.Errorf("a backup was made of a store that was not imported: %v", err)
 	}
 }
+
+// Snapshot reads a store the daemon holds open (and locked), and refuses garbage
+// and an nv-ipam file not imported yet with what it is.
+func TestSnapshotWhileOpen(t *testing.T) {
+	s, path := openStore(t)
+	if err := s.Commit([]store.Put{{PoolKey: "rail0", Allocation: store.Allocation{ContainerID: "c1", IfName: "net1", IP: "10.0.0.5"}},
+		{PoolKey: "cidrpool/r1", Allocation: store.Allocation{ContainerID: "c2", IfName: "net2", IP: "10.1.0.9"}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		snap, err := store.Snapshot(path)
+		if err == nil && (len(snap["rail0"].Allocations) != 1 || snap["cidrpool/r1"].Allocations[0].IP != "10.1.0.9") {
+			err = fmt.Errorf("snapshot %+v", snap)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Snapshot waited for the open store's lock")
+	}
+
+	garbage := filepath.Join(t.TempDir(), "store")
+	if err := os.WriteFile(garbage, bytes.Repeat([]byte("x"), 8192), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Snapshot(garbage); !errors.Is(err, store.ErrCorrupt) {
+		t.Errorf("garbage: %v", err)
+	}
+	nv := filepath.Join(t.TempDir(), "store")
+	if err := os.WriteFile(nv, []byte(`{"version":1,"checksum":0,"pools":{}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Snapshot(nv); err == nil || !strings.Contains(err.Error(), "not imported yet") {
+		t.Errorf("nv-ipam file: %v", err)
+	}
+	if _, err := store.Snapshot(filepath.Join(t.TempDir(), "none")); err == nil {
+		t.Error("a missing store gave no error")
+	}
+}

@@ -24,6 +24,138 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type GetInfoRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetInfoRequest) Reset() {
+	*x = GetInfoRequest{}
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetInfoRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetInfoRequest) ProtoMessage() {}
+
+func (x *GetInfoRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetInfoRequest.ProtoReflect.Descriptor instead.
+func (*GetInfoRequest) Descriptor() ([]byte, []int) {
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{0}
+}
+
+// GetInfoResponse is what the daemon runs as: its version and the paths it uses,
+// so that ipamctl check finds the plugin, its config and the store it installed.
+type GetInfoResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Version    string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	NodeName   string                 `protobuf:"bytes,2,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	StoreFile  string                 `protobuf:"bytes,3,opt,name=store_file,json=storeFile,proto3" json:"store_file,omitempty"`
+	CniBinDir  string                 `protobuf:"bytes,4,opt,name=cni_bin_dir,json=cniBinDir,proto3" json:"cni_bin_dir,omitempty"`
+	CniConfDir string                 `protobuf:"bytes,5,opt,name=cni_conf_dir,json=cniConfDir,proto3" json:"cni_conf_dir,omitempty"`
+	// sha256 (hex) of the plugin binary the daemon installed into cni_bin_dir; empty
+	// when it installs none (--cni-skip-nv-ipam-binary-copy).
+	PluginSha256   string `protobuf:"bytes,6,opt,name=plugin_sha256,json=pluginSha256,proto3" json:"plugin_sha256,omitempty"`
+	PoolsNamespace string `protobuf:"bytes,7,opt,name=pools_namespace,json=poolsNamespace,proto3" json:"pools_namespace,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GetInfoResponse) Reset() {
+	*x = GetInfoResponse{}
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetInfoResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetInfoResponse) ProtoMessage() {}
+
+func (x *GetInfoResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetInfoResponse.ProtoReflect.Descriptor instead.
+func (*GetInfoResponse) Descriptor() ([]byte, []int) {
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *GetInfoResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *GetInfoResponse) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *GetInfoResponse) GetStoreFile() string {
+	if x != nil {
+		return x.StoreFile
+	}
+	return ""
+}
+
+func (x *GetInfoResponse) GetCniBinDir() string {
+	if x != nil {
+		return x.CniBinDir
+	}
+	return ""
+}
+
+func (x *GetInfoResponse) GetCniConfDir() string {
+	if x != nil {
+		return x.CniConfDir
+	}
+	return ""
+}
+
+func (x *GetInfoResponse) GetPluginSha256() string {
+	if x != nil {
+		return x.PluginSha256
+	}
+	return ""
+}
+
+func (x *GetInfoResponse) GetPoolsNamespace() string {
+	if x != nil {
+		return x.PoolsNamespace
+	}
+	return ""
+}
+
 type ListPoolsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -32,7 +164,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[0]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +176,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[0]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +189,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{0}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{2}
 }
 
 type ListPoolsResponse struct {
@@ -69,7 +201,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[1]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -81,7 +213,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[1]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -94,7 +226,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{1}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListPoolsResponse) GetPools() []*PoolInfo {
@@ -138,7 +270,7 @@ type PoolInfo struct {
 
 func (x *PoolInfo) Reset() {
 	*x = PoolInfo{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[2]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -150,7 +282,7 @@ func (x *PoolInfo) String() string {
 func (*PoolInfo) ProtoMessage() {}
 
 func (x *PoolInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[2]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -163,7 +295,7 @@ func (x *PoolInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolInfo.ProtoReflect.Descriptor instead.
 func (*PoolInfo) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{2}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PoolInfo) GetKey() string {
@@ -274,7 +406,7 @@ type ListAllocationsRequest struct {
 
 func (x *ListAllocationsRequest) Reset() {
 	*x = ListAllocationsRequest{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[3]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -286,7 +418,7 @@ func (x *ListAllocationsRequest) String() string {
 func (*ListAllocationsRequest) ProtoMessage() {}
 
 func (x *ListAllocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[3]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -299,7 +431,7 @@ func (x *ListAllocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAllocationsRequest.ProtoReflect.Descriptor instead.
 func (*ListAllocationsRequest) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{3}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListAllocationsRequest) GetPool() string {
@@ -318,7 +450,7 @@ type ListAllocationsResponse struct {
 
 func (x *ListAllocationsResponse) Reset() {
 	*x = ListAllocationsResponse{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[4]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -330,7 +462,7 @@ func (x *ListAllocationsResponse) String() string {
 func (*ListAllocationsResponse) ProtoMessage() {}
 
 func (x *ListAllocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[4]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -343,7 +475,7 @@ func (x *ListAllocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAllocationsResponse.ProtoReflect.Descriptor instead.
 func (*ListAllocationsResponse) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{4}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListAllocationsResponse) GetAllocations() []*AllocationRecord {
@@ -375,7 +507,7 @@ type AllocationRecord struct {
 
 func (x *AllocationRecord) Reset() {
 	*x = AllocationRecord{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[5]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +519,7 @@ func (x *AllocationRecord) String() string {
 func (*AllocationRecord) ProtoMessage() {}
 
 func (x *AllocationRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[5]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +532,7 @@ func (x *AllocationRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationRecord.ProtoReflect.Descriptor instead.
 func (*AllocationRecord) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{5}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AllocationRecord) GetPool() string {
@@ -477,7 +609,18 @@ var File_hwipam_node_v1_info_proto protoreflect.FileDescriptor
 
 const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\n" +
-	"\x19hwipam/node/v1/info.proto\x12\x0ehwipam.node.v1\"\x12\n" +
+	"\x19hwipam/node/v1/info.proto\x12\x0ehwipam.node.v1\"\x10\n" +
+	"\x0eGetInfoRequest\"\xf7\x01\n" +
+	"\x0fGetInfoResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1b\n" +
+	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\x1d\n" +
+	"\n" +
+	"store_file\x18\x03 \x01(\tR\tstoreFile\x12\x1e\n" +
+	"\vcni_bin_dir\x18\x04 \x01(\tR\tcniBinDir\x12 \n" +
+	"\fcni_conf_dir\x18\x05 \x01(\tR\n" +
+	"cniConfDir\x12#\n" +
+	"\rplugin_sha256\x18\x06 \x01(\tR\fpluginSha256\x12'\n" +
+	"\x0fpools_namespace\x18\a \x01(\tR\x0epoolsNamespace\"\x12\n" +
 	"\x10ListPoolsRequest\"C\n" +
 	"\x11ListPoolsResponse\x12.\n" +
 	"\x05pools\x18\x01 \x03(\v2\x18.hwipam.node.v1.PoolInfoR\x05pools\"\xce\x02\n" +
@@ -515,10 +658,11 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\vcreate_time\x18\t \x01(\x03R\n" +
 	"createTime\x12\x18\n" +
 	"\anetwork\x18\n" +
-	" \x01(\tR\anetwork2\xc7\x01\n" +
+	" \x01(\tR\anetwork2\x93\x02\n" +
 	"\x0fNodeInfoService\x12P\n" +
 	"\tListPools\x12 .hwipam.node.v1.ListPoolsRequest\x1a!.hwipam.node.v1.ListPoolsResponse\x12b\n" +
-	"\x0fListAllocations\x12&.hwipam.node.v1.ListAllocationsRequest\x1a'.hwipam.node.v1.ListAllocationsResponseB9Z7github.com/hwipam/hwipam/api/grpc/hwipam/node/v1;infov1b\x06proto3"
+	"\x0fListAllocations\x12&.hwipam.node.v1.ListAllocationsRequest\x1a'.hwipam.node.v1.ListAllocationsResponse\x12J\n" +
+	"\aGetInfo\x12\x1e.hwipam.node.v1.GetInfoRequest\x1a\x1f.hwipam.node.v1.GetInfoResponseB9Z7github.com/hwipam/hwipam/api/grpc/hwipam/node/v1;infov1b\x06proto3"
 
 var (
 	file_hwipam_node_v1_info_proto_rawDescOnce sync.Once
@@ -532,24 +676,28 @@ func file_hwipam_node_v1_info_proto_rawDescGZIP() []byte {
 	return file_hwipam_node_v1_info_proto_rawDescData
 }
 
-var file_hwipam_node_v1_info_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_hwipam_node_v1_info_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_hwipam_node_v1_info_proto_goTypes = []any{
-	(*ListPoolsRequest)(nil),        // 0: hwipam.node.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),       // 1: hwipam.node.v1.ListPoolsResponse
-	(*PoolInfo)(nil),                // 2: hwipam.node.v1.PoolInfo
-	(*ListAllocationsRequest)(nil),  // 3: hwipam.node.v1.ListAllocationsRequest
-	(*ListAllocationsResponse)(nil), // 4: hwipam.node.v1.ListAllocationsResponse
-	(*AllocationRecord)(nil),        // 5: hwipam.node.v1.AllocationRecord
+	(*GetInfoRequest)(nil),          // 0: hwipam.node.v1.GetInfoRequest
+	(*GetInfoResponse)(nil),         // 1: hwipam.node.v1.GetInfoResponse
+	(*ListPoolsRequest)(nil),        // 2: hwipam.node.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),       // 3: hwipam.node.v1.ListPoolsResponse
+	(*PoolInfo)(nil),                // 4: hwipam.node.v1.PoolInfo
+	(*ListAllocationsRequest)(nil),  // 5: hwipam.node.v1.ListAllocationsRequest
+	(*ListAllocationsResponse)(nil), // 6: hwipam.node.v1.ListAllocationsResponse
+	(*AllocationRecord)(nil),        // 7: hwipam.node.v1.AllocationRecord
 }
 var file_hwipam_node_v1_info_proto_depIdxs = []int32{
-	2, // 0: hwipam.node.v1.ListPoolsResponse.pools:type_name -> hwipam.node.v1.PoolInfo
-	5, // 1: hwipam.node.v1.ListAllocationsResponse.allocations:type_name -> hwipam.node.v1.AllocationRecord
-	0, // 2: hwipam.node.v1.NodeInfoService.ListPools:input_type -> hwipam.node.v1.ListPoolsRequest
-	3, // 3: hwipam.node.v1.NodeInfoService.ListAllocations:input_type -> hwipam.node.v1.ListAllocationsRequest
-	1, // 4: hwipam.node.v1.NodeInfoService.ListPools:output_type -> hwipam.node.v1.ListPoolsResponse
-	4, // 5: hwipam.node.v1.NodeInfoService.ListAllocations:output_type -> hwipam.node.v1.ListAllocationsResponse
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
+	4, // 0: hwipam.node.v1.ListPoolsResponse.pools:type_name -> hwipam.node.v1.PoolInfo
+	7, // 1: hwipam.node.v1.ListAllocationsResponse.allocations:type_name -> hwipam.node.v1.AllocationRecord
+	2, // 2: hwipam.node.v1.NodeInfoService.ListPools:input_type -> hwipam.node.v1.ListPoolsRequest
+	5, // 3: hwipam.node.v1.NodeInfoService.ListAllocations:input_type -> hwipam.node.v1.ListAllocationsRequest
+	0, // 4: hwipam.node.v1.NodeInfoService.GetInfo:input_type -> hwipam.node.v1.GetInfoRequest
+	3, // 5: hwipam.node.v1.NodeInfoService.ListPools:output_type -> hwipam.node.v1.ListPoolsResponse
+	6, // 6: hwipam.node.v1.NodeInfoService.ListAllocations:output_type -> hwipam.node.v1.ListAllocationsResponse
+	1, // 7: hwipam.node.v1.NodeInfoService.GetInfo:output_type -> hwipam.node.v1.GetInfoResponse
+	5, // [5:8] is the sub-list for method output_type
+	2, // [2:5] is the sub-list for method input_type
 	2, // [2:2] is the sub-list for extension type_name
 	2, // [2:2] is the sub-list for extension extendee
 	0, // [0:2] is the sub-list for field type_name
@@ -566,7 +714,7 @@ func file_hwipam_node_v1_info_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hwipam_node_v1_info_proto_rawDesc), len(file_hwipam_node_v1_info_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

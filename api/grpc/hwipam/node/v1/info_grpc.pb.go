@@ -24,6 +24,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	NodeInfoService_ListPools_FullMethodName       = "/hwipam.node.v1.NodeInfoService/ListPools"
 	NodeInfoService_ListAllocations_FullMethodName = "/hwipam.node.v1.NodeInfoService/ListAllocations"
+	NodeInfoService_GetInfo_FullMethodName         = "/hwipam.node.v1.NodeInfoService/GetInfo"
 )
 
 // NodeInfoServiceClient is the client API for NodeInfoService service.
@@ -34,6 +35,7 @@ const (
 type NodeInfoServiceClient interface {
 	ListPools(ctx context.Context, in *ListPoolsRequest, opts ...grpc.CallOption) (*ListPoolsResponse, error)
 	ListAllocations(ctx context.Context, in *ListAllocationsRequest, opts ...grpc.CallOption) (*ListAllocationsResponse, error)
+	GetInfo(ctx context.Context, in *GetInfoRequest, opts ...grpc.CallOption) (*GetInfoResponse, error)
 }
 
 type nodeInfoServiceClient struct {
@@ -64,6 +66,16 @@ func (c *nodeInfoServiceClient) ListAllocations(ctx context.Context, in *ListAll
 	return out, nil
 }
 
+func (c *nodeInfoServiceClient) GetInfo(ctx context.Context, in *GetInfoRequest, opts ...grpc.CallOption) (*GetInfoResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetInfoResponse)
+	err := c.cc.Invoke(ctx, NodeInfoService_GetInfo_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeInfoServiceServer is the server API for NodeInfoService service.
 // All implementations must embed UnimplementedNodeInfoServiceServer
 // for forward compatibility.
@@ -72,6 +84,7 @@ func (c *nodeInfoServiceClient) ListAllocations(ctx context.Context, in *ListAll
 type NodeInfoServiceServer interface {
 	ListPools(context.Context, *ListPoolsRequest) (*ListPoolsResponse, error)
 	ListAllocations(context.Context, *ListAllocationsRequest) (*ListAllocationsResponse, error)
+	GetInfo(context.Context, *GetInfoRequest) (*GetInfoResponse, error)
 	mustEmbedUnimplementedNodeInfoServiceServer()
 }
 
@@ -87,6 +100,9 @@ func (UnimplementedNodeInfoServiceServer) ListPools(context.Context, *ListPoolsR
 }
 func (UnimplementedNodeInfoServiceServer) ListAllocations(context.Context, *ListAllocationsRequest) (*ListAllocationsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAllocations not implemented")
+}
+func (UnimplementedNodeInfoServiceServer) GetInfo(context.Context, *GetInfoRequest) (*GetInfoResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetInfo not implemented")
 }
 func (UnimplementedNodeInfoServiceServer) mustEmbedUnimplementedNodeInfoServiceServer() {}
 func (UnimplementedNodeInfoServiceServer) testEmbeddedByValue()                         {}
@@ -145,6 +161,24 @@ func _NodeInfoService_ListAllocations_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeInfoService_GetInfo_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetInfoRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeInfoServiceServer).GetInfo(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeInfoService_GetInfo_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeInfoServiceServer).GetInfo(ctx, req.(*GetInfoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeInfoService_ServiceDesc is the grpc.ServiceDesc for NodeInfoService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -159,6 +193,10 @@ var NodeInfoService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListAllocations",
 			Handler:    _NodeInfoService_ListAllocations_Handler,
+		},
+		{
+			MethodName: "GetInfo",
+			Handler:    _NodeInfoService_GetInfo_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
