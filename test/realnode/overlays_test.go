@@ -197,7 +197,7 @@ var _ = Describe("deploy/ kustomizations rendered by kubectl", Label("overlays")
 		// Everything in it is known to a plain apiserver (the SCC is granted through a
 		// Role); what only OpenShift does — the service CA writing the Secret and the
 		// caBundle, SCC admission — is not exercised here.
-		out, err := node.Kubectl(ctx, "apply", "--dry-run=server", "-k", filepath.Join(harness.RepoRoot(), "deploy/overlays/openshift"))
+		out, err := node.Kubectl(ctx, "apply", "--dry-run=server", "-k", filepath.Join(harness.RepoRoot(), "deploy", "overlays", "openshift"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(out).To(ContainSubstring("role.rbac.authorization.k8s.io/hwipam-node-scc created (server dry run)"))
 		Expect(out).To(ContainSubstring("validatingwebhookconfiguration.admissionregistration.k8s.io/" + webhookConfig + " created (server dry run)"))
@@ -440,7 +440,7 @@ var _ = Describe("the certmanager overlay", Label("overlays"), Ordered, func() {
 	}, NodeTimeout(5*time.Minute))
 
 	It("passes a server-side dry run against cert-manager's CRDs "+certManagerVersion, func(ctx SpecContext) {
-		out, err := node.Kubectl(ctx, "apply", "--dry-run=server", "-k", filepath.Join(harness.RepoRoot(), "deploy/overlays/certmanager"))
+		out, err := node.Kubectl(ctx, "apply", "--dry-run=server", "-k", filepath.Join(harness.RepoRoot(), "deploy", "overlays", "certmanager"))
 		Expect(err).NotTo(HaveOccurred())
 		for _, obj := range []string{"certificate.cert-manager.io/" + webhookSecret, "issuer.cert-manager.io/hwipam-selfsigned",
 			"validatingwebhookconfiguration.admissionregistration.k8s.io/" + webhookConfig, "service/" + webhookService} {
@@ -486,7 +486,7 @@ func yamlBlocks(path string) []string {
 	data, err := os.ReadFile(path)
 	Expect(err).NotTo(HaveOccurred())
 	var blocks []string
-	for _, m := range regexp.MustCompile("(?ms)^```yaml\n(.*?)^```").FindAllStringSubmatch(string(data), -1) {
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(data), -1) {
 		blocks = append(blocks, m[1])
 	}
 	return blocks
