@@ -5,12 +5,15 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -324,9 +327,11 @@ func certManagerCRDs(ctx context.Context, dir string) []string {
 // It returns the time the deployment began.
 func webhookSpecs(overlay string) *time.Time {
 	var deployed time.Time
+	var caPEM []byte
 	BeforeAll(func(ctx SpecContext) {
 		deployed = time.Now()
-		caPEM, secret := servingCert()
+		var secret *corev1.Secret
+		caPEM, secret = servingCert()
 		secrets := node.Clientset.CoreV1().Secrets("kube-system")
 		_, err := secrets.Create(ctx, secret, metav1.CreateOptions{})
 		Expect(err).NotTo(HaveOccurred())
@@ -334,13 +339,11 @@ func webhookSpecs(overlay string) *time.Time {
 			Expect(secrets.Delete(ctx, webhookSecret, metav1.DeleteOptions{})).To(Succeed())
 		})
 		swapDeployment(ctx, overlay)
-		vwcs := node.Clientset.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-		vwc, err := vwcs.Get(ctx, webhookConfig, metav1.GetOptions{})
-		Expect(err).NotTo(HaveOccurred())
-		for i := range vwc.Webhooks {
-			vwc.Webhooks[i].ClientConfig.CABundle = caPEM
-		}
-		_, err = vwcs.Update(ctx, vwc, metav1.UpdateOptions{})
+		// The caBundle, set with the command docs/install.md gives.
+		ca := base64.StdEncoding.EncodeToString(caPEM)
+		_, err = node.Kubectl(ctx, "patch", "validatingwebhookconfiguration", webhookConfig, "--type=json", "-p", fmt.Sprintf(`[
+  {"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": %q},
+  {"op": "add", "path": "/webhooks/1/clientConfig/caBundle", "value": %q}]`, ca, ca))
 		Expect(err).NotTo(HaveOccurred())
 	}, NodeTimeout(8*time.Minute))
 
@@ -370,6 +373,13 @@ func webhookSpecs(overlay string) *time.Time {
 			"-o", "jsonpath={.items[*].endpoints[*].addresses[*]}")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(strings.Fields(eps)).To(ContainElement(pods.Items[0].Status.PodIP))
+		// The controller presents the certificate of the Secret, for the Service's name.
+		roots := x509.NewCertPool()
+		Expect(roots.AppendCertsFromPEM(caPEM)).To(BeTrue())
+		dialer := &tls.Dialer{Config: &tls.Config{RootCAs: roots, ServerName: webhookService + ".kube-system.svc", MinVersion: tls.VersionTLS12}}
+		conn, err := dialer.DialContext(ctx, "tcp", net.JoinHostPort(pods.Items[0].Status.PodIP, "9443"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(conn.Close()).To(Succeed())
 	})
 
 	It("refuses invalid IPPools with nv-ipam's field paths", func(ctx SpecContext) {
