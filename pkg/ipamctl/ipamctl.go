@@ -41,7 +41,7 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		},
 	})
-	root.AddCommand(poolsCommand(), allocationsCommand(), nicsCommand(), labelsCommand(), planCommand())
+	root.AddCommand(poolsCommand(), allocationsCommand(), nicsCommand(), labelsCommand(), planCommand(), checkCommand())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &UsageError{err} })
 	if _, _, err := root.Find(opts.Args); err != nil {
 		return &UsageError{err}

@@ -21,7 +21,13 @@ import (
 // ipamctl) use it where the whole daemon process is not the point.
 func ServeNode(tb testing.TB, pools ...*nodealloc.PoolConfig) (string, *nodealloc.Manager) {
 	tb.Helper()
-	dir := tb.TempDir()
+	return ServeNodeIn(tb, tb.TempDir(), nil, pools...)
+}
+
+// ServeNodeIn is ServeNode with the store and socket in dir (dir/store,
+// dir/d.sock) and info as the service's GetInfo answer.
+func ServeNodeIn(tb testing.TB, dir string, info *infov1.GetInfoResponse, pools ...*nodealloc.PoolConfig) (string, *nodealloc.Manager) {
+	tb.Helper()
 	st, err := store.Open(filepath.Join(dir, "store"), store.Options{})
 	if err != nil {
 		tb.Fatal(err)
@@ -42,7 +48,7 @@ func ServeNode(tb testing.TB, pools ...*nodealloc.PoolConfig) (string, *nodeallo
 		tb.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	svc := &nodeservice.Service{Manager: m}
+	svc := &nodeservice.Service{Manager: m, Info: info}
 	nodev1.RegisterIPAMServiceServer(srv, svc)
 	infov1.RegisterNodeInfoServiceServer(srv, svc)
 	go func() { _ = srv.Serve(lis) }()

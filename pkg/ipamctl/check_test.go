@@ -1,0 +1,255 @@
+package ipamctl_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
+	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/ipamctl"
+	"github.com/hwipam/hwipam/pkg/nodealloc"
+	"github.com/hwipam/hwipam/test/harness"
+)
+
+// checkRun runs `ipamctl check -o json` and returns the report and the exit code.
+func checkRun(t *testing.T, args ...string) (ipamctl.CheckReport, int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := ipamctl.Run(t.Context(), ipamctl.Options{Args: append([]string{"check", "-o", "json"}, args...), Stdout: &out, Stderr: &errOut})
+	var r ipamctl.CheckReport
+	if jerr := json.Unmarshal(out.Bytes(), &r); jerr != nil {
+		t.Fatalf("check -o json (%v): %v\n%s%s", err, jerr, out.String(), errOut.String())
+	}
+	return r, ipamctl.ExitCode(err)
+}
+
+// problems are the warnings and errors of a report, "severity check: message".
+func problems(r ipamctl.CheckReport) []string {
+	var out []string
+	for _, f := range r.Findings {
+		if f.Severity == ipamctl.SeverityWarning || f.Severity == ipamctl.SeverityError {
+			out = append(out, f.Severity+" "+f.Check+": "+f.Message)
+		}
+	}
+	return out
+}
+
+// wantOnly fails unless the report's problems are exactly one per want entry, each
+// containing it.
+func wantOnly(t *testing.T, step string, r ipamctl.CheckReport, code int, want ...string) {
+	t.Helper()
+	got := problems(r)
+	wantCode := ipamctl.ExitOK
+	if len(want) > 0 {
+		wantCode = ipamctl.ExitProblems
+	}
+	ok := len(got) == len(want) && code == wantCode
+	for i := 0; ok && i < len(want); i++ {
+		ok = strings.Contains(got[i], want[i])
+	}
+	if !ok {
+		t.Errorf("%s: exit %d, problems %q; want exit %d and problems %q", step, code, got, wantCode, want)
+	}
+}
+
+// check finds each fault it exists for, on a node made of real parts: the node
+// service over its socket, its store, the plugin and nv-ipam.conf on disk, a veth
+// standing in for the rail NIC (a ConnectX PF of that name in a sysfs tree), the
+// gateway in a network namespace at the veth's other end, and the real API server
+// with the Node, the pools and the pods.
+func TestCheckFindsEachFault(t *testing.T) {
+	harness.RequireRoot(t)
+	cp, err := harness.NewControlPlane(harness.ControlPlaneOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cp.Stop() })
+	ctx := t.Context()
+	dir := t.TempDir()
+	binDir, confDir := filepath.Join(dir, "bin"), filepath.Join(dir, "conf")
+	for _, d := range []string{binDir, confDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plugin := []byte("#!/bin/sh\nexit 0\n")
+	if err := os.WriteFile(filepath.Join(binDir, "nv-ipam"), plugin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(plugin)
+
+	// The rail: a veth whose peer, in the gateway's netns, holds the gateway.
+	tag := os.Getpid() % 100000
+	rail, gwns := fmt.Sprintf("hwc%d", tag), fmt.Sprintf("hwcgw%d", tag)
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	run("ip", "netns", "add", gwns)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", gwns).Run() })
+	run("ip", "link", "add", rail, "type", "veth", "peer", "name", rail+"p")
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", rail).Run() })
+	run("ip", "link", "set", rail+"p", "netns", gwns)
+	run("ip", "-n", gwns, "addr", "add", "10.77.0.1/24", "dev", rail+"p")
+	run("ip", "-n", gwns, "link", "set", rail+"p", "up")
+	run("ip", "addr", "add", "10.77.0.10/24", "dev", rail)
+	run("ip", "link", "set", rail, "up")
+	tree, err := fakesysfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tree.Add(fakesysfs.Function{Address: "0000:3b:00.0", Vendor: fakesysfs.VendorNVIDIA, Device: fakesysfs.DeviceCX6Dx,
+		Class: fakesysfs.ClassEthernet, Driver: "mlx5_core", NUMA: 0, TotalVFs: 8, NumVFs: 4,
+		Netdevs: []fakesysfs.Netdev{{Name: rail, Type: 1, Speed: 100000, OperState: "up", MTU: 1500}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The daemon: pool rail0 (10.77.0.16-10.77.0.31, gateway .1) served from its block.
+	start, end := netip.MustParseAddr("10.77.0.16"), netip.MustParseAddr("10.77.0.31")
+	cfg := &nodealloc.PoolConfig{Name: "rail0", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.77.0.0/24"),
+		Block: iprange.Range{Start: start, End: end}, ExclusionBase: start, Gateway: netip.MustParseAddr("10.77.0.1")}
+	sock, m := harness.ServeNodeIn(t, dir, &infov1.GetInfoResponse{Version: "test", NodeName: "n1", StoreFile: filepath.Join(dir, "store"),
+		CniBinDir: binDir, CniConfDir: confDir, PluginSha256: hex.EncodeToString(sum[:]), PoolsNamespace: "pools"}, cfg)
+	conf := fmt.Sprintf(`{"daemonSocket": %q}`, sock)
+	if err := os.WriteFile(filepath.Join(confDir, "nv-ipam.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	alloc := func(pod, cid string) {
+		t.Helper()
+		if _, err := m.Allocate(ctx, &nodealloc.Request{Pools: []string{"rail0"}, ContainerID: cid, IfName: "net1",
+			Meta: nodealloc.Metadata{PodName: pod, PodNamespace: "default"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alloc("trainer-0", "c0")
+
+	// The cluster: node n1 with its rail label, pool rail0 giving it the block, the pod.
+	kubeconfig, err := cp.WriteKubeconfig(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cp.Client
+	for _, obj := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "pools"}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"nic.hwipam.io/" + rail: "eth"}}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "trainer-0", Namespace: "default"},
+			Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}},
+	} {
+		if err := c.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sel := &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+		{Key: "nic.hwipam.io/" + rail, Operator: corev1.NodeSelectorOpIn, Values: []string{"eth"}}}}}}
+	pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "rail0", Namespace: "pools"},
+		Spec: v1alpha1.IPPoolSpec{Subnet: "10.77.0.0/24", PerNodeBlockSize: 16, Gateway: "10.77.0.1", NodeSelector: sel}}
+	if err := c.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	pool.Status.Allocations = []v1alpha1.Allocation{{NodeName: "n1", StartIP: "10.77.0.16", EndIP: "10.77.0.31"}}
+	if err := c.Status().Update(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+
+	args := []string{"--socket", sock, "--kubeconfig", kubeconfig, "--sysfs-root", tree.Root, "--probe"}
+	r, code := checkRun(t, args...)
+	wantOnly(t, "healthy", r, code)
+	if r.Node != "n1" || len(r.Findings) < 8 {
+		t.Errorf("healthy report: %+v", r)
+	}
+	for _, want := range []string{"gateway 10.77.0.1 answers on " + rail, "rail NIC " + rail, "the one this daemon installed",
+		"readable and consistent, 1 allocation"} {
+		if !strings.Contains(fmt.Sprint(r.Findings), want) {
+			t.Errorf("healthy report lacks %q: %+v", want, r.Findings)
+		}
+	}
+
+	// Each fault, one at a time.
+	run("ip", "link", "set", rail, "down")
+	r, code = checkRun(t, args...)
+	// The gateway is then unreachable too: the rail's address is on a link that is down.
+	if got := problems(r); code != ipamctl.ExitProblems || !strings.Contains(fmt.Sprint(got), "rail NIC "+rail+" (0000:3b:00.0) is down") {
+		t.Errorf("link down: exit %d, %q", code, got)
+	}
+	run("ip", "link", "set", rail, "up")
+
+	nobl := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "nobl", Namespace: "pools"},
+		Spec: v1alpha1.IPPoolSpec{Subnet: "10.78.0.0/24", PerNodeBlockSize: 16}}
+	if err := c.Create(ctx, nobl); err != nil {
+		t.Fatal(err)
+	}
+	r, code = checkRun(t, args...)
+	wantOnly(t, "pool without block", r, code, "IPPool pools/nobl selects this node but gives it no block")
+	if err := c.Delete(ctx, nobl); err != nil {
+		t.Fatal(err)
+	}
+
+	alloc("gone-0", "c1")
+	r, code = checkRun(t, args...)
+	wantOnly(t, "stale allocation", r, code, "held by pod default/gone-0, which no longer exists")
+	if err := m.Deallocate(ctx, &nodealloc.Request{Pools: []string{"rail0"}, ContainerID: "c1", IfName: "net1"}); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := os.Rename(filepath.Join(binDir, "nv-ipam"), filepath.Join(dir, "nv-ipam.away")); err != nil {
+		t.Fatal(err)
+	}
+	r, code = checkRun(t, args...)
+	wantOnly(t, "missing plugin", r, code, "the nv-ipam plugin is not installed")
+	if err := os.WriteFile(filepath.Join(binDir, "nv-ipam"), []byte("another build"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, code = checkRun(t, args...)
+	wantOnly(t, "another plugin", r, code, "not the one this daemon installed")
+	if err := os.Rename(filepath.Join(dir, "nv-ipam.away"), filepath.Join(binDir, "nv-ipam")); err != nil {
+		t.Fatal(err)
+	}
+
+	// A gateway nobody holds: pool rail0's gateway moved to .2.
+	cfg2 := *cfg
+	cfg2.Gateway = netip.MustParseAddr("10.77.0.2")
+	if err := m.SetPool(&cfg2); err != nil {
+		t.Fatal(err)
+	}
+	r, code = checkRun(t, args...)
+	wantOnly(t, "unreachable gateway", r, code, "gateway 10.77.0.2 does not answer on "+rail)
+	if err := m.SetPool(cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	// Capacity: 16 addresses, and 20 VFs on the rail.
+	if err := os.WriteFile(filepath.Join(tree.Root, "sys", "bus", "pci", "devices", "0000:3b:00.0", "sriov_numvfs"), []byte("20\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, code = checkRun(t, args...)
+	wantOnly(t, "block smaller than the VFs", r, code, "the block has 16 addresses, rail NIC "+rail+" has 20 VFs configured")
+
+	// No daemon: one error, and still a report; YAML carries the same.
+	var out bytes.Buffer
+	err = ipamctl.Run(ctx, ipamctl.Options{Args: []string{"check", "--socket", "unix://" + filepath.Join(dir, "none.sock"),
+		"--timeout", "500ms", "--store-file", filepath.Join(dir, "store"), "--cni-bin-dir", binDir, "--cni-conf-dir", confDir,
+		"-o", "yaml"}, Stdout: &out, Stderr: &out})
+	var y ipamctl.CheckReport
+	if yerr := yaml.Unmarshal(out.Bytes(), &y); yerr != nil || ipamctl.ExitCode(err) != ipamctl.ExitProblems ||
+		!strings.Contains(fmt.Sprint(problems(y)), "error daemon:") {
+		t.Errorf("no daemon: exit %d (%v), %q\n%s", ipamctl.ExitCode(err), yerr, problems(y), out.String())
+	}
+}
