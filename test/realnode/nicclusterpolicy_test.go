@@ -177,6 +177,22 @@ var _ = Describe("NicClusterPolicy's nv-ipam rendering with the hwipam image", L
 			want = append(want, fmt.Sprintf("%s %s %s/%s", a.pool, a.ip, ns, a.pod))
 		}
 		Expect(listAllocations(ctx)).To(ContainElements(want))
+		// The same, as an admin checks it (docs/migration.md): ipamctl in the daemon's pod.
+		out, err := node.Kubectl(ctx, "-n", operatorNS, "exec", "daemonset/nv-ipam-node", "--",
+			"/ipamctl", "allocations", "-o", "json")
+		Expect(err).NotTo(HaveOccurred())
+		var listed struct {
+			Allocations []struct{ Pool, IP, PodNamespace, PodName string } `json:"allocations"`
+		}
+		Expect(json.Unmarshal([]byte(out), &listed)).To(Succeed(), out)
+		var got []string
+		for _, a := range listed.Allocations {
+			got = append(got, fmt.Sprintf("%s %s %s/%s", a.Pool, a.IP, a.PodNamespace, a.PodName))
+		}
+		Expect(got).To(ContainElements(want))
+		out, err = node.Kubectl(ctx, "-n", operatorNS, "exec", "daemonset/nv-ipam-node", "--", "/ipamctl", "pools")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out).To(And(ContainSubstring("ncp-a"), ContainSubstring("cidrpool/ncp-c")))
 		backup, err := os.ReadFile(filepath.Join(hostStateDir, "store.nv-ipam.json"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(backup).To(Equal(storeOld))
