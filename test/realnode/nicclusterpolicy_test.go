@@ -21,7 +21,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"text/template"
 	"time"
@@ -72,7 +71,7 @@ var _ = Describe("NicClusterPolicy's nv-ipam rendering with the hwipam image", L
 	)
 
 	BeforeAll(func(ctx SpecContext) {
-		release, err := claimHostStateDir(node.Dir)
+		release, err := claimHostStateDir(hostStateDir, hostCNILog, node.Dir)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { Expect(release()).To(Succeed()) })
 
@@ -163,6 +162,12 @@ var _ = Describe("NicClusterPolicy's nv-ipam rendering with the hwipam image", L
 		pods, err := node.Clientset.CoreV1().Pods(operatorNS).List(ctx, metav1.ListOptions{LabelSelector: "name=nv-ipam-controller"})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(pods.Items).To(HaveLen(2))
+		// The operator's controller ClusterRole covers every call hwipam's controller makes.
+		for _, p := range pods.Items {
+			logs, err := node.Kubectl(ctx, "-n", operatorNS, "logs", p.Name)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(logs).NotTo(ContainSubstring("forbidden"), p.Name)
+		}
 		// The webhook answers with nv-ipam's field paths.
 		err = cl.Create(ctx, &v1alpha1.IPPool{
 			ObjectMeta: metav1.ObjectMeta{Name: "bad-gateway", Namespace: operatorNS},
@@ -239,6 +244,12 @@ var _ = Describe("NicClusterPolicy's nv-ipam rendering with the hwipam image", L
 			Expect(strings.Count(logs, w)).To(Equal(1), "%q logged more than once:\n%s", w, logs)
 		}
 		Expect(logs).To(ContainSubstring("Grant get and patch on nodes"))
+		// Nothing else the daemon does is refused under the operator's RBAC.
+		for _, line := range strings.Split(logs, "\n") {
+			if strings.Contains(line, "forbidden") {
+				Expect(line).To(Or(ContainSubstring(warnings[0]), ContainSubstring(warnings[1])))
+			}
+		}
 		metrics := scrapeDaemon(ctx)
 		Expect(metrics).To(ContainSubstring(`hwipam_node_feature_forbidden{feature="nic-labels"} 1`))
 		Expect(metrics).To(ContainSubstring(`hwipam_node_feature_forbidden{feature="node-annotations"} 1`))
@@ -252,9 +263,10 @@ var _ = Describe("NicClusterPolicy's nv-ipam rendering with the hwipam image", L
 
 	It("with the RBAC of docs/nicclusterpolicy.md, labels and annotates its node", func(ctx SpecContext) {
 		docs := docYAML(filepath.Join(harness.RepoRoot(), "docs", "nicclusterpolicy.md"))
-		applied := 0
+		applied, policies := 0, 0
 		for i, doc := range docs {
 			if checkNicClusterPolicy(doc) {
+				policies++
 				continue
 			}
 			f := filepath.Join(node.Dir, fmt.Sprintf("nicclusterpolicy-doc-%d.yaml", i))
@@ -264,6 +276,7 @@ var _ = Describe("NicClusterPolicy's nv-ipam rendering with the hwipam image", L
 			applied++
 		}
 		Expect(applied).To(BeNumerically(">", 0), "docs/nicclusterpolicy.md has no RBAC YAML")
+		Expect(policies).To(Equal(1), "docs/nicclusterpolicy.md shows the NicClusterPolicy once")
 		// The labels come at the next NIC scan (--nic-rescan-interval, 1m); SIGHUP
 		// asks for one at once. The annotations come within --pools-in-use-interval.
 		sighupDaemon(ctx)
@@ -282,49 +295,49 @@ var _ = Describe("NicClusterPolicy's nv-ipam rendering with the hwipam image", L
 	})
 })
 
-// claimHostStateDir makes this machine's /var/lib/cni/nv-ipam (the operator fixes
-// the path) this run's, and returns what gives it back: the directory, and
-// /var/lib/cni and the plugin's log file if they did not exist before. It refuses a
-// directory that holds anything a test run did not put there (a real nv-ipam's or
-// hwipam's state), and one another running node has claimed.
-func claimHostStateDir(runDir string) (func() error, error) {
-	entries, err := os.ReadDir(hostStateDir)
+// claimHostStateDir makes dir (the operator fixes /var/lib/cni/nv-ipam) this run's,
+// and returns what gives it back: it removes dir, and dir's parent and logFile if
+// they did not exist before. It refuses a dir that holds anything a test run did
+// not put there (a real nv-ipam's or hwipam's state), and one that another node,
+// still running, has claimed.
+func claimHostStateDir(dir, logFile, runDir string) (func() error, error) {
+	entries, err := os.ReadDir(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
 		return nil, err
 	case len(entries) > 0:
-		owner, err := os.ReadFile(filepath.Join(hostStateDir, claimFile))
+		owner, err := os.ReadFile(filepath.Join(dir, claimFile))
 		if err != nil {
 			return nil, fmt.Errorf("refusing to run: %s holds files this test did not create (a node's IPAM state?); "+
-				"move it away to run the nicclusterpolicy specs", hostStateDir)
+				"move it away to run the nicclusterpolicy specs", dir)
 		}
 		if st, err := realnode.LoadState(string(owner)); err == nil && st.Running() {
-			return nil, fmt.Errorf("refusing to run: %s is in use by the real node in %s", hostStateDir, owner)
+			return nil, fmt.Errorf("refusing to run: %s is in use by the real node in %s", dir, owner)
 		}
 		// Left by a run that died before cleaning up.
-		if err := os.RemoveAll(hostStateDir); err != nil {
+		if err := os.RemoveAll(dir); err != nil {
 			return nil, err
 		}
 	}
-	parent := filepath.Dir(hostStateDir)
+	parent := filepath.Dir(dir)
 	_, err = os.Stat(parent)
 	hadParent := err == nil
-	_, err = os.Stat(hostCNILog)
+	_, err = os.Stat(logFile)
 	hadLog := err == nil
-	if err := os.MkdirAll(hostStateDir, 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(hostStateDir, claimFile), []byte(runDir), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, claimFile), []byte(runDir), 0o600); err != nil {
 		return nil, err
 	}
 	return func() error {
-		errs := []error{os.RemoveAll(hostStateDir)}
+		errs := []error{os.RemoveAll(dir)}
 		if !hadParent {
 			errs = append(errs, os.Remove(parent))
 		}
 		if !hadLog {
-			if err := os.Remove(hostCNILog); !errors.Is(err, fs.ErrNotExist) {
+			if err := os.Remove(logFile); !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)
 			}
 		}
@@ -507,7 +520,7 @@ func sighupDaemon(ctx context.Context) {
 // scrapeDaemon reads the daemon's metrics, on its pod's address (no hostNetwork)
 // and the default --metrics-bind-address.
 func scrapeDaemon(ctx context.Context) string {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+daemonPod(ctx).Status.PodIP+":8080/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+daemonPod(ctx).Status.PodIP+":8080/metrics", http.NoBody)
 	Expect(err).NotTo(HaveOccurred())
 	resp, err := http.DefaultClient.Do(req)
 	Expect(err).NotTo(HaveOccurred())
@@ -533,20 +546,29 @@ func operatorBlock(ctx context.Context, pool string) (netip.Addr, netip.Addr) {
 	return start, end
 }
 
-var fencedYAML = regexp.MustCompile("(?ms)^```yaml\\n(.*?)^```")
-
 // docYAML returns the YAML documents of every ```yaml block of a Markdown file.
 func docYAML(path string) []string {
 	md, err := os.ReadFile(path)
 	Expect(err).NotTo(HaveOccurred())
 	var docs []string
-	for _, m := range fencedYAML.FindAllSubmatch(md, -1) {
-		for _, d := range strings.Split(string(m[1]), "\n---\n") {
-			if strings.TrimSpace(d) != "" {
-				docs = append(docs, d)
+	var block []string
+	in := false
+	for _, line := range strings.Split(string(md), "\n") {
+		switch {
+		case !in && strings.TrimSpace(line) == "```yaml":
+			in, block = true, nil
+		case in && strings.TrimSpace(line) == "```":
+			in = false
+			for _, d := range strings.Split(strings.Join(block, "\n"), "\n---\n") {
+				if strings.TrimSpace(d) != "" {
+					docs = append(docs, d)
+				}
 			}
+		case in:
+			block = append(block, line)
 		}
 	}
+	Expect(in).To(BeFalse(), "%s: a ```yaml block is not closed", path)
 	return docs
 }
 
