@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"text/template"
 	"time"
 
@@ -296,8 +297,8 @@ var _ = Describe("NicClusterPolicy's nv-ipam rendering with the hwipam image", L
 })
 
 // claimHostStateDir makes dir (the operator fixes /var/lib/cni/nv-ipam) this run's,
-// and returns what gives it back: it removes dir, and dir's parent and logFile if
-// they did not exist before. It refuses a dir that holds anything a test run did
+// and returns what gives it back: it removes dir, and dir's parent (when empty) and
+// logFile if they did not exist before. It refuses a dir that holds anything a test run did
 // not put there (a real nv-ipam's or hwipam's state), and one that another node,
 // still running, has claimed.
 func claimHostStateDir(dir, logFile, runDir string) (func() error, error) {
@@ -334,7 +335,10 @@ func claimHostStateDir(dir, logFile, runDir string) (func() error, error) {
 	return func() error {
 		errs := []error{os.RemoveAll(dir)}
 		if !hadParent {
-			errs = append(errs, os.Remove(parent))
+			// The runtime's CNI cache (/var/lib/cni/results) may have moved in since.
+			if err := os.Remove(parent); err != nil && !errors.Is(err, syscall.ENOTEMPTY) {
+				errs = append(errs, err)
+			}
 		}
 		if !hadLog {
 			if err := os.Remove(logFile); !errors.Is(err, fs.ErrNotExist) {
