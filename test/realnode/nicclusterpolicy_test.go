@@ -169,12 +169,16 @@ var _ = Describe("NicClusterPolicy's nv-ipam rendering with the hwipam image", L
 			Expect(err).NotTo(HaveOccurred())
 			Expect(logs).NotTo(ContainSubstring("forbidden"), p.Name)
 		}
-		// The webhook answers with nv-ipam's field paths.
-		err = cl.Create(ctx, &v1alpha1.IPPool{
-			ObjectMeta: metav1.ObjectMeta{Name: "bad-gateway", Namespace: operatorNS},
-			Spec:       v1alpha1.IPPoolSpec{Subnet: "10.43.0.0/24", PerNodeBlockSize: 16, Gateway: "10.44.0.1"},
-		})
-		Expect(err).To(MatchError(And(ContainSubstring("denied the request"), ContainSubstring("spec.gateway"))))
+		// The webhook answers with nv-ipam's field paths. (Retried while the
+		// Service's endpoints catch up with the ready pods; a pool that got in
+		// fails the next try with AlreadyExists, and the spec.)
+		Eventually(ctx, func() error {
+			return cl.Create(ctx, &v1alpha1.IPPool{
+				ObjectMeta: metav1.ObjectMeta{Name: "bad-gateway", Namespace: operatorNS},
+				Spec:       v1alpha1.IPPoolSpec{Subnet: "10.43.0.0/24", PerNodeBlockSize: 16, Gateway: "10.44.0.1"},
+			})
+		}).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(
+			MatchError(And(ContainSubstring("denied the request"), ContainSubstring("spec.gateway"))))
 	})
 
 	It("keeps every allocation of nv-ipam's store, and the store as a backup", func(ctx SpecContext) {
