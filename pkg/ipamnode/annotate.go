@@ -27,7 +27,8 @@ const readBackIntervals = 6
 // when kicked (the pool sync changed a block), and whenever a read-back finds the
 // Node's values differ (a Node deleted and re-registered, an annotation stripped).
 // Without RBAC to patch nodes (as under network-operator's node service account)
-// it logs one warning and carries on.
+// it logs one warning, sets hwipam_node_feature_forbidden{feature="node-annotations"}
+// and carries on; the gauge returns to 0 at the first write that succeeds.
 type annotator struct {
 	client   client.Client
 	reader   client.Reader
@@ -50,6 +51,7 @@ func (*annotator) NeedLeaderElection() bool { return false }
 
 // Start implements manager.Runnable.
 func (a *annotator) Start(ctx context.Context) error {
+	setForbidden(featureNodeAnnotations, false)
 	t := time.NewTicker(a.interval)
 	defer t.Stop()
 	for {
@@ -123,7 +125,9 @@ func (a *annotator) update(ctx context.Context) {
 		a.last = &want
 		a.ticks = 0
 		a.problems.clear()
+		setForbidden(featureNodeAnnotations, false)
 	case apierrors.IsForbidden(err):
+		setForbidden(featureNodeAnnotations, true)
 		a.problems.warn(a.log, "cannot annotate this node with the pools it uses; the controller then cannot keep "+
 			"this node's blocks after it stops matching a pool, nor the ranges it still holds after a pool edit. "+
 			"Grant patch on nodes to the node's service account.",

@@ -37,6 +37,7 @@ func (*cleaner) NeedLeaderElection() bool { return false }
 // Start implements manager.Runnable.
 func (c *cleaner) Start(ctx context.Context) error {
 	c.counts = map[string]int{}
+	setForbidden(featureStaleCleanup, false)
 	t := time.NewTicker(c.interval)
 	defer t.Stop()
 	for {
@@ -62,10 +63,12 @@ func (c *cleaner) sweep(ctx context.Context) {
 			gone, err := c.podGone(ctx, a.PodNamespace, a.PodName, a.PodUID)
 			if err != nil {
 				if apierrors.IsForbidden(err) {
+					setForbidden(featureStaleCleanup, true)
 					c.problems.warn(c.log, "cannot read pods, stale allocations are not cleaned up; grant get on pods to the node's service account", err)
 				}
 				continue
 			}
+			setForbidden(featureStaleCleanup, false)
 			if !gone {
 				delete(c.counts, key)
 				continue

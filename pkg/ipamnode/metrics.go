@@ -41,12 +41,36 @@ var (
 		Name: "hwipam_node_nic_label_writes_total",
 		Help: "Times the NIC label set changed and was published (Node labels or NodeFeature).",
 	})
+	featureForbidden = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "hwipam_node_feature_forbidden",
+		Help: "1 while an optional feature is off because the API server refuses the node's service account " +
+			"(RBAC, as under network-operator's NicClusterPolicy), 0 while it works: " +
+			featureNICLabels + ", " + featureNodeAnnotations + ", " + featureStaleCleanup + ".",
+	}, []string{"feature"})
 
 	// current is the daemon whose state the collector reports (one per process;
 	// tests run several in turn).
 	current   atomic.Pointer[daemonState]
 	registerM sync.Once
 )
+
+// The optional features hwipam_node_feature_forbidden reports on: each needs a
+// right that network-operator's node service account lacks, and is skipped with
+// one warning without it.
+const (
+	featureNICLabels       = "nic-labels"       // get/patch nodes, or nodefeatures rights
+	featureNodeAnnotations = "node-annotations" // patch nodes: pools-in-use and held
+	featureStaleCleanup    = "stale-cleanup"    // get pods
+)
+
+// setForbidden records whether feature is off for lack of permission.
+func setForbidden(feature string, forbidden bool) {
+	v := 0.0
+	if forbidden {
+		v = 1
+	}
+	featureForbidden.WithLabelValues(feature).Set(v)
+}
 
 type daemonState struct {
 	manager *nodealloc.Manager
@@ -94,7 +118,8 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 func registerMetrics(m *nodealloc.Manager, st *store.Store) {
 	current.Store(&daemonState{manager: m, store: st})
 	registerM.Do(func() {
-		metrics.Registry.MustRegister(requestDuration, cleanupReleases, nicCount, nicScans, nicLabelWrites, stateCollector{})
+		metrics.Registry.MustRegister(requestDuration, cleanupReleases, nicCount, nicScans, nicLabelWrites, featureForbidden,
+			stateCollector{})
 	})
 }
 

@@ -81,6 +81,7 @@ func (*nicLabeler) NeedLeaderElection() bool { return false }
 
 // Start implements manager.Runnable.
 func (l *nicLabeler) Start(ctx context.Context) error {
+	setForbidden(featureNICLabels, false)
 	rescan := make(chan struct{}, 1)
 	if l.root == "/" {
 		go l.watchLinks(ctx, func() {
@@ -218,6 +219,7 @@ func (l *nicLabeler) publish(ctx context.Context) {
 	if maps.Equal(cur.labels, labels) && (cur.owned || len(labels) == 0) {
 		l.last = labels
 		l.problems.clear()
+		setForbidden(featureNICLabels, false)
 		return
 	}
 	switch l.mode {
@@ -244,11 +246,16 @@ func (l *nicLabeler) publish(ctx context.Context) {
 		"removed", diffKeys(l.last, labels))
 	l.last = labels
 	l.problems.clear()
+	setForbidden(featureNICLabels, false)
 }
 
+// reportWriteError logs why the labels could not be read or written, once per
+// distinct problem. A refusal by the API server (RBAC) also sets
+// hwipam_node_feature_forbidden{feature="nic-labels"}, until a publish succeeds.
 func (l *nicLabeler) reportWriteError(err error) {
 	switch {
 	case apierrors.IsForbidden(err):
+		setForbidden(featureNICLabels, true)
 		what := "get and patch on nodes"
 		if l.mode == NICLabelsNodeFeature {
 			what = "get, create, patch and delete on nodefeatures.nfd.k8s-sigs.io in namespace " + l.namespace

@@ -124,12 +124,20 @@ func TestNetworkOperatorRBAC(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	resp, err := http.Get("http://" + metricsAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	scrape := func() string {
+		t.Helper()
+		resp, err := http.Get("http://" + metricsAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(body)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := scrape()
 	for _, want := range []string{
 		`hwipam_node_pool_allocations{pool="p"} 1`,
 		`hwipam_node_pool_free_addresses{pool="p"} 7`,
@@ -137,9 +145,39 @@ func TestNetworkOperatorRBAC(t *testing.T) {
 		`hwipam_node_request_duration_seconds_count{code="OK",method="/nvidia.ipam.node.v1.IPAMService/Allocate"}`,
 		`hwipam_node_store_transactions_total`,
 		`hwipam_node_nics 10`,
+		// What the warnings say, for alerts: off for lack of RBAC.
+		`hwipam_node_feature_forbidden{feature="nic-labels"} 1`,
+		`hwipam_node_feature_forbidden{feature="node-annotations"} 1`,
+		`hwipam_node_feature_forbidden{feature="stale-cleanup"} 0`,
 	} {
-		if !strings.Contains(string(body), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+
+	// What an admin adds (docs/nicclusterpolicy.md): get and patch on nodes. The
+	// annotation and the labels then appear, and the gauges return to 0.
+	if err := c.Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "nv-ipam-node-labels"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "nv-ipam-node-labels"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "nv-ipam-node-labels"},
+		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: "nv-ipam-node"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the annotation and the NIC labels once patch on nodes is granted", func() bool {
+		var n corev1.Node
+		if err := c.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n.Annotations[v1alpha1.PoolsInUseAnnotation] == "p" && n.Labels["nic.hwipam.io/present"] == "true"
+	})
+	waitFor(t, "the forbidden gauges to return to 0", func() bool {
+		body := scrape()
+		return strings.Contains(body, `hwipam_node_feature_forbidden{feature="nic-labels"} 0`) &&
+			strings.Contains(body, `hwipam_node_feature_forbidden{feature="node-annotations"} 0`)
+	})
 }
