@@ -29,7 +29,6 @@ import (
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery"
-	"github.com/hwipam/hwipam/pkg/daemon"
 	"github.com/hwipam/hwipam/pkg/store"
 )
 
@@ -69,7 +68,7 @@ type checkFlags struct {
 	storeFile, binDir, confDir string
 	sysfsRoot, railConfig      string
 	kubeconfig, nodeName, ns   string
-	probe                      bool
+	probe, cluster             bool
 }
 
 func checkCommand() *cobra.Command {
@@ -107,6 +106,8 @@ func checkCommand() *cobra.Command {
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for the API checks (default: $KUBECONFIG, or in-cluster in a pod)")
 	fl.StringVar(&f.nodeName, "node-name", "", "this node's name (default: the daemon's)")
 	fl.StringVar(&f.ns, "ippools-namespace", "", "namespace of the pools (default: the daemon's)")
+	fl.BoolVar(&f.cluster, "cluster", false, "also check the cluster's NetworkAttachmentDefinitions: each names an existing pool "+
+		"that selects the nodes where its master netdev exists")
 	fl.BoolVar(&f.probe, "probe", false, "resolve each pool's gateway actively (ARP/ND from this node, only inside the pool's own subnet)")
 	return cmd
 }
@@ -457,28 +458,17 @@ func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, n
 		c.add(SeverityWarning, "api", "", "this node's name is not known (the daemon did not say)", "give --node-name")
 		return
 	}
-	cfg, err := daemon.RESTConfig(f.kubeconfig)
+	cl, err := newClusterClient(f.kubeconfig)
 	if err != nil {
-		c.add(SeverityError, "api", "", err.Error(), "")
-		return
-	}
-	cfg.Timeout = f.timeout
-	scheme, err := v1alpha1.NewScheme()
-	if err != nil {
-		c.add(SeverityError, "api", "", err.Error(), "")
-		return
-	}
-	cl, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		c.add(SeverityError, "api", cfg.Host, err.Error(), "")
+		c.add(SeverityError, "api", "", err.Error(), "check --kubeconfig (in a pod: the service account's RBAC)")
 		return
 	}
 	var node corev1.Node
 	if err := cl.Get(ctx, client.ObjectKey{Name: c.r.Node}, &node); err != nil {
-		c.add(SeverityError, "api", cfg.Host, fmt.Sprintf("reading node %s: %v", c.r.Node, err), "check --kubeconfig and --node-name")
+		c.add(SeverityError, "api", "", fmt.Sprintf("reading node %s: %v", c.r.Node, err), "check --kubeconfig and --node-name")
 		return
 	}
-	c.add(SeverityOK, "api", cfg.Host, "node "+c.r.Node+" read", "")
+	c.add(SeverityOK, "api", "", "node "+c.r.Node+" read", "")
 	var ipPools v1alpha1.IPPoolList
 	var cidrPools v1alpha1.CIDRPoolList
 	if err := cl.List(ctx, &ipPools, client.InNamespace(ns)); err != nil {
@@ -542,6 +532,14 @@ func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, n
 	}
 	if d != nil {
 		checkStale(ctx, c, cl, d.allocs)
+	}
+	if f.cluster {
+		s, err := readCluster(ctx, cl, ns)
+		if err != nil {
+			c.add(SeverityError, "api", ns, err.Error(), "")
+			return
+		}
+		s.nadFindings(c)
 	}
 }
 

@@ -98,11 +98,27 @@ func writeJSON(w io.Writer, m proto.Message) error {
 
 func poolsCommand() *cobra.Command {
 	var f nodeFlags
+	var cluster bool
+	var kubeconfig, ns string
 	cmd := &cobra.Command{
 		Use:   "pools",
-		Short: "List the pools this node's daemon has a block in, with usage",
+		Short: "List the pools this node's daemon has a block in, with usage (--cluster: every pool's blocks across nodes)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cluster {
+				if err := checkOutput(f.output); err != nil {
+					return err
+				}
+				cl, err := newClusterClient(kubeconfig)
+				if err != nil {
+					return err
+				}
+				s, err := readCluster(cmd.Context(), cl, ns)
+				if err != nil {
+					return err
+				}
+				return writeReport(cmd.OutOrStdout(), f.output, s.report(), clusterTable)
+			}
 			return f.call(cmd.Context(), func(ctx context.Context, c infov1.NodeInfoServiceClient) error {
 				resp, err := c.ListPools(ctx, &infov1.ListPoolsRequest{})
 				if err != nil {
@@ -127,6 +143,10 @@ func poolsCommand() *cobra.Command {
 		},
 	}
 	f.add(cmd)
+	cmd.Flags().BoolVar(&cluster, "cluster", false, "show every pool's blocks across nodes, selected nodes without a block, "+
+		"utilisation and the NetworkAttachmentDefinitions that use it (reads the API server)")
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for --cluster (default: $KUBECONFIG, or in-cluster in a pod)")
+	cmd.Flags().StringVar(&ns, "ippools-namespace", "kube-system", "namespace of the pools, for --cluster")
 	return cmd
 }
 

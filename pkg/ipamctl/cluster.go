@@ -1,0 +1,348 @@
+package ipamctl
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/nicdiscovery"
+	"github.com/hwipam/hwipam/pkg/blocks"
+	"github.com/hwipam/hwipam/pkg/daemon"
+)
+
+// ClusterPool is one pool in `ipamctl pools --cluster`.
+type ClusterPool struct {
+	Kind  string `json:"kind"`
+	Name  string `json:"name"`
+	Range string `json:"range"`
+	// Blocks lists node → block (IPPool start-end, CIDRPool prefix).
+	Blocks map[string]string `json:"blocks"`
+	// Selected counts the nodes the nodeSelector matches; WithoutBlock are those
+	// of them that have no block.
+	Selected     int      `json:"selected"`
+	WithoutBlock []string `json:"withoutBlock,omitempty"`
+	// UsableBlocks is how many blocks the layout has that are not entirely
+	// excluded; Utilisation is the share of them assigned, in percent.
+	UsableBlocks uint64  `json:"usableBlocks"`
+	Utilisation  float64 `json:"utilisation"`
+	// NADs are the NetworkAttachmentDefinitions (namespace/name) whose nv-ipam
+	// section names the pool.
+	NADs []string `json:"nads,omitempty"`
+	// Ready is the pool's Ready condition message.
+	Ready string `json:"ready,omitempty"`
+}
+
+// ClusterReport is `ipamctl pools --cluster`.
+type ClusterReport struct {
+	Namespace string        `json:"namespace"`
+	Pools     []ClusterPool `json:"pools"`
+	// NADsWithoutPool are NADs whose nv-ipam section names a pool that does not exist.
+	NADsWithoutPool []string `json:"nadsWithoutPool,omitempty"`
+	// NADNote says why NADs were not read, when they were not.
+	NADNote string `json:"nadNote,omitempty"`
+}
+
+// nadRef is one nv-ipam ipam section of a NAD.
+type nadRef struct {
+	nad      string // namespace/name
+	pools    []string
+	poolType string // "", "ippool" or "cidrpool"
+	master   string // the netdev the attachment sits on (macvlan, ipvlan, ipoib), or ""
+}
+
+// nadRefs finds the nv-ipam ipam sections of a NAD's config the way Multus
+// reads it: a single plugin config, or a plugin list ("plugins"); each plugin's
+// "ipam" of type nv-ipam names its pool(s) in poolName (comma-separated for
+// dual stack), or the network's name when poolName is absent.
+func nadRefs(nad *nadv1.NetworkAttachmentDefinition) ([]nadRef, error) {
+	if strings.TrimSpace(nad.Spec.Config) == "" {
+		return nil, nil // the config is a file on each node (Multus' confDir): not readable from here
+	}
+	var conf struct {
+		Name    string            `json:"name"`
+		Plugins []json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal([]byte(nad.Spec.Config), &conf); err != nil {
+		return nil, fmt.Errorf("config does not parse: %w", err)
+	}
+	plugins := conf.Plugins
+	if len(plugins) == 0 {
+		plugins = []json.RawMessage{json.RawMessage(nad.Spec.Config)}
+	}
+	var out []nadRef
+	for _, raw := range plugins {
+		var p struct {
+			Master string `json:"master"`
+			Device string `json:"device"`
+			IPAM   *struct {
+				Type     string `json:"type"`
+				PoolName string `json:"poolName"`
+				PoolType string `json:"poolType"`
+			} `json:"ipam"`
+		}
+		if err := json.Unmarshal(raw, &p); err != nil {
+			return nil, fmt.Errorf("a plugin of the config does not parse: %w", err)
+		}
+		if p.IPAM == nil || p.IPAM.Type != "nv-ipam" {
+			continue
+		}
+		names := p.IPAM.PoolName
+		if names == "" {
+			names = conf.Name
+		}
+		r := nadRef{nad: nad.Namespace + "/" + nad.Name, poolType: strings.ToLower(p.IPAM.PoolType), master: p.Master}
+		if r.master == "" {
+			r.master = p.Device
+		}
+		for _, n := range strings.Split(names, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				r.pools = append(r.pools, n)
+			}
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// clusterState is what the cluster checks read.
+type clusterState struct {
+	ns        string
+	nodes     []corev1.Node
+	ipPools   []v1alpha1.IPPool
+	cidrPools []v1alpha1.CIDRPool
+	refs      []nadRef
+	nadErrs   []string
+	nadNote   string
+}
+
+func newClusterClient(kubeconfig string) (client.Client, error) {
+	cfg, err := daemon.RESTConfig(kubeconfig)
+	if err != nil {
+		return nil, &ConnectionError{err}
+	}
+	scheme, err := v1alpha1.NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	if err := nadv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	cl, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, &ConnectionError{fmt.Errorf("API server %s: %w", cfg.Host, err)}
+	}
+	return cl, nil
+}
+
+func readCluster(ctx context.Context, cl client.Client, ns string) (*clusterState, error) {
+	s := &clusterState{ns: ns}
+	var nodes corev1.NodeList
+	if err := cl.List(ctx, &nodes); err != nil {
+		return nil, &ConnectionError{fmt.Errorf("listing nodes: %w", err)}
+	}
+	s.nodes = nodes.Items
+	var ipPools v1alpha1.IPPoolList
+	if err := cl.List(ctx, &ipPools, client.InNamespace(ns)); err != nil {
+		return nil, &ConnectionError{fmt.Errorf("listing IPPools in %s: %w", ns, err)}
+	}
+	s.ipPools = ipPools.Items
+	var cidrPools v1alpha1.CIDRPoolList
+	if err := cl.List(ctx, &cidrPools, client.InNamespace(ns)); err != nil && !meta.IsNoMatchError(err) {
+		return nil, &ConnectionError{fmt.Errorf("listing CIDRPools in %s: %w", ns, err)}
+	}
+	s.cidrPools = cidrPools.Items
+	var nads nadv1.NetworkAttachmentDefinitionList
+	switch err := cl.List(ctx, &nads); {
+	case meta.IsNoMatchError(err):
+		s.nadNote = "the NetworkAttachmentDefinition CRD is not installed"
+	case err != nil:
+		s.nadNote = fmt.Sprintf("cannot list NetworkAttachmentDefinitions: %v", err)
+	}
+	for i := range nads.Items {
+		refs, err := nadRefs(&nads.Items[i])
+		if err != nil {
+			s.nadErrs = append(s.nadErrs, fmt.Sprintf("%s/%s: %v", nads.Items[i].Namespace, nads.Items[i].Name, err))
+		}
+		s.refs = append(s.refs, refs...)
+	}
+	return s, nil
+}
+
+// poolOf finds the pool a NAD names: of its poolType, else an IPPool, else a CIDRPool.
+func (s *clusterState) poolOf(name, poolType string) (kind string, sel *corev1.NodeSelector, ok bool) {
+	if poolType != "cidrpool" {
+		for i := range s.ipPools {
+			if s.ipPools[i].Name == name {
+				return v1alpha1.KindIPPool, s.ipPools[i].Spec.NodeSelector, true
+			}
+		}
+	}
+	if poolType != "ippool" {
+		for i := range s.cidrPools {
+			if s.cidrPools[i].Name == name {
+				return v1alpha1.KindCIDRPool, s.cidrPools[i].Spec.NodeSelector, true
+			}
+		}
+	}
+	return "", nil, false
+}
+
+func (s *clusterState) selected(sel *corev1.NodeSelector) []string {
+	var out []string
+	var ns *nodeaffinity.NodeSelector
+	var err error
+	if sel != nil { // nil selects every node
+		ns, err = nodeaffinity.NewNodeSelector(sel)
+	}
+	for i := range s.nodes {
+		if sel == nil || err == nil && ns.Match(&s.nodes[i]) {
+			out = append(out, s.nodes[i].Name)
+		}
+	}
+	return out
+}
+
+func (s *clusterState) report() *ClusterReport {
+	r := &ClusterReport{Namespace: s.ns, Pools: []ClusterPool{}, NADNote: s.nadNote}
+	nadsOf := map[string][]string{} // kind/name -> NADs
+	for _, ref := range s.refs {
+		for _, p := range ref.pools {
+			kind, _, ok := s.poolOf(p, ref.poolType)
+			if !ok {
+				r.NADsWithoutPool = append(r.NADsWithoutPool, fmt.Sprintf("%s names %s", ref.nad, p))
+				continue
+			}
+			k := kind + "/" + p
+			if !slices.Contains(nadsOf[k], ref.nad) {
+				nadsOf[k] = append(nadsOf[k], ref.nad)
+			}
+		}
+	}
+	add := func(kind, name, rng string, sel *corev1.NodeSelector, blocksOf map[string]string, layout blocks.Layout,
+		conds []metav1.Condition) {
+		p := ClusterPool{Kind: kind, Name: name, Range: rng, Blocks: blocksOf, NADs: nadsOf[kind+"/"+name]}
+		for _, n := range s.selected(sel) {
+			p.Selected++
+			if _, ok := blocksOf[n]; !ok {
+				p.WithoutBlock = append(p.WithoutBlock, n)
+			}
+		}
+		if layout != nil {
+			for i, ok := layout.NextUsable(0); ok && p.UsableBlocks < planLimit; i, ok = layout.NextUsable(i + 1) {
+				p.UsableBlocks++
+			}
+			if p.UsableBlocks > 0 {
+				p.Utilisation = float64(len(blocksOf)) * 100 / float64(p.UsableBlocks)
+			}
+		}
+		if c := meta.FindStatusCondition(conds, v1alpha1.ConditionReady); c != nil {
+			p.Ready = c.Message
+		}
+		r.Pools = append(r.Pools, p)
+	}
+	for i := range s.ipPools {
+		p := &s.ipPools[i]
+		b := map[string]string{}
+		for _, a := range p.Status.Allocations {
+			b[a.NodeName] = a.StartIP + "-" + a.EndIP
+		}
+		var layout blocks.Layout
+		if l, err := blocks.NewIPPool(&p.Spec); err == nil {
+			layout = l
+		}
+		add(v1alpha1.KindIPPool, p.Name, p.Spec.Subnet, p.Spec.NodeSelector, b, layout, p.Status.Conditions)
+	}
+	for i := range s.cidrPools {
+		p := &s.cidrPools[i]
+		b := map[string]string{}
+		for _, a := range p.Status.Allocations {
+			b[a.NodeName] = a.Prefix
+		}
+		var layout blocks.Layout
+		if l, err := blocks.NewCIDRPool(&p.Spec); err == nil {
+			layout = l
+		}
+		add(v1alpha1.KindCIDRPool, p.Name, p.Spec.CIDR, p.Spec.NodeSelector, b, layout, p.Status.Conditions)
+	}
+	return r
+}
+
+// nadFindings are check --cluster's findings: NADs naming no pool, and NADs
+// whose master netdev exists on nodes (by their nic.hwipam.io label) that the
+// pool does not select.
+func (s *clusterState) nadFindings(c *checker) {
+	if s.nadNote != "" {
+		c.add(SeverityWarning, "nad", "", s.nadNote, "the NAD checks need the NAD CRD and list rights on it")
+		return
+	}
+	for _, e := range s.nadErrs {
+		c.add(SeverityError, "nad", "", e, "Multus cannot use this NAD either: fix its spec.config")
+	}
+	problems := 0
+	for _, ref := range s.refs {
+		for _, p := range ref.pools {
+			kind, sel, ok := s.poolOf(p, ref.poolType)
+			if !ok {
+				problems++
+				what := "pool"
+				if ref.poolType != "" {
+					what = ref.poolType
+				}
+				c.add(SeverityError, "nad", ref.nad, fmt.Sprintf("NAD %s names %s %q, which does not exist in %s", ref.nad, what, p, s.ns),
+					"pods using this NAD get no address: create the pool, or fix poolName in the NAD")
+				continue
+			}
+			if ref.master == "" || strings.ContainsAny(ref.master, "/") {
+				continue
+			}
+			selected := s.selected(sel)
+			for _, n := range s.nodes {
+				if _, has := n.Labels[nicdiscovery.LabelPrefix+ref.master]; !has || slices.Contains(selected, n.Name) {
+					continue
+				}
+				problems++
+				c.add(SeverityWarning, "nad", ref.nad, fmt.Sprintf("NAD %s uses master %s, which node %s has, but %s %s does not "+
+					"select that node", ref.nad, ref.master, n.Name, kind, p),
+					"pods there using this NAD get no address: widen the pool's nodeSelector")
+			}
+		}
+	}
+	if problems == 0 {
+		c.add(SeverityOK, "nad", "", fmt.Sprintf("%d nv-ipam NAD section(s) name existing pools that select their nodes", len(s.refs)), "")
+	}
+}
+
+func clusterTable(w io.Writer, v any) error {
+	r := v.(*ClusterReport)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POOL\tKIND\tRANGE\tSELECTED\tBLOCKS\tWITHOUT BLOCK\tUSED\tNADS")
+	for _, p := range r.Pools {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%.1f%%\t%s\n", p.Name, p.Kind, p.Range, p.Selected, len(p.Blocks),
+			dash(strings.Join(p.WithoutBlock, ",")), p.Utilisation, dash(strings.Join(p.NADs, ",")))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, n := range r.NADsWithoutPool {
+		if _, err := fmt.Fprintf(w, "NAD without pool: %s\n", n); err != nil {
+			return err
+		}
+	}
+	if r.NADNote != "" {
+		_, err := fmt.Fprintf(w, "note: %s\n", r.NADNote)
+		return err
+	}
+	return nil
+}
