@@ -129,9 +129,10 @@ func (c *checker) add(sev, check, subject, msg, fix string) {
 
 // daemonState is what the daemon answered.
 type daemonState struct {
-	info   *infov1.GetInfoResponse
-	pools  []*infov1.PoolInfo
-	allocs []*infov1.AllocationRecord
+	info     *infov1.GetInfoResponse
+	pools    []*infov1.PoolInfo
+	allocs   []*infov1.AllocationRecord
+	failures []*infov1.Failure
 }
 
 func (f *checkFlags) run(ctx context.Context) *CheckReport {
@@ -159,6 +160,7 @@ func (f *checkFlags) run(ctx context.Context) *CheckReport {
 	checkConfig(c, confDir)
 	if d != nil {
 		checkPools(c, d)
+		checkFailures(c, d.failures, time.Now())
 		f.checkGateways(ctx, c, d)
 	}
 	f.checkAPI(ctx, c, d, pick(f.ns, info.GetPoolsNamespace(), "kube-system"))
@@ -180,7 +182,11 @@ func (f *checkFlags) checkDaemon(ctx context.Context, c *checker) *daemonState {
 		if err != nil {
 			return err
 		}
-		d = daemonState{info: info, pools: pools.GetPools(), allocs: allocs.GetAllocations()}
+		failures, err := cl.ListFailures(ctx, &infov1.ListFailuresRequest{})
+		if err != nil {
+			return err
+		}
+		d = daemonState{info: info, pools: pools.GetPools(), allocs: allocs.GetAllocations(), failures: failures.GetFailures()}
 		return nil
 	})
 	if err != nil {
@@ -346,6 +352,38 @@ func checkPools(c *checker, d *daemonState) {
 			c.add(SeverityWarning, "pool", p.GetKey(), fmt.Sprintf("%d allocation(s) outside the current block (the pool was "+
 				"edited while they were live)", o), "they stay reserved until their pods go; see docs/pools.md, \"Editing a pool that is in use\"")
 		}
+	}
+}
+
+// failureWindow is how far back check reports failed allocations.
+const failureWindow = 15 * time.Minute
+
+// checkFailures reports the Allocate calls that failed lately, one per pod,
+// interface and error (the runtime retries a failed sandbox over and over).
+func checkFailures(c *checker, failures []*infov1.Failure, now time.Time) {
+	seen := map[string]bool{}
+	for _, fl := range failures { // newest first
+		at := time.Unix(fl.GetTime(), 0)
+		key := fl.GetPodNamespace() + "/" + fl.GetPodName() + "|" + fl.GetIfName() + "|" + fl.GetMessage()
+		if now.Sub(at) > failureWindow || seen[key] {
+			continue
+		}
+		seen[key] = true
+		fix := "see the error; docs/troubleshooting.md lists the usual causes"
+		switch fl.GetCode() {
+		case "NotFound":
+			fix = "the pool does not exist, or gives this node no block: check the NAD's poolName and `ipamctl pools --cluster`"
+		case "ResourceExhausted":
+			fix = "the node's block is full: raise perNodeBlockSize, or find allocations whose pods are gone"
+		case "InvalidArgument":
+			fix = "the network's ipam config is wrong: check the NAD"
+		}
+		pod := fl.GetPodNamespace() + "/" + fl.GetPodName()
+		if fl.GetPodName() == "" {
+			pod = "container " + fl.GetContainerId()
+		}
+		c.add(SeverityWarning, "failure", pod, fmt.Sprintf("an address for %s (%s, pool %s) was refused %s ago: %s: %s", pod,
+			fl.GetIfName(), strings.Join(fl.GetPools(), ","), now.Sub(at).Round(time.Second), fl.GetCode(), fl.GetMessage()), fix)
 	}
 }
 

@@ -13,12 +13,17 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/iprange"
@@ -241,6 +246,25 @@ func TestCheckFindsEachFault(t *testing.T) {
 	}
 	r, code = checkRun(t, args...)
 	wantOnly(t, "block smaller than the VFs", r, code, "the block has 16 addresses, rail NIC "+rail+" has 20 VFs configured")
+
+	// A pod whose network names a pool the daemon does not have: the refused
+	// Allocate is reported (and the capacity warning stays).
+	conn, err := grpc.NewClient(sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for range 3 { // the runtime retries: reported once
+		_, err = nodev1.NewIPAMServiceClient(conn).Allocate(ctx, &nodev1.AllocateRequest{Parameters: &nodev1.IPAMParameters{
+			Pools: []string{"nope"}, CniContainerid: "c9", CniIfname: "net1",
+			Metadata: &nodev1.IPAMMetadata{K8SPodName: "web-0", K8SPodNamespace: "default"}}})
+		if status.Code(err) != codes.NotFound {
+			t.Fatalf("Allocate from an unknown pool: %v", err)
+		}
+	}
+	r, code = checkRun(t, args...)
+	wantOnly(t, "refused allocation", r, code, "an address for default/web-0 (net1, pool nope) was refused",
+		"the block has 16 addresses")
 
 	// No daemon: one error, and still a report; YAML carries the same.
 	var out bytes.Buffer

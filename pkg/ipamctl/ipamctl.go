@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/hwipam/hwipam/pkg/version"
 )
@@ -23,6 +25,9 @@ type Options struct {
 // Run executes one ipamctl invocation and returns its error; usage errors are
 // reported on Stderr with the usage text.
 func Run(ctx context.Context, opts Options) error {
+	// controller-runtime's client logs nothing ipamctl wants; without a logger
+	// it complains on stderr.
+	ctrllog.SetLogger(logr.Discard())
 	root := &cobra.Command{
 		Use:           "ipamctl",
 		Short:         "Inspect and check hwipam on this node",

@@ -8,7 +8,10 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -27,6 +30,41 @@ type Service struct {
 	Manager *nodealloc.Manager
 	// Info is what GetInfo answers: the daemon's version and paths.
 	Info *infov1.GetInfoResponse
+
+	failures failureRing
+}
+
+// maxFailures is how many failed Allocate calls ListFailures keeps.
+const maxFailures = 32
+
+// failureRing keeps the last failed Allocate calls.
+type failureRing struct {
+	mu   sync.Mutex
+	list []*infov1.Failure // oldest first
+}
+
+func (r *failureRing) record(req *nodealloc.Request, err error) {
+	st, _ := status.FromError(err)
+	f := &infov1.Failure{Time: time.Now().Unix(), PodNamespace: req.Meta.PodNamespace, PodName: req.Meta.PodName,
+		ContainerId: req.ContainerID, IfName: req.IfName, Pools: slices.Clone(req.Pools), Code: st.Code().String(),
+		Message: st.Message()}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.list) == maxFailures {
+		r.list = slices.Delete(r.list, 0, 1)
+	}
+	r.list = append(r.list, f)
+}
+
+// ListFailures implements NodeInfoService.
+func (s *Service) ListFailures(context.Context, *infov1.ListFailuresRequest) (*infov1.ListFailuresResponse, error) {
+	s.failures.mu.Lock()
+	defer s.failures.mu.Unlock()
+	out := &infov1.ListFailuresResponse{}
+	for i := len(s.failures.list) - 1; i >= 0; i-- {
+		out.Failures = append(out.Failures, s.failures.list[i])
+	}
+	return out, nil
 }
 
 var (
@@ -45,7 +83,9 @@ func (s *Service) Allocate(ctx context.Context, in *nodev1.AllocateRequest) (*no
 	}
 	res, err := s.Manager.Allocate(ctx, req)
 	if err != nil {
-		return nil, toStatus(err)
+		st := toStatus(err)
+		s.failures.record(req, st)
+		return nil, st
 	}
 	out := &nodev1.AllocateResponse{}
 	for _, r := range res {

@@ -24,6 +24,189 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ListFailuresRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFailuresRequest) Reset() {
+	*x = ListFailuresRequest{}
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFailuresRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFailuresRequest) ProtoMessage() {}
+
+func (x *ListFailuresRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFailuresRequest.ProtoReflect.Descriptor instead.
+func (*ListFailuresRequest) Descriptor() ([]byte, []int) {
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{0}
+}
+
+type ListFailuresResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Failures      []*Failure             `protobuf:"bytes,1,rep,name=failures,proto3" json:"failures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFailuresResponse) Reset() {
+	*x = ListFailuresResponse{}
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFailuresResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFailuresResponse) ProtoMessage() {}
+
+func (x *ListFailuresResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFailuresResponse.ProtoReflect.Descriptor instead.
+func (*ListFailuresResponse) Descriptor() ([]byte, []int) {
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListFailuresResponse) GetFailures() []*Failure {
+	if x != nil {
+		return x.Failures
+	}
+	return nil
+}
+
+// Failure is one Allocate call that failed.
+type Failure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unix seconds.
+	Time         int64    `protobuf:"varint,1,opt,name=time,proto3" json:"time,omitempty"`
+	PodNamespace string   `protobuf:"bytes,2,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	PodName      string   `protobuf:"bytes,3,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	ContainerId  string   `protobuf:"bytes,4,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	IfName       string   `protobuf:"bytes,5,opt,name=if_name,json=ifName,proto3" json:"if_name,omitempty"`
+	Pools        []string `protobuf:"bytes,6,rep,name=pools,proto3" json:"pools,omitempty"`
+	// The gRPC status code's name and the error, as the plugin got them.
+	Code          string `protobuf:"bytes,7,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string `protobuf:"bytes,8,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Failure) Reset() {
+	*x = Failure{}
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Failure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Failure) ProtoMessage() {}
+
+func (x *Failure) ProtoReflect() protoreflect.Message {
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Failure.ProtoReflect.Descriptor instead.
+func (*Failure) Descriptor() ([]byte, []int) {
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Failure) GetTime() int64 {
+	if x != nil {
+		return x.Time
+	}
+	return 0
+}
+
+func (x *Failure) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+func (x *Failure) GetPodName() string {
+	if x != nil {
+		return x.PodName
+	}
+	return ""
+}
+
+func (x *Failure) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *Failure) GetIfName() string {
+	if x != nil {
+		return x.IfName
+	}
+	return ""
+}
+
+func (x *Failure) GetPools() []string {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
+func (x *Failure) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *Failure) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type GetInfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -32,7 +215,7 @@ type GetInfoRequest struct {
 
 func (x *GetInfoRequest) Reset() {
 	*x = GetInfoRequest{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[0]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +227,7 @@ func (x *GetInfoRequest) String() string {
 func (*GetInfoRequest) ProtoMessage() {}
 
 func (x *GetInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[0]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +240,7 @@ func (x *GetInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetInfoRequest) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{0}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{3}
 }
 
 // GetInfoResponse is what the daemon runs as: its version and the paths it uses,
@@ -79,7 +262,7 @@ type GetInfoResponse struct {
 
 func (x *GetInfoResponse) Reset() {
 	*x = GetInfoResponse{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[1]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -91,7 +274,7 @@ func (x *GetInfoResponse) String() string {
 func (*GetInfoResponse) ProtoMessage() {}
 
 func (x *GetInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[1]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -104,7 +287,7 @@ func (x *GetInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetInfoResponse) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{1}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetInfoResponse) GetVersion() string {
@@ -164,7 +347,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[2]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -176,7 +359,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[2]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -189,7 +372,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{2}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{5}
 }
 
 type ListPoolsResponse struct {
@@ -201,7 +384,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[3]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -213,7 +396,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[3]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -226,7 +409,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{3}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListPoolsResponse) GetPools() []*PoolInfo {
@@ -270,7 +453,7 @@ type PoolInfo struct {
 
 func (x *PoolInfo) Reset() {
 	*x = PoolInfo{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[4]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -282,7 +465,7 @@ func (x *PoolInfo) String() string {
 func (*PoolInfo) ProtoMessage() {}
 
 func (x *PoolInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[4]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -295,7 +478,7 @@ func (x *PoolInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolInfo.ProtoReflect.Descriptor instead.
 func (*PoolInfo) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{4}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PoolInfo) GetKey() string {
@@ -406,7 +589,7 @@ type ListAllocationsRequest struct {
 
 func (x *ListAllocationsRequest) Reset() {
 	*x = ListAllocationsRequest{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[5]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -418,7 +601,7 @@ func (x *ListAllocationsRequest) String() string {
 func (*ListAllocationsRequest) ProtoMessage() {}
 
 func (x *ListAllocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[5]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -431,7 +614,7 @@ func (x *ListAllocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAllocationsRequest.ProtoReflect.Descriptor instead.
 func (*ListAllocationsRequest) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{5}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListAllocationsRequest) GetPool() string {
@@ -450,7 +633,7 @@ type ListAllocationsResponse struct {
 
 func (x *ListAllocationsResponse) Reset() {
 	*x = ListAllocationsResponse{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[6]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -462,7 +645,7 @@ func (x *ListAllocationsResponse) String() string {
 func (*ListAllocationsResponse) ProtoMessage() {}
 
 func (x *ListAllocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[6]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -475,7 +658,7 @@ func (x *ListAllocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAllocationsResponse.ProtoReflect.Descriptor instead.
 func (*ListAllocationsResponse) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{6}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListAllocationsResponse) GetAllocations() []*AllocationRecord {
@@ -507,7 +690,7 @@ type AllocationRecord struct {
 
 func (x *AllocationRecord) Reset() {
 	*x = AllocationRecord{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[7]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +702,7 @@ func (x *AllocationRecord) String() string {
 func (*AllocationRecord) ProtoMessage() {}
 
 func (x *AllocationRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[7]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +715,7 @@ func (x *AllocationRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationRecord.ProtoReflect.Descriptor instead.
 func (*AllocationRecord) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{7}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AllocationRecord) GetPool() string {
@@ -609,7 +792,19 @@ var File_hwipam_node_v1_info_proto protoreflect.FileDescriptor
 
 const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\n" +
-	"\x19hwipam/node/v1/info.proto\x12\x0ehwipam.node.v1\"\x10\n" +
+	"\x19hwipam/node/v1/info.proto\x12\x0ehwipam.node.v1\"\x15\n" +
+	"\x13ListFailuresRequest\"K\n" +
+	"\x14ListFailuresResponse\x123\n" +
+	"\bfailures\x18\x01 \x03(\v2\x17.hwipam.node.v1.FailureR\bfailures\"\xdd\x01\n" +
+	"\aFailure\x12\x12\n" +
+	"\x04time\x18\x01 \x01(\x03R\x04time\x12#\n" +
+	"\rpod_namespace\x18\x02 \x01(\tR\fpodNamespace\x12\x19\n" +
+	"\bpod_name\x18\x03 \x01(\tR\apodName\x12!\n" +
+	"\fcontainer_id\x18\x04 \x01(\tR\vcontainerId\x12\x17\n" +
+	"\aif_name\x18\x05 \x01(\tR\x06ifName\x12\x14\n" +
+	"\x05pools\x18\x06 \x03(\tR\x05pools\x12\x12\n" +
+	"\x04code\x18\a \x01(\tR\x04code\x12\x18\n" +
+	"\amessage\x18\b \x01(\tR\amessage\"\x10\n" +
 	"\x0eGetInfoRequest\"\xf7\x01\n" +
 	"\x0fGetInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1b\n" +
@@ -658,11 +853,12 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\vcreate_time\x18\t \x01(\x03R\n" +
 	"createTime\x12\x18\n" +
 	"\anetwork\x18\n" +
-	" \x01(\tR\anetwork2\x93\x02\n" +
+	" \x01(\tR\anetwork2\xee\x02\n" +
 	"\x0fNodeInfoService\x12P\n" +
 	"\tListPools\x12 .hwipam.node.v1.ListPoolsRequest\x1a!.hwipam.node.v1.ListPoolsResponse\x12b\n" +
 	"\x0fListAllocations\x12&.hwipam.node.v1.ListAllocationsRequest\x1a'.hwipam.node.v1.ListAllocationsResponse\x12J\n" +
-	"\aGetInfo\x12\x1e.hwipam.node.v1.GetInfoRequest\x1a\x1f.hwipam.node.v1.GetInfoResponseB9Z7github.com/hwipam/hwipam/api/grpc/hwipam/node/v1;infov1b\x06proto3"
+	"\aGetInfo\x12\x1e.hwipam.node.v1.GetInfoRequest\x1a\x1f.hwipam.node.v1.GetInfoResponse\x12Y\n" +
+	"\fListFailures\x12#.hwipam.node.v1.ListFailuresRequest\x1a$.hwipam.node.v1.ListFailuresResponseB9Z7github.com/hwipam/hwipam/api/grpc/hwipam/node/v1;infov1b\x06proto3"
 
 var (
 	file_hwipam_node_v1_info_proto_rawDescOnce sync.Once
@@ -676,31 +872,37 @@ func file_hwipam_node_v1_info_proto_rawDescGZIP() []byte {
 	return file_hwipam_node_v1_info_proto_rawDescData
 }
 
-var file_hwipam_node_v1_info_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_hwipam_node_v1_info_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_hwipam_node_v1_info_proto_goTypes = []any{
-	(*GetInfoRequest)(nil),          // 0: hwipam.node.v1.GetInfoRequest
-	(*GetInfoResponse)(nil),         // 1: hwipam.node.v1.GetInfoResponse
-	(*ListPoolsRequest)(nil),        // 2: hwipam.node.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),       // 3: hwipam.node.v1.ListPoolsResponse
-	(*PoolInfo)(nil),                // 4: hwipam.node.v1.PoolInfo
-	(*ListAllocationsRequest)(nil),  // 5: hwipam.node.v1.ListAllocationsRequest
-	(*ListAllocationsResponse)(nil), // 6: hwipam.node.v1.ListAllocationsResponse
-	(*AllocationRecord)(nil),        // 7: hwipam.node.v1.AllocationRecord
+	(*ListFailuresRequest)(nil),     // 0: hwipam.node.v1.ListFailuresRequest
+	(*ListFailuresResponse)(nil),    // 1: hwipam.node.v1.ListFailuresResponse
+	(*Failure)(nil),                 // 2: hwipam.node.v1.Failure
+	(*GetInfoRequest)(nil),          // 3: hwipam.node.v1.GetInfoRequest
+	(*GetInfoResponse)(nil),         // 4: hwipam.node.v1.GetInfoResponse
+	(*ListPoolsRequest)(nil),        // 5: hwipam.node.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),       // 6: hwipam.node.v1.ListPoolsResponse
+	(*PoolInfo)(nil),                // 7: hwipam.node.v1.PoolInfo
+	(*ListAllocationsRequest)(nil),  // 8: hwipam.node.v1.ListAllocationsRequest
+	(*ListAllocationsResponse)(nil), // 9: hwipam.node.v1.ListAllocationsResponse
+	(*AllocationRecord)(nil),        // 10: hwipam.node.v1.AllocationRecord
 }
 var file_hwipam_node_v1_info_proto_depIdxs = []int32{
-	4, // 0: hwipam.node.v1.ListPoolsResponse.pools:type_name -> hwipam.node.v1.PoolInfo
-	7, // 1: hwipam.node.v1.ListAllocationsResponse.allocations:type_name -> hwipam.node.v1.AllocationRecord
-	2, // 2: hwipam.node.v1.NodeInfoService.ListPools:input_type -> hwipam.node.v1.ListPoolsRequest
-	5, // 3: hwipam.node.v1.NodeInfoService.ListAllocations:input_type -> hwipam.node.v1.ListAllocationsRequest
-	0, // 4: hwipam.node.v1.NodeInfoService.GetInfo:input_type -> hwipam.node.v1.GetInfoRequest
-	3, // 5: hwipam.node.v1.NodeInfoService.ListPools:output_type -> hwipam.node.v1.ListPoolsResponse
-	6, // 6: hwipam.node.v1.NodeInfoService.ListAllocations:output_type -> hwipam.node.v1.ListAllocationsResponse
-	1, // 7: hwipam.node.v1.NodeInfoService.GetInfo:output_type -> hwipam.node.v1.GetInfoResponse
-	5, // [5:8] is the sub-list for method output_type
-	2, // [2:5] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	2,  // 0: hwipam.node.v1.ListFailuresResponse.failures:type_name -> hwipam.node.v1.Failure
+	7,  // 1: hwipam.node.v1.ListPoolsResponse.pools:type_name -> hwipam.node.v1.PoolInfo
+	10, // 2: hwipam.node.v1.ListAllocationsResponse.allocations:type_name -> hwipam.node.v1.AllocationRecord
+	5,  // 3: hwipam.node.v1.NodeInfoService.ListPools:input_type -> hwipam.node.v1.ListPoolsRequest
+	8,  // 4: hwipam.node.v1.NodeInfoService.ListAllocations:input_type -> hwipam.node.v1.ListAllocationsRequest
+	3,  // 5: hwipam.node.v1.NodeInfoService.GetInfo:input_type -> hwipam.node.v1.GetInfoRequest
+	0,  // 6: hwipam.node.v1.NodeInfoService.ListFailures:input_type -> hwipam.node.v1.ListFailuresRequest
+	6,  // 7: hwipam.node.v1.NodeInfoService.ListPools:output_type -> hwipam.node.v1.ListPoolsResponse
+	9,  // 8: hwipam.node.v1.NodeInfoService.ListAllocations:output_type -> hwipam.node.v1.ListAllocationsResponse
+	4,  // 9: hwipam.node.v1.NodeInfoService.GetInfo:output_type -> hwipam.node.v1.GetInfoResponse
+	1,  // 10: hwipam.node.v1.NodeInfoService.ListFailures:output_type -> hwipam.node.v1.ListFailuresResponse
+	7,  // [7:11] is the sub-list for method output_type
+	3,  // [3:7] is the sub-list for method input_type
+	3,  // [3:3] is the sub-list for extension type_name
+	3,  // [3:3] is the sub-list for extension extendee
+	0,  // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_hwipam_node_v1_info_proto_init() }
@@ -714,7 +916,7 @@ func file_hwipam_node_v1_info_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hwipam_node_v1_info_proto_rawDesc), len(file_hwipam_node_v1_info_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

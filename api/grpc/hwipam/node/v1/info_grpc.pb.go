@@ -25,6 +25,7 @@ const (
 	NodeInfoService_ListPools_FullMethodName       = "/hwipam.node.v1.NodeInfoService/ListPools"
 	NodeInfoService_ListAllocations_FullMethodName = "/hwipam.node.v1.NodeInfoService/ListAllocations"
 	NodeInfoService_GetInfo_FullMethodName         = "/hwipam.node.v1.NodeInfoService/GetInfo"
+	NodeInfoService_ListFailures_FullMethodName    = "/hwipam.node.v1.NodeInfoService/ListFailures"
 )
 
 // NodeInfoServiceClient is the client API for NodeInfoService service.
@@ -36,6 +37,9 @@ type NodeInfoServiceClient interface {
 	ListPools(ctx context.Context, in *ListPoolsRequest, opts ...grpc.CallOption) (*ListPoolsResponse, error)
 	ListAllocations(ctx context.Context, in *ListAllocationsRequest, opts ...grpc.CallOption) (*ListAllocationsResponse, error)
 	GetInfo(ctx context.Context, in *GetInfoRequest, opts ...grpc.CallOption) (*GetInfoResponse, error)
+	// ListFailures returns the last Allocate calls that failed (at most 32, newest
+	// first): why a pod on this node got no address.
+	ListFailures(ctx context.Context, in *ListFailuresRequest, opts ...grpc.CallOption) (*ListFailuresResponse, error)
 }
 
 type nodeInfoServiceClient struct {
@@ -76,6 +80,16 @@ func (c *nodeInfoServiceClient) GetInfo(ctx context.Context, in *GetInfoRequest,
 	return out, nil
 }
 
+func (c *nodeInfoServiceClient) ListFailures(ctx context.Context, in *ListFailuresRequest, opts ...grpc.CallOption) (*ListFailuresResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListFailuresResponse)
+	err := c.cc.Invoke(ctx, NodeInfoService_ListFailures_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeInfoServiceServer is the server API for NodeInfoService service.
 // All implementations must embed UnimplementedNodeInfoServiceServer
 // for forward compatibility.
@@ -85,6 +99,9 @@ type NodeInfoServiceServer interface {
 	ListPools(context.Context, *ListPoolsRequest) (*ListPoolsResponse, error)
 	ListAllocations(context.Context, *ListAllocationsRequest) (*ListAllocationsResponse, error)
 	GetInfo(context.Context, *GetInfoRequest) (*GetInfoResponse, error)
+	// ListFailures returns the last Allocate calls that failed (at most 32, newest
+	// first): why a pod on this node got no address.
+	ListFailures(context.Context, *ListFailuresRequest) (*ListFailuresResponse, error)
 	mustEmbedUnimplementedNodeInfoServiceServer()
 }
 
@@ -103,6 +120,9 @@ func (UnimplementedNodeInfoServiceServer) ListAllocations(context.Context, *List
 }
 func (UnimplementedNodeInfoServiceServer) GetInfo(context.Context, *GetInfoRequest) (*GetInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetInfo not implemented")
+}
+func (UnimplementedNodeInfoServiceServer) ListFailures(context.Context, *ListFailuresRequest) (*ListFailuresResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListFailures not implemented")
 }
 func (UnimplementedNodeInfoServiceServer) mustEmbedUnimplementedNodeInfoServiceServer() {}
 func (UnimplementedNodeInfoServiceServer) testEmbeddedByValue()                         {}
@@ -179,6 +199,24 @@ func _NodeInfoService_GetInfo_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeInfoService_ListFailures_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListFailuresRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeInfoServiceServer).ListFailures(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeInfoService_ListFailures_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeInfoServiceServer).ListFailures(ctx, req.(*ListFailuresRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeInfoService_ServiceDesc is the grpc.ServiceDesc for NodeInfoService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -197,6 +235,10 @@ var NodeInfoService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetInfo",
 			Handler:    _NodeInfoService_GetInfo_Handler,
+		},
+		{
+			MethodName: "ListFailures",
+			Handler:    _NodeInfoService_ListFailures_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
