@@ -101,7 +101,7 @@ type Port struct {
 	// directory: NetdevFromRDMAGID.
 	NetdevFrom string `json:"netdevFrom,omitempty"`
 	// Master is the bond or bridge the netdev is enslaved to (RoCE LAG: bond0).
-	Master    string   `json:"master,omitempty"`
+	Master    string `json:"master,omitempty"`
 	OperState string `json:"operState,omitempty"`
 	// AdminUp and Carrier come from netlink (live scans only): the link is set up
 	// (IFF_UP), and it has a carrier (IFF_LOWER_UP).

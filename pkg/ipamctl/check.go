@@ -21,8 +21,8 @@ import (
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -327,6 +327,13 @@ func checkConfig(c *checker, confDir string) {
 		return
 	}
 	if _, err := os.Stat(sock); err != nil {
+		if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+			// In a pod, the socket is where the pod mounts it; the plugin runs on
+			// the host, whose path may differ.
+			c.add(SeverityInfo, "config", path, fmt.Sprintf("the plugin calls %s, which is not at that path in this pod: "+
+				"run ipamctl check on the host to see whether the host has it", conf.DaemonSocket), "")
+			return
+		}
 		c.add(SeverityError, "config", path, fmt.Sprintf("the plugin calls %s, which does not exist: %v", conf.DaemonSocket, err),
 			"ipam-node's --cni-daemon-socket must name its --bind-address socket as the host sees it")
 		return

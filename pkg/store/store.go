@@ -34,6 +34,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"golang.org/x/sys/unix"
 )
 
 const schemaVersion = "1"
@@ -395,10 +396,11 @@ func fileExists(path string) (bool, error) {
 }
 
 // Snapshot reads the store at path without opening it for writing and without
-// waiting for the lock the running daemon holds: it copies the file and checks and
-// loads the copy (bbolt's meta pages are checksummed, so a copy taken while a
-// commit writes still opens at the last complete transaction). For `ipamctl
-// check`. An nv-ipam JSON store that was never imported is reported as such.
+// waiting for the lock the running daemon holds: it copies the file into memory,
+// then checks and loads the copy. bbolt's meta pages are checksummed, so a copy
+// taken while a commit writes still opens at the last complete transaction. For
+// `ipamctl check`. An nv-ipam JSON store that was never imported is reported as
+// such.
 func Snapshot(path string) (map[string]*PoolState, error) {
 	if isNVIPAM, err := looksLikeNVIPAMStore(path); err != nil {
 		return nil, err
@@ -410,19 +412,18 @@ func Snapshot(path string) (map[string]*PoolState, error) {
 		return nil, fmt.Errorf("reading the store: %w", err)
 	}
 	defer src.Close()
-	tmp, err := os.CreateTemp("", "hwipam-store-snapshot-*")
+	// The copy lives in memory (a memfd), so that this works on a read-only root
+	// file system such as the ipam-node container's.
+	fd, err := unix.MemfdCreate("hwipam-store-snapshot", unix.MFD_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("copying the store: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	_, err = io.Copy(tmp, src)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	mem := os.NewFile(uintptr(fd), "hwipam-store-snapshot")
+	defer mem.Close()
+	if _, err := io.Copy(mem, src); err != nil {
 		return nil, fmt.Errorf("copying the store %s: %w", path, err)
 	}
-	db, err := openSnapshot(tmp.Name(), path)
+	db, err := openSnapshot(fmt.Sprintf("/proc/self/fd/%d", mem.Fd()), path)
 	if err != nil {
 		return nil, err
 	}
