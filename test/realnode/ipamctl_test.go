@@ -1,6 +1,7 @@
 package realnode_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -46,7 +47,17 @@ var _ = Describe("ipamctl check in the ipam-node pod", Label("ipamctl"), func() 
 			Expect(report.Findings).To(ContainElement(And(HaveField("Check", check), HaveField("Severity", ipamctl.SeverityOK))),
 				"%s:\n%s", check, out)
 		}
-		table, _ := node.Kubectl(ctx, "-n", "kube-system", "exec", pod, "-c", "ipam-node", "--", "/ipamctl", "check")
-		fmt.Fprintf(GinkgoWriter, "ipamctl check in %s:\n%s\n", pod, table)
+		for _, args := range [][]string{{"check"}, {"pools"}} {
+			out, _ := node.Kubectl(ctx, append([]string{"-n", "kube-system", "exec", pod, "-c", "ipam-node", "--", "/ipamctl"}, args...)...)
+			fmt.Fprintf(GinkgoWriter, "ipamctl %s in %s:\n%s\n", strings.Join(args, " "), pod, out)
+		}
+		// The cluster view, from an admin's kubeconfig (the daemon's service account
+		// may not list nodes): the NAD naming no pool is listed.
+		var cluster, errOut bytes.Buffer
+		Expect(ipamctl.Run(ctx, ipamctl.Options{Args: []string{"pools", "--cluster", "--kubeconfig", node.Kubeconfig},
+			Stdout: &cluster, Stderr: &errOut})).To(Succeed(), errOut.String())
+		fmt.Fprintf(GinkgoWriter, "ipamctl pools --cluster:\n%s\n", cluster.String())
+		Expect(cluster.String()).To(And(ContainSubstring("NAD without pool: default/no-such-pool names e2e-missing"),
+			MatchRegexp(`e2e-a\s+IPPool\s+10.31.0.0/24\s+1\s+1\s+-`)))
 	})
 })
