@@ -335,8 +335,15 @@ func (b *logBuffer) String() string {
 // start runs a binary until the test ends, its output in the returned buffer.
 func start(t *testing.T, args ...string) *logBuffer {
 	t.Helper()
+	return startWithEnv(t, nil, args...)
+}
+
+// startWithEnv is start with environment variables added.
+func startWithEnv(t *testing.T, env []string, args ...string) *logBuffer {
+	t.Helper()
 	out := &logBuffer{}
 	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
