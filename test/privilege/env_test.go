@@ -208,7 +208,8 @@ func (e *env) waitPoliciesChecked(t *testing.T) {
 // DaemonSet makes one. Nothing runs it: its only use is to bind tokens.
 func (e *env) daemonPod(t *testing.T, node string) *corev1.Pod {
 	t.Helper()
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "hwipam-node-" + node, Namespace: ns},
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "hwipam-node-" + node, Namespace: ns,
+		Labels: map[string]string{"app.kubernetes.io/name": nodeSA}},
 		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: nodeSA,
 			Containers: []corev1.Container{{Name: "ipam-node", Image: "hwipam"}}}}
 	if err := e.c.Create(t.Context(), p); err != nil {

@@ -3,7 +3,6 @@ package privilege
 import (
 	"fmt"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -22,17 +21,8 @@ import (
 // docYAML is every fenced yaml block of a document of the repository, decoded.
 func docYAML(t *testing.T, doc string) []*unstructured.Unstructured {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(harness.RepoRoot(), doc))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var objs []*unstructured.Unstructured
-	blocks := strings.Split(string(b), "```yaml\n")
-	for _, blk := range blocks[1:] {
-		body, _, ok := strings.Cut(blk, "\n```")
-		if !ok {
-			t.Fatalf("%s: an unterminated yaml block", doc)
-		}
+	for _, body := range docBlocks(t, doc, "yaml") {
 		objs = append(objs, decodeYAML(t, body)...)
 	}
 	return objs

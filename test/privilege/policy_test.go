@@ -1,10 +1,14 @@
 package privilege
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -150,6 +154,24 @@ func TestNodeDaemonConfinedToItsNode(t *testing.T) {
 		wantForbidden(t, cs.CoreV1().Nodes().Delete(ctx, "node-a", metav1.DeleteOptions{}), `cannot delete resource "nodes"`)
 		_, err = cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-c"}}, metav1.CreateOptions{})
 		wantForbidden(t, err, `cannot create resource "nodes"`)
+	})
+
+	t.Run("docs/rbac.md's commands", func(t *testing.T) {
+		blocks := docBlocks(t, "docs/rbac.md", "sh")
+		if len(blocks) != 2 {
+			t.Fatalf("docs/rbac.md has %d sh blocks, want 2", len(blocks))
+		}
+		out, _ := runShell(t, e.kubeconfig, blocks[0])
+		if got := strings.Fields(out); len(got) < 4 || !slices.Equal(got[:4], []string{"yes", "no", "yes", "no"}) ||
+			!strings.Contains(out, "nodefeatures.nfd.k8s-sigs.io") {
+			t.Errorf("the can-i commands printed:\n%s", out)
+		}
+		script := strings.NewReplacer("worker-1", "node-a", "worker-2", "node-b").Replace(blocks[1])
+		out, errOut := runShell(t, e.kubeconfig, script)
+		if !strings.Contains(out, "node/node-a labeled") || !strings.Contains(out, "node/node-a unlabeled") ||
+			!strings.Contains(errOut, "on node node-a "+msgOwnNode+"node-b") || !strings.Contains(errOut, msgLabels+"example.com/x") {
+			t.Errorf("the token commands printed:\n%s\n%s", out, errOut)
+		}
 	})
 
 	// The real daemon, with node-a's token: it labels and annotates node-a.
@@ -411,3 +433,35 @@ func countPrefix(m map[string]string, prefix string) int {
 	return n
 }
 
+
+// docBlocks is every fenced block of the given language in a document.
+func docBlocks(t *testing.T, doc, lang string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(harness.RepoRoot(), doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, blk := range strings.Split(string(b), "```"+lang+"\n")[1:] {
+		body, _, ok := strings.Cut(blk, "\n```")
+		if !ok {
+			t.Fatalf("%s: an unterminated %s block", doc, lang)
+		}
+		out = append(out, body)
+	}
+	return out
+}
+
+// runShell runs a script with bash in a scratch directory, the real kubectl first
+// in PATH and kubeconfig as KUBECONFIG, and returns its stdout and stderr.
+func runShell(t *testing.T, kubeconfig, script string) (string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Dir = t.TempDir()
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig,
+		"PATH="+filepath.Dir(nodeBin(t, "kubectl"))+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	_ = cmd.Run() // the last command is meant to be refused
+	return out.String(), errOut.String()
+}
