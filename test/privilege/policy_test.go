@@ -73,7 +73,7 @@ func TestNodeDaemonConfinedToItsNode(t *testing.T) {
 		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "hwipam-node-own-node") {
 			return nil
 		}
-		return fmt.Errorf("a foreign label is not refused by the policy yet: %v", err)
+		return fmt.Errorf("a foreign label is not refused by the policy yet: %w", err)
 	})
 
 	// What the daemon writes, written directly.
@@ -271,7 +271,7 @@ func TestNodeFeatureConfinedToItsNode(t *testing.T) {
 		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "hwipam-node-own-nodefeature") {
 			return nil
 		}
-		return fmt.Errorf("another node's NodeFeature is not refused by the policy yet: %v", err)
+		return fmt.Errorf("another node's NodeFeature is not refused by the policy yet: %w", err)
 	})
 	nic := map[string]string{"nic.hwipam.io/present": "true", "nic.hwipam.io/ibp24s0": "ib"}
 	t.Run("its own NodeFeature", func(t *testing.T) {
@@ -432,7 +432,6 @@ func countPrefix(m map[string]string, prefix string) int {
 	}
 	return n
 }
-
 
 // docBlocks is every fenced block of the given language in a document.
 func docBlocks(t *testing.T, doc, lang string) []string {

@@ -223,4 +223,3 @@ func listRights(t *testing.T, kubeconfig, sa, namespace string) []string {
 	slices.Sort(items)
 	return slices.Compact(items)
 }
-
