@@ -57,10 +57,8 @@ func TestNFD(t *testing.T) {
 		t.Fatalf("docs/nfd.md: want a NodeFeature, two IPPools and a NodeFeatureRule, got %d objects", len(doc))
 	}
 
-	// nfd-master annotates the Node it runs on (NODE_NAME) at start.
 	e.createNode(t, "control-01")
-	startWithEnv(t, []string{"NODE_NAME=control-01", "KUBERNETES_NAMESPACE=" + ns}, nodeBin(t, "nfd-master"), "-kubeconfig", e.kubeconfig, "-metrics", "0", "-grpc-health", "0",
-		"-config", filepath.Join(t.TempDir(), "none.conf"), "-resync-period", "10s")
+	startNFDMaster(t, e, "control-01")
 	start(t, harness.BuildBinary(t, "./cmd/ipam-controller"), "--kubeconfig", e.kubeconfig, "--ippools-namespace", ns,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0")
 	startDaemon(t, e.tokenKubeconfig(t, e.token(t, e.daemonPod(t, node))), node,
@@ -142,6 +140,51 @@ func TestNFD(t *testing.T) {
 				t.Errorf("%s has label %s", other, k)
 			}
 		}
+	})
+}
+
+// startNFDMaster runs the real nfd-master with its defaults (no config file) and
+// extra flags until the (sub)test ends. It annotates the Node it runs on at start.
+func startNFDMaster(t *testing.T, e *env, onNode string, flags ...string) *logBuffer {
+	t.Helper()
+	args := append([]string{nodeBin(t, "nfd-master"), "-kubeconfig", e.kubeconfig, "-metrics", "0", "-grpc-health", "0",
+		"-config", filepath.Join(t.TempDir(), "none.conf"), "-resync-period", "10s"}, flags...)
+	return startWithEnv(t, []string{"NODE_NAME=" + onNode, "KUBERNETES_NAMESPACE=" + ns}, args...)
+}
+
+// TestNFDLabelNamespaces: NFD's -deny-label-ns drops the nic.hwipam.io labels with
+// an error in its log, and -extra-label-ns lets them through again (docs/nfd.md).
+func TestNFDLabelNamespaces(t *testing.T) {
+	e := startEnv(t)
+	const node = "dgx-02"
+	e.createNode(t, "control-01")
+	e.createNode(t, node)
+	apply(t, e.c, nodeFeature(ns, "hwipam-"+node, node, map[string]string{"nic.hwipam.io/present": "true"}, nil))
+	label := func() (string, error) {
+		var n corev1.Node
+		err := e.c.Get(t.Context(), client.ObjectKey{Name: node}, &n)
+		return n.Labels["nic.hwipam.io/present"], err
+	}
+	t.Run("-deny-label-ns=*.hwipam.io", func(t *testing.T) {
+		logs := startNFDMaster(t, e, "control-01", "-deny-label-ns=*.hwipam.io")
+		eventually(t, 60*time.Second, "nfd-master refusing the label", func() error {
+			if s := logs.String(); !strings.Contains(s, `ignoring label`) || !strings.Contains(s, `namespace \"nic.hwipam.io\" is not allowed`) {
+				return fmt.Errorf("not in nfd-master's log yet")
+			}
+			return nil
+		})
+		if v, err := label(); err != nil || v != "" {
+			t.Fatalf("the node has nic.hwipam.io/present=%q (%v)", v, err)
+		}
+	})
+	t.Run("and -extra-label-ns=nic.hwipam.io", func(t *testing.T) {
+		startNFDMaster(t, e, "control-01", "-deny-label-ns=*.hwipam.io", "-extra-label-ns=nic.hwipam.io")
+		eventually(t, 60*time.Second, "the label on the node", func() error {
+			if v, err := label(); err != nil || v != "true" {
+				return fmt.Errorf("nic.hwipam.io/present=%q (%v)", v, err)
+			}
+			return nil
+		})
 	})
 }
 
