@@ -181,7 +181,7 @@ func TestNFDLabelNamespaces(t *testing.T) {
 		startNFDMaster(t, e, "control-01", "-deny-label-ns=*.hwipam.io", "-extra-label-ns=nic.hwipam.io")
 		eventually(t, 60*time.Second, "the label on the node", func() error {
 			if v, err := label(); err != nil || v != "true" {
-				return fmt.Errorf("nic.hwipam.io/present=%q (%v)", v, err)
+				return fmt.Errorf("nic.hwipam.io/present=%q (%w)", v, err)
 			}
 			return nil
 		})
