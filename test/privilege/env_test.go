@@ -222,11 +222,17 @@ func (e *env) daemonPod(t *testing.T, node string) *corev1.Pod {
 // makes the API server put the pod's node in it), or unbound when pod is nil.
 func (e *env) token(t *testing.T, pod *corev1.Pod) string {
 	t.Helper()
+	return e.tokenFor(t, nodeSA, pod)
+}
+
+// tokenFor is token for any service account of kube-system.
+func (e *env) tokenFor(t *testing.T, sa string, pod *corev1.Pod) string {
+	t.Helper()
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: new(int64(3600))}}
 	if pod != nil {
 		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
 	}
-	tr, err := e.cs.CoreV1().ServiceAccounts(ns).CreateToken(t.Context(), nodeSA, req, metav1.CreateOptions{})
+	tr, err := e.cs.CoreV1().ServiceAccounts(ns).CreateToken(t.Context(), sa, req, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

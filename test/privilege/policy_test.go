@@ -185,12 +185,18 @@ func TestNodeDaemonConfinedToItsNode(t *testing.T) {
 		if err := e.c.Status().Update(ctx, pool); err != nil {
 			t.Fatal(err)
 		}
-		logs, socket := startDaemon(t, e.tokenKubeconfig(t, tokA), "node-a")
+		// The allocation's pod exists: the stale-allocation cleaner (get pods) keeps it.
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p1", Namespace: "default"},
+			Spec: corev1.PodSpec{NodeName: "node-a", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+		if err := e.c.Create(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		logs, socket := startDaemon(t, e.tokenKubeconfig(t, tokA), "node-a", "--cleanup-interval", "300ms")
 		ipam := ipamClient(t, socket)
 		eventually(t, 30*time.Second, "an allocation from the rail pool", func() error {
 			_, err := ipam.Allocate(ctx, &nodev1.AllocateRequest{Parameters: &nodev1.IPAMParameters{
 				Pools: []string{"rail"}, CniContainerid: "c1", CniIfname: "net1", PoolType: nodev1.PoolType_POOL_TYPE_IPPOOL,
-				Metadata: &nodev1.IPAMMetadata{K8SPodName: "p1", K8SPodNamespace: "default"}}})
+				Metadata: &nodev1.IPAMMetadata{K8SPodName: "p1", K8SPodNamespace: "default", K8SPodUid: string(pod.UID)}}})
 			return err
 		})
 		eventually(t, 30*time.Second, "node-a's NIC labels and pools annotations", func() error {
@@ -206,6 +212,11 @@ func TestNodeDaemonConfinedToItsNode(t *testing.T) {
 			}
 			return nil
 		})
+		time.Sleep(2 * time.Second) // several cleaner rounds
+		if _, err := ipam.IsAllocated(ctx, &nodev1.IsAllocatedRequest{Parameters: &nodev1.IPAMParameters{
+			Pools: []string{"rail"}, CniContainerid: "c1", CniIfname: "net1", PoolType: nodev1.PoolType_POOL_TYPE_IPPOOL}}); err != nil {
+			t.Errorf("the allocation of a live pod is gone: %v", err)
+		}
 		if s := logs.String(); strings.Contains(strings.ToLower(s), "forbidden") {
 			t.Errorf("ipam-node on its own node was refused something:\n%s", tail(s, 20))
 		}
