@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the test control plane (kube-apiserver, etcd), the CNI reference plugins and
 # the real node (kubelet, kube-scheduler, kube-controller-manager, kubectl, containerd,
-# Multus, the image tool and the pause binary) from source through the Go module proxy,
-# at the versions pinned in the build modules under hack/, and caches them outside the
-# work tree. A second run finds the cache and costs well under a second. Builds run one
-# at a time (a lock on the cache), so two work trees share one build.
+# Multus, NFD's nfd-master, the image tool and the pause binary) from source through
+# the Go module proxy, at the versions pinned in the build modules under hack/, and
+# caches them outside the work tree. A second run finds the cache and costs well under
+# a second. Builds run one at a time (a lock on the cache), so two work trees share one
+# build.
 #
 # Usage:
 #   hack/test-assets.sh            build what is missing, print where everything is
@@ -95,9 +96,11 @@ containerd_version=$(module_version "$node_dir/containerd" github.com/containerd
 containerd_out="$cache_root/node/containerd-$containerd_version-$(cache_key "$node_dir/containerd")"
 multus_version=$(module_version "$node_dir/multus" gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
 multus_out="$cache_root/node/multus-$multus_version-$(cache_key "$node_dir/multus")"
+nfd_version=$(module_version "$node_dir/nfd" sigs.k8s.io/node-feature-discovery)
+nfd_out="$cache_root/node/nfd-$nfd_version-$(cache_key "$node_dir/nfd")"
 image_dir="$here/image"
 image_out="$cache_root/node/image-$(cache_key "$image_dir")-$(cat "$image_dir"/*.go "$image_dir"/pause/*.go | sha256sum | cut -c1-12)"
-node_bin="$cache_root/node/bin-$(echo "$kube_node_out $containerd_out $multus_out $image_out" | sha256sum | cut -c1-12)"
+node_bin="$cache_root/node/bin-$(echo "$kube_node_out $containerd_out $multus_out $nfd_out $image_out" | sha256sum | cut -c1-12)"
 
 build_kube_node() {
 	local out=$1 minor t
@@ -132,6 +135,14 @@ build_multus() {
 		-o "$out/multus" gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus)
 }
 
+build_nfd() {
+	local out=$1
+	log "building nfd-master $nfd_version (first run only; ~4 minutes on 2 cores)"
+	(cd "$node_dir/nfd" && CGO_ENABLED=0 go build -trimpath \
+		-ldflags "-s -w -X sigs.k8s.io/node-feature-discovery/pkg/version.version=$nfd_version" \
+		-o "$out/nfd-master" sigs.k8s.io/node-feature-discovery/cmd/nfd-master)
+}
+
 build_image_tool() {
 	local out=$1
 	log "building hwipam-image and pause"
@@ -143,7 +154,7 @@ build_image_tool() {
 # finds them all in one directory.
 link_node_bin() {
 	local out=$1 d f
-	for d in "$kube_node_out" "$containerd_out" "$multus_out" "$image_out"; do
+	for d in "$kube_node_out" "$containerd_out" "$multus_out" "$nfd_out" "$image_out"; do
 		for f in "$d"/*; do ln -s "$f" "$out/$(basename "$f")"; done
 	done
 }
@@ -176,6 +187,7 @@ ensure "CNI plugins" "$cni_out" build_cni macvlan cnitool noop
 ensure "hwipam-image" "$image_out" build_image_tool hwipam-image pause
 ensure containerd "$containerd_out" build_containerd containerd containerd-shim-runc-v2 ctr
 ensure multus "$multus_out" build_multus multus
+ensure nfd-master "$nfd_out" build_nfd nfd-master
 ensure "kubelet, kube-scheduler, kube-controller-manager, kubectl" "$kube_node_out" build_kube_node \
 	kubelet kube-scheduler kube-controller-manager kubectl
 [[ -d "$node_bin" ]] || build_into "$node_bin" link_node_bin

@@ -46,13 +46,20 @@ import (
 	"github.com/hwipam/hwipam/pkg/version"
 )
 
-// RBAC of the node daemon. Pools and pods are all network-operator grants; patch on
-// nodes (the pools-in-use annotation, the NIC labels) and nodefeatures (the NIC
-// labels with --nic-labels=nodefeature) are optional and degrade to a warning.
-// +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools;cidrpools,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// RBAC of the node daemon (deploy/rbac/node/role.yaml is generated from these
+// markers): exactly the verbs its API calls use, checked by test/privilege with
+// `kubectl auth can-i --list`; see docs/rbac.md. Pools (list, watch: the informers and
+// the start-up listing) and pods (get: the stale-allocation cleaner) are within what
+// network-operator grants. Nodes (get, patch: the NIC labels by server-side apply and
+// the pools-in-use annotations by merge patch) are optional and degrade to a warning;
+// deploy/policy's ValidatingAdmissionPolicy narrows patch to the daemon's own Node and
+// its own keys. NodeFeatures (--nic-labels=nodefeature: get, create and patch by
+// server-side apply, delete when no NIC is left) are granted in the DaemonSet's
+// namespace only, where the daemon writes them.
+// +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools;cidrpools,verbs=list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;patch
-// +kubebuilder:rbac:groups=nfd.k8s-sigs.io,resources=nodefeatures,verbs=get;create;patch;delete
+// +kubebuilder:rbac:groups=nfd.k8s-sigs.io,namespace=kube-system,resources=nodefeatures,verbs=get;create;patch;delete
 
 // shutdownGrace bounds how long in-flight requests may take after SIGTERM.
 const shutdownGrace = 10 * time.Second

@@ -30,12 +30,6 @@ import (
 	"github.com/hwipam/hwipam/pkg/iprange"
 )
 
-// +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools;cidrpools,verbs=get;list;watch
-// +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools/status;cidrpools/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
-// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch;update
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
-
 // Reconciler reconciles the pools of one kind.
 type Reconciler struct {
 	// Client reads pools and nodes (a cached client is expected) and writes status.
