@@ -96,7 +96,7 @@ func checkCommand() *cobra.Command {
 			return nil
 		},
 	}
-	f.nodeFlags.add(cmd)
+	f.add(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&f.storeFile, "store-file", "", "the daemon's store (default: where the daemon says, else /var/lib/cni/nv-ipam/store)")
 	fl.StringVar(&f.binDir, "cni-bin-dir", "", "where the plugin is installed (default: where the daemon says, else /opt/cni/bin)")

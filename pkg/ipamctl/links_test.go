@@ -1,6 +1,7 @@
 package ipamctl_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -112,7 +113,7 @@ func TestNicsLinkState(t *testing.T) {
 	}
 	aj, _ := json.Marshal(a)
 	bj, _ := json.Marshal(b)
-	if string(aj) != string(bj) || !strings.Contains(js, `"carrier": false`) || !strings.Contains(js, `"adminUp": true`) ||
+	if !bytes.Equal(aj, bj) || !strings.Contains(js, `"carrier": false`) || !strings.Contains(js, `"adminUp": true`) ||
 		!strings.Contains(js, `"key": "nic.hwipam.io/`+name+`"`) {
 		t.Errorf("json and yaml differ or lack the link state:\n%s\n%s", js, ym)
 	}

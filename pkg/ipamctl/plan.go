@@ -481,10 +481,10 @@ func planTable(w io.Writer, v any) error {
 }
 
 func usableRange(lo, hi string) string {
-	switch {
-	case lo == "":
+	switch lo {
+	case "":
 		return "-"
-	case lo == hi:
+	case hi:
 		return lo
 	}
 	return lo + " to " + hi
