@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
@@ -37,16 +38,7 @@ func Run(ctx context.Context, opts Options) error {
 	root.SetArgs(opts.Args)
 	root.SetOut(opts.Stdout)
 	root.SetErr(opts.Stderr)
-	root.AddCommand(&cobra.Command{
-		Use:   "version",
-		Short: "Print the version of this build",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, err := fmt.Fprintf(cmd.OutOrStdout(), "ipamctl %s\n", version.String())
-			return err
-		},
-	})
-	root.AddCommand(poolsCommand(), allocationsCommand(), nicsCommand(), labelsCommand(), planCommand(), checkCommand())
+	root.AddCommand(versionCommand(), poolsCommand(), allocationsCommand(), nicsCommand(), labelsCommand(), planCommand(), checkCommand())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &UsageError{err} })
 	if _, _, err := root.Find(opts.Args); err != nil {
 		return &UsageError{err}
@@ -80,3 +72,33 @@ type ConnectionError struct{ err error }
 
 func (e *ConnectionError) Error() string { return e.err.Error() }
 func (e *ConnectionError) Unwrap() error { return e.err }
+
+// VersionReport is `ipamctl version -o json|yaml`.
+type VersionReport struct {
+	Version   string `json:"version"`
+	Commit    string `json:"commit"`
+	GoVersion string `json:"goVersion"`
+	Platform  string `json:"platform"`
+}
+
+func versionCommand() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "version",
+		Short: "Print the version of this build",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			if output == "table" {
+				_, err := fmt.Fprintf(cmd.OutOrStdout(), "ipamctl %s\n", version.String())
+				return err
+			}
+			return writeReport(cmd.OutOrStdout(), output, VersionReport{Version: version.Version, Commit: version.Commit,
+				GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}, nil)
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table (one line), json or yaml")
+	return cmd
+}

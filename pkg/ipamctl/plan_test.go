@@ -242,3 +242,28 @@ func TestPlanAgreesWithController(t *testing.T) {
 		}
 	}
 }
+
+func TestVersionOutputs(t *testing.T) {
+	line, err := run(t, "version")
+	if err != nil || !strings.HasPrefix(line, "ipamctl ") {
+		t.Fatalf("version (%v): %q", err, line)
+	}
+	js, err := run(t, "version", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ym, err := run(t, "version", "-o", "yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a, b ipamctl.VersionReport
+	if err := json.Unmarshal([]byte(js), &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict([]byte(ym), &b); err != nil {
+		t.Fatal(err)
+	}
+	if a != b || a.Version == "" || a.GoVersion == "" || !strings.Contains(line, a.Version) {
+		t.Errorf("version: %q, json %+v, yaml %+v", line, a, b)
+	}
+}
