@@ -130,7 +130,7 @@ func (a *annotator) update(ctx context.Context) {
 		setForbidden(featureNodeAnnotations, true)
 		a.problems.warn(a.log, "cannot annotate this node with the pools it uses; the controller then cannot keep "+
 			"this node's blocks after it stops matching a pool, nor the ranges it still holds after a pool edit. "+
-			"Grant patch on nodes to the node's service account.",
+			forbiddenHint(err, a.node, "Grant patch on nodes to the node's service account."),
 			err, "node", a.node)
 	case apierrors.IsNotFound(err):
 		a.last = nil

@@ -261,8 +261,8 @@ func (l *nicLabeler) reportWriteError(err error) {
 			what = "get, create, patch and delete on nodefeatures.nfd.k8s-sigs.io in namespace " + l.namespace
 		}
 		l.problems.warn(l.log, "cannot publish the NIC labels (allocation is not affected); pools that select nodes by "+
-			"nic.hwipam.io labels will not find this node. Grant "+what+" to the node's service account, "+
-			"or run with --nic-labels=off.", err, "node", l.node)
+			"nic.hwipam.io labels will not find this node. "+forbiddenHint(err, l.node, "Grant "+what+" to the node's "+
+			"service account, or run with --nic-labels=off."), err, "node", l.node)
 	case meta.IsNoMatchError(err) || l.mode == NICLabelsNodeFeature && apierrors.IsNotFound(err):
 		l.problems.warn(l.log, "cannot publish the NIC labels: is NFD's NodeFeature CRD installed? (or use --nic-labels=node)", err)
 	default:
@@ -403,4 +403,14 @@ func diffKeys(a, b map[string]string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// forbiddenHint says what to do about a refused write: grant (RBAC), or, when one
+// of hwipam's admission policies refused it (deploy/policy), check the node name.
+func forbiddenHint(err error, node, grant string) string {
+	if strings.Contains(err.Error(), "ValidatingAdmissionPolicy") {
+		return "An admission policy refused the write: it lets this daemon change only the Node its pod runs on. " +
+			"Check that --node-name (" + node + ") is that node (NODE_NAME from spec.nodeName)."
+	}
+	return grant
 }

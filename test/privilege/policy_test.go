@@ -227,7 +227,7 @@ func TestNodeDaemonConfinedToItsNode(t *testing.T) {
 		eventually(t, 30*time.Second, "ipam-node's warnings", func() error {
 			s := logs.String()
 			for _, want := range []string{"cannot publish the NIC labels", "cannot annotate this node",
-				"on node node-a " + msgOwnNode + "node-b"} {
+				"on node node-a " + msgOwnNode + "node-b", "Check that --node-name (node-b) is that node"} {
 				if !strings.Contains(s, want) {
 					return fmt.Errorf("no %q in the log yet", want)
 				}

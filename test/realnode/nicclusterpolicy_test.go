@@ -288,7 +288,14 @@ var _ = Describe("NicClusterPolicy's nv-ipam rendering with the hwipam image", L
 		Eventually(ctx, func(g Gomega) {
 			n, err := node.Clientset.CoreV1().Nodes().Get(ctx, node.NodeName, metav1.GetOptions{})
 			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(n.Labels).To(HaveKeyWithValue("nic.hwipam.io/ibp24s0", "ib"))
+			// Without hostNetwork: the RoCE port keeps its netdev's name (from its
+			// RDMA GID table), the InfiniBand ports are keyed by RDMA device, and
+			// the node says its netdevs are hidden.
+			g.Expect(n.Labels).To(HaveKeyWithValue("nic.hwipam.io/mlx5_0", "ib"))
+			g.Expect(n.Labels).To(HaveKeyWithValue("nic.hwipam.io/mlx5_0.speed", "400000"))
+			g.Expect(n.Labels).To(HaveKeyWithValue("nic.hwipam.io/enp225s0f0np0", "eth"))
+			g.Expect(n.Labels).To(HaveKeyWithValue("nic.hwipam.io/netdevs", "hidden"))
+			g.Expect(n.Labels).NotTo(HaveKey("nic.hwipam.io/ibp24s0"))
 			g.Expect(n.Labels).To(HaveKeyWithValue("nic.hwipam.io/present", "true"))
 			g.Expect(n.Annotations).To(HaveKeyWithValue(v1alpha1.PoolsInUseAnnotation, "cidrpool/ncp-c,ncp-a"))
 			g.Expect(n.Annotations).To(HaveKey(v1alpha1.HeldAnnotation))
@@ -362,6 +369,9 @@ func renderFixture() string {
 	cert, key := webhookCert("nv-ipam-webhook-service." + operatorNS + ".svc")
 	tree, err := fakesysfs.DGXH100(filepath.Join(node.Dir, "sysfs-nicclusterpolicy"))
 	Expect(err).NotTo(HaveOccurred())
+	// The daemon runs without hostNetwork: its sysfs shows none of the host's
+	// netdevs, as a pod's does.
+	Expect(tree.PodView()).To(Succeed())
 	var out bytes.Buffer
 	Expect(tmpl.Execute(&out, map[string]string{
 		// The suite's image (BeforeSuite builds it as hwipam:e2e).
