@@ -344,10 +344,15 @@ func checkConfig(c *checker, confDir string) {
 func checkPools(c *checker, d *daemonState) {
 	for _, p := range d.pools {
 		switch {
+		case !p.GetActive() && p.GetAllocated() == 0:
+			// A pool deleted, or no longer selecting this node: nothing is held. Whether a
+			// pool should give this node a block is the API check's (block).
+			c.add(SeverityInfo, "pool", p.GetKey(), "no block on this node any more, nothing held", "")
 		case !p.GetActive():
-			c.add(SeverityError, "block", p.GetKey(), fmt.Sprintf("no active block on this node (%d allocation(s) kept); new "+
-				"allocations from it are refused", p.GetAllocated()),
-				"the pool no longer gives this node a block: check the pool's nodeSelector and status (kubectl get ippool -o yaml)")
+			c.add(SeverityWarning, "block", p.GetKey(), fmt.Sprintf("no active block on this node, %d allocation(s) kept from "+
+				"the last one; new allocations from it are refused", p.GetAllocated()),
+				"the pool no longer gives this node a block: check the pool's nodeSelector and status (kubectl get ippool -o yaml); "+
+					"the kept addresses go when their pods do")
 		case p.GetFree() == "0":
 			c.add(SeverityError, "pool", p.GetKey(), fmt.Sprintf("block %s-%s is full: %d allocated", p.GetStart(), p.GetEnd(),
 				p.GetAllocated()), "raise perNodeBlockSize (or the prefix), or find allocations whose pods are gone")

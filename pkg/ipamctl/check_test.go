@@ -187,6 +187,32 @@ func TestCheckFindsEachFault(t *testing.T) {
 		}
 	}
 
+	// A pool that left this node (deleted, or no longer selecting it): a warning
+	// while it holds addresses, nothing once they are gone.
+	oldStart := netip.MustParseAddr("10.79.0.1")
+	old := &nodealloc.PoolConfig{Name: "old", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.79.0.0/24"),
+		Block: iprange.Range{Start: oldStart, End: netip.MustParseAddr("10.79.0.8")}, ExclusionBase: oldStart}
+	if err := m.SetPool(old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Allocate(ctx, &nodealloc.Request{Pools: []string{"old"}, ContainerID: "c5", IfName: "net2",
+		Meta: nodealloc.Metadata{PodName: "trainer-0", PodNamespace: "default"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SyncPools([]*nodealloc.PoolConfig{cfg}); err != nil {
+		t.Fatal(err)
+	}
+	r, code = checkRun(t, args...)
+	wantOnly(t, "a pool gone with an allocation", r, code, "no active block on this node, 1 allocation(s) kept")
+	if err := m.Deallocate(ctx, &nodealloc.Request{Pools: []string{"old"}, ContainerID: "c5", IfName: "net2"}); err != nil {
+		t.Fatal(err)
+	}
+	r, code = checkRun(t, args...)
+	wantOnly(t, "a pool gone, nothing held", r, code)
+	if !strings.Contains(fmt.Sprint(r.Findings), "no block on this node any more, nothing held") {
+		t.Errorf("the empty pool that left is not reported: %+v", r.Findings)
+	}
+
 	// Each fault, one at a time.
 	run("ip", "link", "set", rail, "down")
 	r, code = checkRun(t, args...)
