@@ -205,10 +205,13 @@ func block(ctx context.Context, pool string) (netip.Addr, netip.Addr) {
 }
 
 // allocations lists the node daemon's allocations as "pool ip pod" lines, sorted.
-func allocations(ctx context.Context) []string {
+func allocations(ctx context.Context) []string { return allocationsFrom(ctx, nodeInfo) }
+
+// allocationsFrom is allocations of the daemon behind info.
+func allocationsFrom(ctx context.Context, info infov1.NodeInfoServiceClient) []string {
 	var out []string
 	Eventually(ctx, func(g Gomega) {
-		resp, err := nodeInfo.ListAllocations(ctx, &infov1.ListAllocationsRequest{})
+		resp, err := info.ListAllocations(ctx, &infov1.ListAllocationsRequest{})
 		g.Expect(err).NotTo(HaveOccurred())
 		out = out[:0]
 		for _, a := range resp.GetAllocations() {

@@ -138,18 +138,7 @@ var _ = Describe("NicClusterPolicy's nv-ipam rendering with the hwipam image", L
 	}, NodeTimeout(10*time.Minute))
 
 	// listAllocations lists the daemon's allocations as "pool ip pod" lines.
-	listAllocations := func(ctx context.Context) []string {
-		var out []string
-		Eventually(ctx, func(g Gomega) {
-			resp, err := info.ListAllocations(ctx, &infov1.ListAllocationsRequest{})
-			g.Expect(err).NotTo(HaveOccurred())
-			out = out[:0]
-			for _, a := range resp.GetAllocations() {
-				out = append(out, fmt.Sprintf("%s %s %s/%s", a.GetPool(), a.GetIp(), a.GetPodNamespace(), a.GetPodName()))
-			}
-		}).WithTimeout(60 * time.Second).Should(Succeed())
-		return out
-	}
+	listAllocations := func(ctx context.Context) []string { return allocationsFrom(ctx, info) }
 
 	It("runs the operator's rendering as it is: daemon without hostNetwork, two controllers, webhook", func(ctx SpecContext) {
 		ds := daemonPod(ctx)
