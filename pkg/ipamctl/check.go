@@ -508,7 +508,7 @@ func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, n
 		c.add(SeverityWarning, "api", "", "this node's name is not known (the daemon did not say)", "give --node-name")
 		return
 	}
-	cl, err := newClusterClient(f.kubeconfig)
+	cl, err := newClusterClient(f.kubeconfig, f.timeout)
 	if err != nil {
 		c.add(SeverityError, "api", "", err.Error(), "check --kubeconfig (in a pod: the service account's RBAC)")
 		return

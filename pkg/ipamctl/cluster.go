@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -127,11 +128,14 @@ type clusterState struct {
 	nadNote   string
 }
 
-func newClusterClient(kubeconfig string) (client.Client, error) {
+// newClusterClient is a client of the API server that gives up on a request after
+// timeout, so that an unreachable API server is reported, not waited for.
+func newClusterClient(kubeconfig string, timeout time.Duration) (client.Client, error) {
 	cfg, err := daemon.RESTConfig(kubeconfig)
 	if err != nil {
 		return nil, &ConnectionError{err}
 	}
+	cfg.Timeout = timeout
 	scheme, err := v1alpha1.NewScheme()
 	if err != nil {
 		return nil, err

@@ -2,11 +2,13 @@ package ipamctl_test
 
 import (
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -137,5 +139,37 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 	}
 	if len(nads) != 4 || code != ipamctl.ExitProblems {
 		t.Errorf("check --cluster: exit %d, NAD findings %q", code, nads)
+	}
+}
+
+// An API server that accepts connections and never answers: pools --cluster and
+// check report it within --timeout instead of hanging.
+func TestClusterUnreachableAPIServer(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close() // never accepted: the TLS handshake hangs
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://`+lis.Addr().String()+`", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = run(t, "pools", "--cluster", "--kubeconfig", kubeconfig, "--timeout", "500ms")
+	if ipamctl.ExitCode(err) != ipamctl.ExitUsage || time.Since(start) > 10*time.Second {
+		t.Errorf("pools --cluster against a silent API server: exit %d after %s: %v", ipamctl.ExitCode(err), time.Since(start), err)
+	}
+	start = time.Now()
+	r, code := checkRun(t, "--kubeconfig", kubeconfig, "--node-name", "n1", "--timeout", "500ms",
+		"--socket", "unix://"+filepath.Join(t.TempDir(), "none.sock"))
+	if code != ipamctl.ExitProblems || time.Since(start) > 10*time.Second ||
+		!slices.ContainsFunc(r.Findings, func(f ipamctl.Finding) bool { return f.Check == "api" && f.Severity == ipamctl.SeverityError }) {
+		t.Errorf("check against a silent API server: exit %d after %s: %+v", code, time.Since(start), r.Findings)
 	}
 }

@@ -32,7 +32,7 @@ type nodeFlags struct {
 func (f *nodeFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.socket, "socket", DefaultSocket, "ipam-node's gRPC address (unix:///path or host:port)")
 	cmd.Flags().StringVarP(&f.output, "output", "o", "table", "output format: table, json or yaml")
-	cmd.Flags().DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the daemon")
+	cmd.Flags().DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the daemon, and for each API request")
 }
 
 func (f *nodeFlags) call(ctx context.Context, fn func(context.Context, infov1.NodeInfoServiceClient) error) error {
@@ -109,7 +109,7 @@ func poolsCommand() *cobra.Command {
 				if err := checkOutput(f.output); err != nil {
 					return err
 				}
-				cl, err := newClusterClient(kubeconfig)
+				cl, err := newClusterClient(kubeconfig, f.timeout)
 				if err != nil {
 					return err
 				}
