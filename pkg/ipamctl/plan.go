@@ -412,16 +412,11 @@ func blockString(c *nodealloc.PoolConfig) string {
 func parseExclusions(ss []string) ([]v1alpha1.ExcludeRange, error) {
 	var out []v1alpha1.ExcludeRange
 	for _, s := range ss {
-		start, end, ok := strings.Cut(s, "-")
-		if !ok {
-			end = start
+		r, err := iprange.ParseRange(s)
+		if err != nil {
+			return nil, usageErrorf("--exclude: %v", err)
 		}
-		a, err1 := netip.ParseAddr(strings.TrimSpace(start))
-		b, err2 := netip.ParseAddr(strings.TrimSpace(end))
-		if err1 != nil || err2 != nil {
-			return nil, usageErrorf("--exclude %q: want START-END (two addresses) or one address", s)
-		}
-		out = append(out, v1alpha1.ExcludeRange{StartIP: a.String(), EndIP: b.String()})
+		out = append(out, v1alpha1.ExcludeRange{StartIP: r.Start.String(), EndIP: r.End.String()})
 	}
 	return out, nil
 }

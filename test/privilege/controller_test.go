@@ -76,6 +76,6 @@ func TestControllerWithItsOwnRights(t *testing.T) {
 		return nil
 	})
 	if s := logs.String(); strings.Contains(strings.ToLower(s), "forbidden") {
-		t.Errorf("ipam-controller was refused something:\n%s", tail(s, 30))
+		t.Errorf("ipam-controller was refused something:\n%s", harness.LastLines(s, 30))
 	}
 }

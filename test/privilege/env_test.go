@@ -359,16 +359,8 @@ func startWithEnv(t *testing.T, env []string, args ...string) *logBuffer {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		if t.Failed() && !testing.Verbose() {
-			t.Logf("output of %s:\n%s", filepath.Base(args[0]), tail(out.String(), 40))
+			t.Logf("output of %s:\n%s", filepath.Base(args[0]), harness.LastLines(out.String(), 40))
 		}
 	})
 	return out
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

@@ -218,7 +218,7 @@ func TestNodeDaemonConfinedToItsNode(t *testing.T) {
 			t.Errorf("the allocation of a live pod is gone: %v", err)
 		}
 		if s := logs.String(); strings.Contains(strings.ToLower(s), "forbidden") {
-			t.Errorf("ipam-node on its own node was refused something:\n%s", tail(s, 20))
+			t.Errorf("ipam-node on its own node was refused something:\n%s", harness.LastLines(s, 20))
 		}
 	})
 	// The real daemon told it runs on node-b, with node-a's token: refused, warned.

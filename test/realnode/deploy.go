@@ -14,6 +14,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/hwipam/hwipam/test/harness"
 )
 
 // BuildImage builds the hwipam image from the work tree at repo with `make image`
@@ -240,7 +242,7 @@ func (c *Cluster) WaitRollout(ctx context.Context, timeout time.Duration) error 
 			fmt.Sprintf("--timeout=%s", timeout)); err != nil {
 			pods, _ := c.Kubectl(ctx, "-n", "kube-system", "get", "pods", "-o", "wide")
 			events, _ := c.Kubectl(ctx, "-n", "kube-system", "get", "events", "--sort-by=.lastTimestamp")
-			return fmt.Errorf("%w\npods:\n%s\nevents:\n%s", err, pods, tailLines(events, 25))
+			return fmt.Errorf("%w\npods:\n%s\nevents:\n%s", err, pods, harness.LastLines(events, 25))
 		}
 	}
 	return nil
@@ -271,14 +273,6 @@ func keys(m map[string]string) []string {
 		k = append(k, n)
 	}
 	return k
-}
-
-func tailLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // Undeploy deletes what the current deployment (the last Deploy or Redeploy) created

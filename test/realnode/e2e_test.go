@@ -223,7 +223,12 @@ func allocationsFrom(ctx context.Context, info infov1.NodeInfoServiceClient) []s
 }
 
 func ipamNodePod(ctx context.Context) *corev1.Pod {
-	pods, err := node.Clientset.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=hwipam-node"})
+	return livePod(ctx, "kube-system", "app.kubernetes.io/name=hwipam-node")
+}
+
+// livePod is the one pod in namespace matching selector that is not being deleted.
+func livePod(ctx context.Context, namespace, selector string) *corev1.Pod {
+	pods, err := node.Clientset.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	Expect(err).NotTo(HaveOccurred())
 	var live []corev1.Pod
 	for _, p := range pods.Items {

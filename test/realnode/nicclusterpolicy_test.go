@@ -487,29 +487,10 @@ func createPlainPod(ctx context.Context, name string) {
 func operatorPods(ctx context.Context) string {
 	out, _ := node.Kubectl(ctx, "-n", operatorNS, "get", "pods", "-o", "wide")
 	events, _ := node.Kubectl(ctx, "-n", operatorNS, "get", "events", "--sort-by=.lastTimestamp")
-	return out + "\n" + tailLinesOf(events, 20)
+	return out + "\n" + harness.LastLines(events, 20)
 }
 
-func tailLinesOf(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-func daemonPod(ctx context.Context) *corev1.Pod {
-	pods, err := node.Clientset.CoreV1().Pods(operatorNS).List(ctx, metav1.ListOptions{LabelSelector: "name=nv-ipam-node"})
-	Expect(err).NotTo(HaveOccurred())
-	var live []corev1.Pod
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil {
-			live = append(live, p)
-		}
-	}
-	Expect(live).To(HaveLen(1))
-	return &live[0]
-}
+func daemonPod(ctx context.Context) *corev1.Pod { return livePod(ctx, operatorNS, "name=nv-ipam-node") }
 
 func daemonLogs(ctx context.Context) string {
 	logs, err := node.Kubectl(ctx, "-n", operatorNS, "logs", "daemonset/nv-ipam-node")
