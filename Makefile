@@ -115,7 +115,10 @@ test-assets: ## Build (once, then cached) kube-apiserver, etcd and the CNI refer
 
 .PHONY: test
 test: deps test-assets ## Install everything needed and run all tests (root for the netns tests).
-	$(ASSETS_ENV) && go test $(TEST_FLAGS) ./...
+	$(ASSETS_ENV) && go test $(TEST_FLAGS) $$(go list ./... | grep -v '/test/realnode$$')
+	@# The real node (kubelet, containerd, probes with deadlines) runs alone, not
+	@# beside other packages' tests on the same cores.
+	$(ASSETS_ENV) && go test $(TEST_FLAGS) ./test/realnode
 	$(MAKE) --no-print-directory fuzz
 
 .PHONY: fuzz

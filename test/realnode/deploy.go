@@ -240,12 +240,32 @@ func (c *Cluster) WaitRollout(ctx context.Context, timeout time.Duration) error 
 	for _, obj := range []string{"daemonset/hwipam-node", "deployment/hwipam-controller"} {
 		if _, err := c.Kubectl(ctx, "-n", "kube-system", "rollout", "status", obj,
 			fmt.Sprintf("--timeout=%s", timeout)); err != nil {
-			pods, _ := c.Kubectl(ctx, "-n", "kube-system", "get", "pods", "-o", "wide")
-			events, _ := c.Kubectl(ctx, "-n", "kube-system", "get", "events", "--sort-by=.lastTimestamp")
-			return fmt.Errorf("%w\npods:\n%s\nevents:\n%s", err, pods, harness.LastLines(events, 25))
+			return fmt.Errorf("%w\n%s", err, c.rolloutDiagnostics(obj))
 		}
 	}
 	return nil
+}
+
+// rolloutDiagnostics says why a rollout did not finish: the pods, the recent
+// events, and for each pod of the workload its description's tail and its
+// container's log (the previous run's too, when it restarted).
+func (c *Cluster) rolloutDiagnostics(obj string) string {
+	// A fresh context: the caller's may be what ran out.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var b strings.Builder
+	pods, _ := c.Kubectl(ctx, "-n", "kube-system", "get", "pods", "-o", "wide")
+	events, _ := c.Kubectl(ctx, "-n", "kube-system", "get", "events", "--sort-by=.lastTimestamp")
+	fmt.Fprintf(&b, "pods:\n%s\nevents:\n%s\n", pods, harness.LastLines(events, 25))
+	app := "app.kubernetes.io/name=" + obj[strings.IndexByte(obj, '/')+1:]
+	names, _ := c.Kubectl(ctx, "-n", "kube-system", "get", "pods", "-l", app, "-o", "jsonpath={.items[*].metadata.name}")
+	for _, pod := range strings.Fields(names) {
+		desc, _ := c.Kubectl(ctx, "-n", "kube-system", "describe", "pod", pod)
+		logs, _ := c.Kubectl(ctx, "-n", "kube-system", "logs", pod, "--tail=30")
+		prev, _ := c.Kubectl(ctx, "-n", "kube-system", "logs", pod, "--previous", "--tail=30")
+		fmt.Fprintf(&b, "pod %s:\n%s\nlog:\n%s\nprevious log:\n%s\n", pod, harness.LastLines(desc, 40), logs, prev)
+	}
+	return b.String()
 }
 
 // overrideArgs returns args with each "--flag=value" of over replacing the same flag
