@@ -18,13 +18,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 
-	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
-	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	"github.com/hwipam/hwipam/pkg/ipamwire"
 )
 
 // Plugin implements the CNI verbs. Stdout receives the result; nothing else is
@@ -41,44 +36,55 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 }
 
 type session struct {
-	cfg  *Config
-	conn *grpc.ClientConn
-	ipam nodev1.IPAMServiceClient
-	info infov1.NodeInfoServiceClient
-	ctx  context.Context
-	done func()
-	log  *logger
+	cfg    *Config
+	client *ipamwire.Client
+	ctx    context.Context
+	done   func()
+	log    *logger
 }
 
+// open reads the configuration and connects to the daemon: its compact endpoint,
+// or its gRPC socket when it has none (see ipamwire.Dial). A daemon that cannot be
+// reached is reported as the call's error, with code 11 (try again later).
 func (p *Plugin) open(args *skel.CmdArgs, needPod bool) (*session, error) {
 	cfg, err := LoadConfig(args.StdinData, args.Args, needPod)
 	if err != nil {
 		return nil, toCNIError(err)
 	}
-	target := strings.TrimPrefix(cfg.DaemonSocket, "tcp://")
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid daemonSocket", fmt.Sprintf("%s: %v", cfg.DaemonSocket, err))
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
-	s := &session{cfg: cfg, conn: conn, ipam: nodev1.NewIPAMServiceClient(conn), info: infov1.NewNodeInfoServiceClient(conn),
-		ctx: ctx, log: newLogger(cfg, p.Stderr)}
-	s.done = func() { cancel(); conn.Close(); s.log.close() }
+	s := &session{cfg: cfg, ctx: ctx, log: newLogger(cfg, p.Stderr)}
+	deadline, _ := ctx.Deadline()
+	s.client, err = ipamwire.Dial(cfg.DaemonSocket, deadline)
+	if err != nil {
+		cancel()
+		s.log.close()
+		if ipamwire.CodeOf(err) == ipamwire.InvalidArgument {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid daemonSocket", fmt.Sprintf("%s: %s", cfg.DaemonSocket, ipamwire.MessageOf(err)))
+		}
+		return nil, s.grpcError(verbOf(args), err)
+	}
+	s.done = func() { cancel(); _ = s.client.Close(); s.log.close() }
 	return s, nil
 }
 
-func (s *session) params(args *skel.CmdArgs) *nodev1.IPAMParameters {
-	pt := nodev1.PoolType_POOL_TYPE_IPPOOL
-	if s.cfg.PoolType == "cidrpool" {
-		pt = nodev1.PoolType_POOL_TYPE_CIDRPOOL
+// verbOf names the CNI command for error messages.
+func verbOf(*skel.CmdArgs) string {
+	if v := os.Getenv("CNI_COMMAND"); v != "" {
+		return v
 	}
-	prm := &nodev1.IPAMParameters{Pools: s.cfg.Pools, CniContainerid: args.ContainerID, CniIfname: args.IfName, PoolType: pt,
-		NetworkName: s.cfg.Network,
-		Metadata: &nodev1.IPAMMetadata{K8SPodName: s.cfg.PodName, K8SPodNamespace: s.cfg.PodNamespace,
-			K8SPodUid: s.cfg.PodUID, DeviceId: s.cfg.DeviceID},
-		Features: &nodev1.IPAMFeatures{AllocateDefaultGateway: s.cfg.Gateway, AllocateIpWithIndex: s.cfg.Index}}
+	return "call"
+}
+
+func (s *session) params(args *skel.CmdArgs) *ipamwire.Params {
+	pt := ipamwire.PoolTypeIPPool
+	if s.cfg.PoolType == "cidrpool" {
+		pt = ipamwire.PoolTypeCIDRPool
+	}
+	prm := &ipamwire.Params{Pools: s.cfg.Pools, ContainerID: args.ContainerID, IfName: args.IfName, PoolType: pt,
+		NetworkName: s.cfg.Network, PodName: s.cfg.PodName, PodNamespace: s.cfg.PodNamespace,
+		PodUID: s.cfg.PodUID, DeviceID: s.cfg.DeviceID, AllocateDefaultGateway: s.cfg.Gateway, AllocateIPWithIndex: s.cfg.Index}
 	for _, a := range s.cfg.RequestedIPs {
-		prm.RequestedIps = append(prm.RequestedIps, a.String())
+		prm.RequestedIPs = append(prm.RequestedIPs, a.String())
 	}
 	return prm
 }
@@ -90,26 +96,26 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return err
 	}
 	defer s.done()
-	resp, err := s.ipam.Allocate(s.ctx, &nodev1.AllocateRequest{Parameters: s.params(args)})
+	allocs, err := s.client.Allocate(s.ctx, s.params(args))
 	if err != nil {
 		s.log.printf("ADD %s/%s pools %v: %v", args.ContainerID, args.IfName, s.cfg.Pools, err)
 		return s.grpcError("ADD", err)
 	}
 	res := &current.Result{CNIVersion: current.ImplementedSpecVersion}
-	for _, a := range resp.GetAllocations() {
-		pfx, err := netip.ParsePrefix(a.GetIp())
+	for _, a := range allocs {
+		pfx, err := netip.ParsePrefix(a.IP)
 		if err != nil {
-			return types.NewError(types.ErrInternal, "the daemon returned an invalid address", a.GetIp())
+			return types.NewError(types.ErrInternal, "the daemon returned an invalid address", a.IP)
 		}
 		ipc := &current.IPConfig{Address: net.IPNet{IP: pfx.Addr().AsSlice(), Mask: net.CIDRMask(pfx.Bits(), pfx.Addr().BitLen())}}
 		var gw net.IP
-		if g, err := netip.ParseAddr(a.GetGateway()); err == nil {
+		if g, err := netip.ParseAddr(a.Gateway); err == nil {
 			gw = g.AsSlice()
 			ipc.Gateway = gw
 		}
 		res.IPs = append(res.IPs, ipc)
-		for _, r := range a.GetRoutes() {
-			dst, err := netip.ParsePrefix(r.GetDest())
+		for _, r := range a.Routes {
+			dst, err := netip.ParsePrefix(r)
 			if err != nil {
 				continue
 			}
@@ -143,7 +149,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return err
 	}
 	defer s.done()
-	if _, err := s.ipam.Deallocate(s.ctx, &nodev1.DeallocateRequest{Parameters: s.params(args)}); err != nil {
+	if err := s.client.Deallocate(s.ctx, s.params(args)); err != nil {
 		s.log.printf("DEL %s/%s: %v", args.ContainerID, args.IfName, err)
 		return s.grpcError("DEL", err)
 	}
@@ -159,7 +165,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		return err
 	}
 	defer s.done()
-	if _, err := s.ipam.IsAllocated(s.ctx, &nodev1.IsAllocatedRequest{Parameters: s.params(args)}); err != nil {
+	if err := s.client.IsAllocated(s.ctx, s.params(args)); err != nil {
 		return s.grpcError("CHECK", err)
 	}
 	if len(s.cfg.PrevResult) == 0 {
@@ -171,13 +177,13 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	}
 	held := map[string]bool{}
 	for _, pool := range s.cfg.Pools {
-		resp, err := s.info.ListAllocations(s.ctx, &infov1.ListAllocationsRequest{Pool: s.storeKey(pool)})
+		list, err := s.client.ListAllocations(s.ctx, s.storeKey(pool))
 		if err != nil {
 			return s.grpcError("CHECK", err)
 		}
-		for _, a := range resp.GetAllocations() {
-			if a.GetContainerId() == args.ContainerID && a.GetIfName() == args.IfName {
-				held[a.GetIp()] = true
+		for _, a := range list {
+			if a.ContainerID == args.ContainerID && a.IfName == args.IfName {
+				held[a.IP] = true
 			}
 		}
 	}
@@ -233,21 +239,21 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	}
 	var errs []error
 	for _, pool := range s.cfg.Pools {
-		resp, err := s.info.ListAllocations(s.ctx, &infov1.ListAllocationsRequest{Pool: s.storeKey(pool)})
+		list, err := s.client.ListAllocations(s.ctx, s.storeKey(pool))
 		if err != nil {
 			return s.grpcError("GC", err)
 		}
-		for _, a := range resp.GetAllocations() {
-			if a.GetNetwork() != s.cfg.Network || valid[a.GetContainerId()+"/"+a.GetIfName()] {
+		for _, a := range list {
+			if a.Network != s.cfg.Network || valid[a.ContainerID+"/"+a.IfName] {
 				continue
 			}
-			prm := s.params(&skel.CmdArgs{ContainerID: a.GetContainerId(), IfName: a.GetIfName()})
+			prm := s.params(&skel.CmdArgs{ContainerID: a.ContainerID, IfName: a.IfName})
 			prm.Pools = []string{pool}
-			if _, err := s.ipam.Deallocate(s.ctx, &nodev1.DeallocateRequest{Parameters: prm}); err != nil {
+			if err := s.client.Deallocate(s.ctx, prm); err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			s.log.printf("GC released %s (%s/%s) in pool %s", a.GetIp(), a.GetContainerId(), a.GetIfName(), pool)
+			s.log.printf("GC released %s (%s/%s) in pool %s", a.IP, a.ContainerID, a.IfName, pool)
 		}
 	}
 	if len(errs) > 0 {
@@ -264,14 +270,14 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 		return err
 	}
 	defer s.done()
-	resp, err := s.info.ListPools(s.ctx, &infov1.ListPoolsRequest{})
+	pools, err := s.client.ListPools(s.ctx)
 	if err != nil {
 		return types.NewError(types.ErrPluginNotAvailable, "ipam-node is not reachable",
 			fmt.Sprintf("%s: %v", s.cfg.DaemonSocket, err))
 	}
 	active := map[string]bool{}
-	for _, pl := range resp.GetPools() {
-		active[pl.GetKey()] = pl.GetActive()
+	for _, pl := range pools {
+		active[pl.Key] = pl.Active
 	}
 	for _, pool := range s.cfg.Pools {
 		if !active[s.storeKey(pool)] {
@@ -287,25 +293,25 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 // node" from Allocate (hwipam's and nv-ipam's daemons alike) and "nothing
 // allocated" from IsAllocated.
 func (s *session) grpcError(verb string, err error) error {
-	st, _ := status.FromError(err)
-	switch st.Code() {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+	msg := ipamwire.MessageOf(err)
+	switch ipamwire.CodeOf(err) {
+	case ipamwire.Unavailable, ipamwire.DeadlineExceeded, ipamwire.Canceled:
 		return types.NewError(types.ErrTryAgainLater, "ipam-node is not reachable; try again later",
-			fmt.Sprintf("%s %s within %s: %s", verb, s.cfg.DaemonSocket, s.cfg.Timeout, st.Message()))
-	case codes.InvalidArgument:
-		return types.NewError(types.ErrInvalidNetworkConfig, "invalid request", st.Message())
-	case codes.NotFound:
+			fmt.Sprintf("%s %s within %s: %s", verb, s.cfg.DaemonSocket, s.cfg.Timeout, msg))
+	case ipamwire.InvalidArgument:
+		return types.NewError(types.ErrInvalidNetworkConfig, "invalid request", msg)
+	case ipamwire.NotFound:
 		if verb == "ADD" {
 			// Usually transient (a new node before ipam-controller gave it a block, a
 			// daemon that has not listed the pools yet), so 11: the runtime retries,
 			// and the details say what to check when it is not.
-			return types.NewError(types.ErrTryAgainLater, "pool has no block on this node", st.Message())
+			return types.NewError(types.ErrTryAgainLater, "pool has no block on this node", msg)
 		}
-		return types.NewError(types.ErrUnknownContainer, "not found", st.Message())
-	case codes.ResourceExhausted:
-		return types.NewError(types.ErrInternal, "pool exhausted", st.Message())
+		return types.NewError(types.ErrUnknownContainer, "not found", msg)
+	case ipamwire.ResourceExhausted:
+		return types.NewError(types.ErrInternal, "pool exhausted", msg)
 	}
-	return types.NewError(types.ErrInternal, verb+" failed", st.Message())
+	return types.NewError(types.ErrInternal, verb+" failed", msg)
 }
 
 func toCNIError(err error) error {

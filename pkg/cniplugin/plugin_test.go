@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -36,8 +37,23 @@ func conf(version, socket, extra string) []byte {
 
 const podArgs = "IgnoreUnknown=1;K8S_POD_NAME=p1;K8S_POD_NAMESPACE=ns;K8S_POD_UID=u1"
 
+// grpcOnlyDaemon is daemon without the compact endpoint: a daemon of an earlier
+// version during a rolling upgrade, or nv-ipam's.
+func grpcOnlyDaemon(t *testing.T) (string, *nodealloc.Manager) {
+	t.Helper()
+	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.100")
+	return harness.ServeNodeGRPCOnly(t, &nodealloc.PoolConfig{Name: "net-a", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.1.0.0/24"),
+		Block: iprange.Range{Start: start, End: end}, ExclusionBase: start, Gateway: start, DefaultGateway: true})
+}
+
 func TestVerbsAcrossSpecVersions(t *testing.T) {
-	socket, m := daemon(t)
+	for name, serve := range map[string]func(*testing.T) (string, *nodealloc.Manager){"compact endpoint": daemon, "gRPC only": grpcOnlyDaemon} {
+		t.Run(name, func(t *testing.T) { verbsAcrossSpecVersions(t, serve) })
+	}
+}
+
+func verbsAcrossSpecVersions(t *testing.T, serve func(*testing.T) (string, *nodealloc.Manager)) {
+	socket, m := serve(t)
 	for i, v := range []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
 		t.Run(v, func(t *testing.T) {
 			var out bytes.Buffer
@@ -226,5 +242,24 @@ func TestGatewayHolderResult(t *testing.T) {
 	}
 	if len(res.IPs) != 1 || res.IPs[0].Address != "10.1.0.1/24" || res.IPs[0].Gateway != "" || len(res.Routes) != 0 {
 		t.Errorf("ADD result = %s, want 10.1.0.1/24 with no gateway and no routes", out.String())
+	}
+}
+
+// TestImportGraphIsLean: the plugin binary, exec'd for every CNI call, links
+// neither grpc-go, net/http nor the protobuf runtime.
+func TestImportGraphIsLean(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", filepath.Join(harness.RepoRoot(), "cmd", "nv-ipam")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v: %s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	for _, d := range deps {
+		if strings.HasPrefix(d, "google.golang.org/grpc") || d == "net/http" || strings.HasPrefix(d, "google.golang.org/protobuf") ||
+			strings.HasPrefix(d, "k8s.io/") {
+			t.Errorf("cmd/nv-ipam imports %s", d)
+		}
+	}
+	if len(deps) > 120 {
+		t.Errorf("cmd/nv-ipam links %d packages, want at most 120 (it had 325 with grpc-go)", len(deps))
 	}
 }

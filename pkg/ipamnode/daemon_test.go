@@ -25,6 +25,7 @@ import (
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/ipamnode"
+	"github.com/hwipam/hwipam/pkg/ipamwire"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -157,10 +158,13 @@ func TestDaemonServesSyncsAndSurvivesAPIOutage(t *testing.T) {
 	d := startDaemon(t, cp.Config, dir, nil)
 	ctx := t.Context()
 
-	fi, err := os.Stat(d.socket)
-	if err != nil || fi.Mode().Perm() != 0o600 {
-		t.Errorf("socket mode = %v %v, want 0600", fi.Mode(), err)
+	for _, sock := range []string{d.socket, ipamwire.FastSocketPath(d.socket)} {
+		fi, err := os.Stat(sock)
+		if err != nil || fi.Mode().Perm() != 0o600 || fi.Mode().Type() != os.ModeSocket {
+			t.Errorf("%s: mode = %v %v, want a socket with mode 0600", sock, fi.Mode(), err)
+		}
 	}
+	var err error
 	var first *nodev1.AllocateResponse
 	waitFor(t, "the pool to sync", func() bool {
 		first, err = d.ipam.Allocate(ctx, &nodev1.AllocateRequest{Parameters: params("c1", "rail0")})
@@ -193,6 +197,22 @@ func TestDaemonServesSyncsAndSurvivesAPIOutage(t *testing.T) {
 	_, err = d.ipam.Allocate(ctx, &nodev1.AllocateRequest{Parameters: params("c7", "rail0")})
 	if code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "10.5.0.1-10.5.0.4") {
 		t.Errorf("full block: %v, want ResourceExhausted naming the block", err)
+	}
+	// The plugin's compact endpoint gives the same answer and code as gRPC.
+	wc, err := ipamwire.Dial("unix://"+d.socket, time.Now().Add(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wc.Close()
+	if wc.Transport() != ipamwire.TransportFast {
+		t.Errorf("the plugin's client uses %s, want the compact endpoint", wc.Transport())
+	}
+	_, err = wc.Allocate(ctx, &ipamwire.Params{Pools: []string{"rail0"}, ContainerID: "c7", IfName: "net1", PodName: "pod-c7", PodNamespace: "default"})
+	if ipamwire.CodeOf(err) != ipamwire.ResourceExhausted || !strings.Contains(err.Error(), "10.5.0.1-10.5.0.4") {
+		t.Errorf("full block over the compact endpoint: %v, want ResourceExhausted naming the block", err)
+	}
+	if err := wc.IsAllocated(ctx, &ipamwire.Params{Pools: []string{"rail0"}, ContainerID: "c1", IfName: "net1"}); err != nil {
+		t.Errorf("IsAllocated over the compact endpoint: %v", err)
 	}
 	if _, err := d.ipam.Deallocate(ctx, &nodev1.DeallocateRequest{Parameters: params("c6", "rail0")}); err != nil {
 		t.Fatal(err)

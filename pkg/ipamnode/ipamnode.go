@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -40,6 +41,7 @@ import (
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/pkg/daemon"
+	"github.com/hwipam/hwipam/pkg/ipamwire"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/nodeservice"
 	"github.com/hwipam/hwipam/pkg/store"
@@ -107,12 +109,26 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics(logger), requestMetrics, requestLogger(logger)))
+	interceptors := []grpc.UnaryServerInterceptor{recoverPanics(logger), requestMetrics, requestLogger(logger)}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptors...))
 	svc := &nodeservice.Service{Manager: mgrState, Info: &infov1.GetInfoResponse{Version: version.String(), NodeName: o.NodeName,
 		StoreFile: o.StoreFile, CniBinDir: o.CNI.BinDir, CniConfDir: o.CNI.ConfDir, PluginSha256: pluginSum,
 		PoolsNamespace: o.PoolsNamespace}}
 	nodev1.RegisterIPAMServiceServer(srv, svc)
 	infov1.RegisterNodeInfoServiceServer(srv, svc)
+	// The plugin's compact endpoint, beside a unix gRPC socket.
+	var fast *nodeservice.FastServer
+	var fastLis net.Listener
+	if network, addr, _ := parseBindAddress(o.BindAddress); network == "unix" && o.FastEndpoint {
+		fastAddr := ipamwire.FastSocketPath(addr)
+		if fastLis, err = listen("unix://" + fastAddr); err != nil {
+			_ = lis.Close()
+			return fmt.Errorf("the plugin's compact endpoint: %w", err)
+		}
+		fast = nodeservice.NewFastServer(logger.WithName("fast-endpoint"), interceptors...)
+		fast.Register(&nodev1.IPAMService_ServiceDesc, svc)
+		fast.Register(&infov1.NodeInfoService_ServiceDesc, svc)
+	}
 
 	cfg := o.RestConfig
 	if cfg == nil {
@@ -205,6 +221,14 @@ func Run(ctx context.Context, o *Options) error {
 		}
 		return nil
 	})
+	if fast != nil {
+		g.Go(func() error {
+			if err := fast.Serve(fastLis); err != nil {
+				return fmt.Errorf("serving the compact endpoint on %s: %w", fastLis.Addr(), err)
+			}
+			return nil
+		})
+	}
 	g.Go(func() error {
 		pools.startup(gctx, logger.WithName("poolsync"))
 		return nil
@@ -219,7 +243,15 @@ func Run(ctx context.Context, o *Options) error {
 		<-gctx.Done()
 		serving.Store(false)
 		stopped := make(chan struct{})
-		go func() { srv.GracefulStop(); close(stopped) }()
+		go func() {
+			var wg sync.WaitGroup
+			if fast != nil {
+				wg.Go(func() { fast.Stop(shutdownGrace) })
+			}
+			srv.GracefulStop()
+			wg.Wait()
+			close(stopped)
+		}()
 		select {
 		case <-stopped:
 		case <-time.After(shutdownGrace):

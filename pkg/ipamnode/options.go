@@ -20,6 +20,7 @@ type Options struct {
 	Kubeconfig             string
 	PoolsNamespace         string
 	BindAddress            string
+	FastEndpoint           bool
 	StoreFile              string
 	MetricsBindAddress     string
 	HealthProbeBindAddress string
@@ -45,6 +46,7 @@ func NewOptions() *Options {
 		NodeName:               os.Getenv("NODE_NAME"),
 		PoolsNamespace:         "kube-system",
 		BindAddress:            "unix:///var/lib/cni/nv-ipam/daemon.sock",
+		FastEndpoint:           true,
 		StoreFile:              "/var/lib/cni/nv-ipam/store",
 		MetricsBindAddress:     ":8080",
 		HealthProbeBindAddress: ":8081",
@@ -69,6 +71,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	daemon.AddAPIFlags(fs, &o.Kubeconfig, &o.PoolsNamespace)
 	fs.StringVar(&o.BindAddress, "bind-address", o.BindAddress,
 		"Where the gRPC API listens: unix:///path (socket created with mode 0600) or tcp://host:port.")
+	fs.BoolVar(&o.FastEndpoint, "fast-endpoint", o.FastEndpoint,
+		"Also serve the CNI plugin's compact endpoint, a socket beside a unix --bind-address (daemon.sock: daemon-fast.sock, mode 0600); "+
+			"the plugin uses the gRPC socket when it is absent.")
 	fs.StringVar(&o.StoreFile, "store-file", o.StoreFile, "The allocation store; an nv-ipam JSON store found here is imported.")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint; 0 disables it.")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress,

@@ -4,11 +4,14 @@ import (
 	"net"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	"github.com/hwipam/hwipam/pkg/ipamwire"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/nodeservice"
 	"github.com/hwipam/hwipam/pkg/store"
@@ -16,9 +19,10 @@ import (
 
 // ServeNode runs the node daemon's gRPC services in-process, over a real store in
 // a temporary directory, on a unix socket, with the given pools active on node
-// "n1". It returns the socket as a unix:// address and the allocation state; both
-// are torn down when the test ends. Tests of gRPC clients (the CNI plugin,
-// ipamctl) use it where the whole daemon process is not the point.
+// "n1", and the plugin's compact endpoint beside it, as ipam-node does. It returns
+// the socket as a unix:// address and the allocation state; both are torn down
+// when the test ends. Tests of the daemon's clients (the CNI plugin, ipamctl) use
+// it where the whole daemon process is not the point.
 func ServeNode(tb testing.TB, pools ...*nodealloc.PoolConfig) (string, *nodealloc.Manager) {
 	tb.Helper()
 	return ServeNodeIn(tb, tb.TempDir(), nil, pools...)
@@ -27,6 +31,18 @@ func ServeNode(tb testing.TB, pools ...*nodealloc.PoolConfig) (string, *nodeallo
 // ServeNodeIn is ServeNode with the store and socket in dir (dir/store,
 // dir/d.sock) and info as the service's GetInfo answer.
 func ServeNodeIn(tb testing.TB, dir string, info *infov1.GetInfoResponse, pools ...*nodealloc.PoolConfig) (string, *nodealloc.Manager) {
+	tb.Helper()
+	return serveNode(tb, dir, info, true, pools...)
+}
+
+// ServeNodeGRPCOnly is ServeNode without the compact endpoint: a daemon of a
+// version before it, or nv-ipam's.
+func ServeNodeGRPCOnly(tb testing.TB, pools ...*nodealloc.PoolConfig) (string, *nodealloc.Manager) {
+	tb.Helper()
+	return serveNode(tb, tb.TempDir(), nil, false, pools...)
+}
+
+func serveNode(tb testing.TB, dir string, info *infov1.GetInfoResponse, fast bool, pools ...*nodealloc.PoolConfig) (string, *nodealloc.Manager) {
 	tb.Helper()
 	st, err := store.Open(filepath.Join(dir, "store"), store.Options{})
 	if err != nil {
@@ -53,5 +69,16 @@ func ServeNodeIn(tb testing.TB, dir string, info *infov1.GetInfoResponse, pools 
 	infov1.RegisterNodeInfoServiceServer(srv, svc)
 	go func() { _ = srv.Serve(lis) }()
 	tb.Cleanup(srv.Stop)
+	if fast {
+		flis, err := net.Listen("unix", ipamwire.FastSocketPath(sock))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		fs := nodeservice.NewFastServer(logr.Discard())
+		fs.Register(&nodev1.IPAMService_ServiceDesc, svc)
+		fs.Register(&infov1.NodeInfoService_ServiceDesc, svc)
+		go func() { _ = fs.Serve(flis) }()
+		tb.Cleanup(func() { fs.Stop(time.Second) })
+	}
 	return "unix://" + sock, m
 }
