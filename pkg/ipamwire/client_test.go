@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
-	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/ipamwire"
+	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/test/harness"
 )
