@@ -1,18 +1,22 @@
 package bench
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/test/harness"
 )
@@ -22,29 +26,54 @@ type cniPlugin struct {
 	name   string
 	bin    string
 	conf   []byte
-	fill   func(b *testing.B, n int) // brings the plugin to n existing allocations
+	fill   func(b *testing.B, n int) // brings the plugin to n more existing allocations
 	binDir string
 	netns  string
+	// held lists the addresses the plugin's store holds for containers whose ID
+	// starts with prefix (nil: not checked).
+	held func(b *testing.B, prefix string) []string
 }
 
-func (p *cniPlugin) exec(cmd, cid string) error {
+// exec runs one CNI command and returns the addresses an ADD printed.
+func (p *cniPlugin) exec(cmd, cid string) ([]string, error) {
 	c := exec.Command(p.bin)
 	c.Env = append(os.Environ(), "CNI_COMMAND="+cmd, "CNI_CONTAINERID="+cid, "CNI_NETNS="+p.netns,
 		"CNI_IFNAME=net1", "CNI_PATH="+p.binDir,
 		"CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAME=pod-"+cid+";K8S_POD_NAMESPACE=default")
-	c.Stdin = strings.NewReader(string(p.conf))
-	out, err := c.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s %s: %w: %s", p.name, cmd, err, out)
+	c.Stdin = bytes.NewReader(p.conf)
+	var stdout, stderr bytes.Buffer
+	c.Stdout, c.Stderr = &stdout, &stderr
+	if err := c.Run(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s%s", p.name, cmd, err, stdout.Bytes(), stderr.Bytes())
 	}
-	return nil
+	if cmd != "ADD" || p.name == "floor" {
+		return nil, nil
+	}
+	var res struct {
+		IPs []struct {
+			Address string `json:"address"`
+		} `json:"ips"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil || len(res.IPs) == 0 {
+		return nil, fmt.Errorf("%s ADD printed %q: %v", p.name, stdout.Bytes(), err)
+	}
+	var out []string
+	for _, ip := range res.IPs {
+		out = append(out, ip.Address)
+	}
+	return out, nil
 }
 
 // BenchmarkCNI measures the CNI path as a runtime pays for it — one plugin exec
-// per call, config on stdin — for nv-ipam against the running ipam-node, for the
-// reference host-local plugin, and for a bare exec of a trivial Go binary (the
-// floor): sequential ADD p50/p99 at 0, 2,000 and 10,000 existing allocations, DEL
-// p50, and ADD throughput with 16 and 64 concurrent execs.
+// per call, config on stdin — side by side in one run: a bare exec of a trivial Go
+// binary (the floor), hwipam's nv-ipam plugin against ipam-node (compact endpoint),
+// the same plugin against an ipam-node without it (gRPC, as during a rolling
+// upgrade), and the reference host-local plugin. For 0, 2,000 and 10,000 existing
+// allocations: sequential ADD and DEL p50/p99, the plugins interleaved call by call
+// so that the machine's drift hits all alike, and each plugin's ratio to the floor.
+// Then ADD throughput with 16 and 64 concurrent execs, and a check that no address
+// was handed out twice or lost: the addresses printed are distinct and are exactly
+// those the daemon holds for them.
 func BenchmarkCNI(b *testing.B) {
 	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{})
 	ctx := context.Background()
@@ -68,65 +97,155 @@ func BenchmarkCNI(b *testing.B) {
 	if refBin == "" {
 		b.Fatal(harness.ErrNoCNIPlugins)
 	}
-	binDir := b.TempDir()
-	daemonDir := b.TempDir()
 	nvipam := harness.BuildBinary(b, "./cmd/nv-ipam")
-	d, _ := startNodeDaemonArgs(b, harness.BuildBinary(b, "./cmd/ipam-node"), kubeconfig, daemonDir,
-		"--cni-bin-dir", binDir, "--cni-nv-ipam-bin-file", nvipam, "--cni-conf-dir", filepath.Join(daemonDir, "conf"),
-		"--cni-daemon-socket", "unix://"+filepath.Join(daemonDir, "daemon.sock"), "--cni-log-file", "")
-	defer d.stop()
-	d.waitForPool(b)
-
+	ipamNode := harness.BuildBinary(b, "./cmd/ipam-node")
+	// Two daemons on one node, each with its own store and socket: one serves the
+	// compact endpoint, one only gRPC. The plugin is the same binary.
+	hwipam := func(name string, extra ...string) *cniPlugin {
+		binDir, dir := b.TempDir(), b.TempDir()
+		d, _ := startNodeDaemonArgs(b, ipamNode, kubeconfig, dir, append([]string{
+			"--cni-bin-dir", binDir, "--cni-nv-ipam-bin-file", nvipam, "--cni-conf-dir", filepath.Join(dir, "conf"),
+			"--cni-daemon-socket", "unix://" + filepath.Join(dir, "daemon.sock"), "--cni-log-file", ""}, extra...)...)
+		b.Cleanup(d.stop)
+		d.waitForPool(b)
+		info := infov1.NewNodeInfoServiceClient(d.conn)
+		return &cniPlugin{name: name, bin: filepath.Join(binDir, "nv-ipam"), binDir: binDir,
+			conf: []byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "nv-ipam", "confDir": %q}}`,
+				filepath.Join(dir, "conf"))),
+			fill: func(b *testing.B, n int) { fill(b, d, fmt.Sprintf("prefill%d", time.Now().UnixNano()), n) },
+			held: func(b *testing.B, prefix string) []string {
+				resp, err := info.ListAllocations(ctx, &infov1.ListAllocationsRequest{Pool: "bench"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var out []string
+				for _, a := range resp.GetAllocations() {
+					if strings.HasPrefix(a.GetContainerId(), prefix) {
+						out = append(out, a.GetIp())
+					}
+				}
+				return out
+			}}
+	}
 	hostLocalData := b.TempDir()
 	plugins := []*cniPlugin{
-		{name: "nv-ipam", bin: filepath.Join(binDir, "nv-ipam"), binDir: binDir,
-			conf: []byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "nv-ipam", "confDir": %q}}`,
-				filepath.Join(daemonDir, "conf"))),
-			fill: func(b *testing.B, n int) { fill(b, d, fmt.Sprintf("prefill%d", n), n) }},
+		{name: "floor", bin: filepath.Join(refBin, "noop"), binDir: refBin, conf: []byte(`{}`), fill: func(*testing.B, int) {}},
+		hwipam("nv-ipam"),
+		hwipam("nv-ipam-grpc", "--fast-endpoint=false"),
 		{name: "host-local", bin: filepath.Join(refBin, "host-local"), binDir: refBin,
 			conf: []byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "host-local", "dataDir": %q,
 				"ranges": [[{"subnet": "10.0.0.0/8", "rangeStart": "10.0.0.1", "rangeEnd": "10.1.0.0"}]]}}`, hostLocalData)),
-			fill: func(b *testing.B, n int) { fillHostLocal(b, filepath.Join(hostLocalData, "bench"), n) }},
-		{name: "floor", bin: filepath.Join(refBin, "noop"), binDir: refBin, conf: []byte(`{}`), fill: func(*testing.B, int) {}},
+			fill: func(b *testing.B, n int) { fillHostLocal(b, filepath.Join(hostLocalData, "bench"), n) },
+			held: func(b *testing.B, prefix string) []string { return hostLocalHeld(b, filepath.Join(hostLocalData, "bench"), prefix) }},
 	}
 	// IPAM plugins never enter the pod's namespace, but skel refuses the caller's own.
 	podNS := harness.NewNetNS(b)
 	for _, p := range plugins {
 		p.netns = podNS.Path
-		filled := 0
-		for _, existing := range []int{0, 2000, 10000} {
+	}
+
+	filled := 0
+	for _, existing := range []int{0, 2000, 10000} {
+		for _, p := range plugins {
 			p.fill(b, existing-filled)
-			filled = existing
-			b.Run(fmt.Sprintf("%s/sequential/existing=%d", p.name, existing), func(b *testing.B) {
-				const n = 200
-				add := make([]time.Duration, 0, n)
-				del := make([]time.Duration, 0, n)
-				for i := range n {
+		}
+		filled = existing
+		b.Run(fmt.Sprintf("sequential/existing=%d", existing), func(b *testing.B) {
+			const rounds = 200
+			add := map[string][]time.Duration{}
+			del := map[string][]time.Duration{}
+			for i := range rounds {
+				for _, p := range plugins {
 					cid := fmt.Sprintf("seq-%d-%d", existing, i)
 					t0 := time.Now()
-					if err := p.exec("ADD", cid); err != nil {
+					if _, err := p.exec("ADD", cid); err != nil {
 						b.Fatal(err)
 					}
-					add = append(add, time.Since(t0))
+					add[p.name] = append(add[p.name], time.Since(t0))
 					t0 = time.Now()
-					if err := p.exec("DEL", cid); err != nil {
+					if _, err := p.exec("DEL", cid); err != nil {
 						b.Fatal(err)
 					}
-					del = append(del, time.Since(t0))
+					del[p.name] = append(del[p.name], time.Since(t0))
 				}
-				b.ReportMetric(float64(percentile(add, 0.5).Microseconds())/1000, "ADD-p50-ms")
-				b.ReportMetric(float64(percentile(add, 0.99).Microseconds())/1000, "ADD-p99-ms")
-				b.ReportMetric(float64(percentile(del, 0.5).Microseconds())/1000, "DEL-p50-ms")
-			})
-		}
-		for _, clients := range []int{16, 64} {
-			b.Run(fmt.Sprintf("%s/concurrent/execs=%d", p.name, clients), func(b *testing.B) {
-				rate := concurrently(b, clients, 640, func(i int) error { return p.exec("ADD", fmt.Sprintf("conc-%d-%d", clients, i)) })
-				b.ReportMetric(rate, "ADD/s")
-			})
-		}
+			}
+			floorAdd, floorAdd99 := percentile(add["floor"], 0.5), percentile(add["floor"], 0.99)
+			floorDel := percentile(del["floor"], 0.5)
+			for _, p := range plugins {
+				a50, a99, d50 := percentile(add[p.name], 0.5), percentile(add[p.name], 0.99), percentile(del[p.name], 0.5)
+				b.ReportMetric(ms(a50), p.name+"-ADD-p50-ms")
+				b.ReportMetric(ms(a99), p.name+"-ADD-p99-ms")
+				b.ReportMetric(ms(d50), p.name+"-DEL-p50-ms")
+				b.ReportMetric(ms(percentile(del[p.name], 0.99)), p.name+"-DEL-p99-ms")
+				if p.name != "floor" {
+					b.ReportMetric(float64(a50)/float64(floorAdd), p.name+"-ADD-p50-x-floor")
+					b.ReportMetric(float64(a99)/float64(floorAdd99), p.name+"-ADD-p99-x-floor-p99")
+					b.ReportMetric(float64(d50)/float64(floorDel), p.name+"-DEL-p50-x-floor")
+				}
+			}
+		})
+	}
+	for _, execs := range []int{16, 64} {
+		b.Run(fmt.Sprintf("concurrent/execs=%d", execs), func(b *testing.B) {
+			const total = 1200
+			var floorRate float64
+			for _, p := range plugins {
+				prefix := fmt.Sprintf("conc-%d-", execs)
+				var mu sync.Mutex
+				printed := map[string]string{}
+				rate := concurrently(b, execs, total, func(i int) error {
+					cid := fmt.Sprintf("%s%d", prefix, i)
+					ips, err := p.exec("ADD", cid)
+					mu.Lock()
+					defer mu.Unlock()
+					for _, ip := range ips {
+						if other, dup := printed[ip]; dup {
+							return fmt.Errorf("%s handed %s to both %s and %s", p.name, ip, other, cid)
+						}
+						printed[ip] = cid
+					}
+					return err
+				})
+				b.ReportMetric(rate, p.name+"-ADD/s")
+				if p.name == "floor" {
+					floorRate = rate
+					continue
+				}
+				b.ReportMetric(rate/floorRate, p.name+"-ADD/s-x-floor")
+				checkHeld(b, p, prefix, printed, total)
+			}
+		})
 	}
 }
+
+// checkHeld compares the addresses ADD printed with those the plugin's store
+// holds: the same set, one per call.
+func checkHeld(b *testing.B, p *cniPlugin, prefix string, printed map[string]string, calls int) {
+	b.Helper()
+	if len(printed) != calls {
+		b.Errorf("%s: %d distinct addresses printed for %d ADDs", p.name, len(printed), calls)
+	}
+	held := p.held(b, prefix)
+	seen := map[string]bool{}
+	for _, a := range held {
+		ip, _, _ := strings.Cut(a, "/")
+		if seen[ip] {
+			b.Errorf("%s: the store holds %s twice", p.name, ip)
+		}
+		seen[ip] = true
+	}
+	for a, cid := range printed {
+		ip, _, _ := strings.Cut(a, "/")
+		if !seen[ip] {
+			b.Errorf("%s: %s was printed for %s but the store does not hold it", p.name, a, cid)
+		}
+	}
+	if len(held) != len(printed) {
+		b.Errorf("%s: the store holds %d addresses for these calls, %d were printed", p.name, len(held), len(printed))
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // fillHostLocal writes host-local's lease files (one per address, holding the
 // container ID) for the first n addresses after those already present.
@@ -144,4 +263,23 @@ func fillHostLocal(b *testing.B, dir string, n int) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// hostLocalHeld reads host-local's lease files: the addresses whose container ID
+// starts with prefix.
+func hostLocalHeld(b *testing.B, dir, prefix string) []string {
+	b.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil || !strings.HasPrefix(string(data), prefix) {
+			continue
+		}
+		out = append(out, e.Name())
+	}
+	return out
 }

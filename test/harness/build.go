@@ -12,7 +12,8 @@ import (
 func BuildBinary(tb testing.TB, pkg string) string {
 	tb.Helper()
 	out := filepath.Join(tb.TempDir(), filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-o", out, pkg)
+	// As the Makefile builds the product's binaries.
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
 	cmd.Dir = RepoRoot()
 	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
