@@ -18,6 +18,8 @@ import (
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/ipamwire"
+	"github.com/hwipam/hwipam/pkg/store"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -248,17 +250,21 @@ func checkHeld(b *testing.B, p *cniPlugin, prefix string, printed map[string]str
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // fillHostLocal writes host-local's lease files (one per address, holding the
-// container ID) for the first n addresses after those already present.
+// container ID) for n more addresses, from the top of its range down. host-local
+// looks for a free address from the last one it handed out, one file at a time: with
+// the leases right after its cursor every ADD would walk all of them (150 ms at
+// 10,000), so they are put where the timed calls do not reach — host-local's best
+// case.
 func fillHostLocal(b *testing.B, dir string, n int) {
 	b.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	existing, _ := os.ReadDir(dir)
+	existing, _ := filepath.Glob(filepath.Join(dir, "10.*"))
 	base := len(existing)
 	for i := range n {
-		k := base + i + 1000 // leave the first addresses to the timed calls
-		ip := fmt.Sprintf("10.0.%d.%d", k/250, k%250+1)
+		k := 65535 - (base + i) // 10.0.255.255 down; the range ends at 10.1.0.0
+		ip := fmt.Sprintf("10.0.%d.%d", k/256, k%256)
 		if err := os.WriteFile(filepath.Join(dir, ip), []byte(fmt.Sprintf("prefill-%d\r\nnet1", k)), 0o600); err != nil {
 			b.Fatal(err)
 		}
@@ -282,4 +288,95 @@ func hostLocalHeld(b *testing.B, dir, prefix string) []string {
 		out = append(out, e.Name())
 	}
 	return out
+}
+
+// BenchmarkCNIExecPath breaks one sequential ADD down, each part timed on its own
+// and interleaved with the others (p50 of 300): a bare exec of a trivial Go binary;
+// the plugin's start-up (VERSION); start-up plus reading the network config and
+// nv-ipam.conf up to a failed connect (a socket that does not exist); the whole ADD
+// and DEL; in-process, the connect and the Allocate round trip over the compact
+// endpoint; the daemon's own time in Allocate (its request histogram); and one
+// store commit (the two fsyncs of a bbolt transaction) on the same file system.
+func BenchmarkCNIExecPath(b *testing.B) {
+	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{})
+	ctx := context.Background()
+	if err := cp.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}); err != nil {
+		b.Fatal(err)
+	}
+	pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: "default"},
+		Spec: v1alpha1.IPPoolSpec{Subnet: "10.0.0.0/8", PerNodeBlockSize: 65536}}
+	if err := cp.Client.Create(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	pool.Status.Allocations = []v1alpha1.Allocation{{NodeName: benchNode, StartIP: "10.0.0.1", EndIP: "10.1.0.0"}}
+	if err := cp.Client.Status().Update(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	kubeconfig, err := cp.WriteKubeconfig(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	refBin := os.Getenv("HWIPAM_CNI_BIN_DIR")
+	if refBin == "" {
+		b.Fatal(harness.ErrNoCNIPlugins)
+	}
+	binDir, dir := b.TempDir(), b.TempDir()
+	metrics := freePort(b)
+	d, _ := startNodeDaemonArgs(b, harness.BuildBinary(b, "./cmd/ipam-node"), kubeconfig, dir,
+		"--cni-bin-dir", binDir, "--cni-nv-ipam-bin-file", harness.BuildBinary(b, "./cmd/nv-ipam"),
+		"--cni-conf-dir", filepath.Join(dir, "conf"), "--cni-daemon-socket", "unix://"+filepath.Join(dir, "daemon.sock"),
+		"--cni-log-file", "", "--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metrics))
+	defer d.stop()
+	d.waitForPool(b)
+	podNS := harness.NewNetNS(b)
+	conf := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "nv-ipam", "confDir": %q}}`, filepath.Join(dir, "conf"))
+	plugin := &cniPlugin{name: "nv-ipam", bin: filepath.Join(binDir, "nv-ipam"), binDir: binDir, netns: podNS.Path, conf: []byte(conf)}
+	noDaemon := &cniPlugin{name: "nv-ipam-no-daemon", bin: plugin.bin, binDir: binDir, netns: podNS.Path,
+		conf: []byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "nv-ipam", "confDir": %q,
+			"daemonSocket": "unix:///nonexistent/daemon.sock"}}`, filepath.Join(dir, "conf")))}
+	floor := &cniPlugin{name: "floor", bin: filepath.Join(refBin, "noop"), binDir: refBin, netns: podNS.Path, conf: []byte(`{}`)}
+	st, err := store.Open(filepath.Join(b.TempDir(), "store"), store.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+
+	parts := map[string][]time.Duration{}
+	timed := func(name string, f func() error) {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		parts[name] = append(parts[name], time.Since(t0))
+	}
+	sock := "unix://" + filepath.Join(dir, "daemon.sock")
+	for i := range 300 {
+		cid := fmt.Sprintf("path-%d", i)
+		timed("floor-exec", func() error { _, err := floor.exec("ADD", cid); return err })
+		timed("plugin-VERSION", func() error { _, err := plugin.exec("VERSION", cid); return err })
+		timed("plugin-config-only", func() error {
+			if _, err := noDaemon.exec("ADD", cid); err == nil || !strings.Contains(err.Error(), "not reachable") {
+				return fmt.Errorf("ADD without a daemon: %v, want unreachable", err)
+			}
+			return nil
+		})
+		timed("plugin-ADD", func() error { _, err := plugin.exec("ADD", cid); return err })
+		timed("plugin-DEL", func() error { _, err := plugin.exec("DEL", cid); return err })
+		var c *ipamwire.Client
+		timed("connect", func() (err error) { c, err = ipamwire.Dial(sock, time.Now().Add(5*time.Second)); return err })
+		prm := &ipamwire.Params{Pools: []string{"bench"}, ContainerID: "inproc-" + cid, IfName: "net1", PodName: "p", PodNamespace: "default"}
+		timed("Allocate-round-trip", func() error { _, err := c.Allocate(ctx, prm); return err })
+		timed("Deallocate-round-trip", func() error { return c.Deallocate(ctx, prm) })
+		_ = c.Close()
+		timed("store-commit", func() error {
+			return st.Commit([]store.Put{{PoolKey: "bench", Allocation: store.Allocation{ContainerID: cid, IfName: "net1", IP: "10.0.0.1"}}}, nil)
+		})
+	}
+	for name, d := range parts {
+		b.ReportMetric(ms(percentile(d, 0.5)), name+"-p50-ms")
+	}
+	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics)
+	series := `hwipam_node_request_duration_seconds_%s{code="OK",method="/nvidia.ipam.node.v1.IPAMService/Allocate"}`
+	sum, count := scrapeCounter(b, url, fmt.Sprintf(series, "sum")), scrapeCounter(b, url, fmt.Sprintf(series, "count"))
+	b.ReportMetric(sum/count*1000, "daemon-Allocate-mean-ms")
 }
