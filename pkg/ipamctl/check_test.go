@@ -27,6 +27,7 @@ import (
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/ipamctl"
+	"github.com/hwipam/hwipam/pkg/ipamwire"
 	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/test/harness"
@@ -181,10 +182,25 @@ func TestCheckFindsEachFault(t *testing.T) {
 		t.Errorf("healthy report: %+v", r)
 	}
 	for _, want := range []string{"gateway 10.77.0.1 answers on " + rail, "rail NIC " + rail, "the one this daemon installed",
-		"readable and consistent, 1 allocation"} {
+		"readable and consistent, 1 allocation", "(compact endpoint " + ipamwire.FastSocketPath(strings.TrimPrefix(sock, "unix://"))} {
 		if !strings.Contains(fmt.Sprint(r.Findings), want) {
 			t.Errorf("healthy report lacks %q: %+v", want, r.Findings)
 		}
+	}
+
+	// A daemon without the plugin's compact endpoint: said, not a problem (the
+	// plugin uses gRPC). The endpoint comes back for the steps below.
+	fastSock := ipamwire.FastSocketPath(strings.TrimPrefix(sock, "unix://"))
+	if err := os.Rename(fastSock, fastSock+".away"); err != nil {
+		t.Fatal(err)
+	}
+	r, code = checkRun(t, args...)
+	wantOnly(t, "no compact endpoint", r, code)
+	if !strings.Contains(fmt.Sprint(r.Findings), "over gRPC: nothing serves its compact endpoint "+fastSock) {
+		t.Errorf("without the compact endpoint, the report does not say so: %+v", r.Findings)
+	}
+	if err := os.Rename(fastSock+".away", fastSock); err != nil {
+		t.Fatal(err)
 	}
 
 	// A pool that left this node (deleted, or no longer selecting it): a warning
