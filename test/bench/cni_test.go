@@ -138,7 +138,9 @@ func BenchmarkCNI(b *testing.B) {
 			conf: []byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "host-local", "dataDir": %q,
 				"ranges": [[{"subnet": "10.0.0.0/8", "rangeStart": "10.0.0.1", "rangeEnd": "10.1.0.0"}]]}}`, hostLocalData)),
 			fill: func(b *testing.B, n int) { fillHostLocal(b, filepath.Join(hostLocalData, "bench"), n) },
-			held: func(b *testing.B, prefix string) []string { return hostLocalHeld(b, filepath.Join(hostLocalData, "bench"), prefix) }},
+			held: func(b *testing.B, prefix string) []string {
+				return hostLocalHeld(b, filepath.Join(hostLocalData, "bench"), prefix)
+			}},
 	}
 	// IPAM plugins never enter the pod's namespace, but skel refuses the caller's own.
 	podNS := harness.NewNetNS(b)
