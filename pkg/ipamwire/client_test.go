@@ -171,14 +171,20 @@ func TestUnreachableDaemon(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer lis.Close()
+		t.Cleanup(func() { _ = lis.Close() })
 		go func() {
+			var held []net.Conn // kept open, unanswered, until the listener closes
+			defer func() {
+				for _, c := range held {
+					_ = c.Close()
+				}
+			}()
 			for {
 				c, err := lis.Accept()
 				if err != nil {
 					return
 				}
-				defer c.Close()
+				held = append(held, c)
 			}
 		}()
 		target := "unix://" + filepath.Join(dir, "daemon.sock")

@@ -157,7 +157,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{0x0a, 0x05, 0x12, 0x03, 'a', 'b', 'c'})
 	f.Add([]byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Add([]byte{0x0b})
-	f.Fuzz(func(t *testing.T, b []byte) {
+	f.Fuzz(func(_ *testing.T, b []byte) {
 		_, _ = ipamwire.DecodeAllocateResponse(b)
 		_, _ = ipamwire.DecodeListAllocationsResponse(b)
 		_, _ = ipamwire.DecodeListPoolsResponse(b)

@@ -57,7 +57,7 @@ func (p *cniPlugin) exec(cmd, cid string) ([]string, error) {
 		} `json:"ips"`
 	}
 	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil || len(res.IPs) == 0 {
-		return nil, fmt.Errorf("%s ADD printed %q: %v", p.name, stdout.Bytes(), err)
+		return nil, fmt.Errorf("%s ADD printed %q: %w", p.name, stdout.Bytes(), err)
 	}
 	var out []string
 	for _, ip := range res.IPs {
@@ -358,7 +358,7 @@ func BenchmarkCNIExecPath(b *testing.B) {
 		timed("plugin-VERSION", func() error { _, err := plugin.exec("VERSION", cid); return err })
 		timed("plugin-config-only", func() error {
 			if _, err := noDaemon.exec("ADD", cid); err == nil || !strings.Contains(err.Error(), "not reachable") {
-				return fmt.Errorf("ADD without a daemon: %v, want unreachable", err)
+				return fmt.Errorf("ADD without a daemon: %w, want unreachable", err)
 			}
 			return nil
 		})
