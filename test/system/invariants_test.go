@@ -87,6 +87,7 @@ type simNode struct {
 	conn   *grpc.ClientConn
 	info   infov1.NodeInfoServiceClient
 	socket string
+	fast   bool // the daemon serves the compact endpoint
 }
 
 type world struct {
@@ -232,6 +233,7 @@ func (w *world) startDaemon(i int) {
 	// then falls back to gRPC, past the stale socket a killed daemon may leave.
 	fast := w.rng.IntN(3) != 0
 	w.tracef("ipam-node on %s starts with --fast-endpoint=%t", n.name, fast)
+	n.fast = fast
 	cmd := exec.Command(w.nodeBin, "--node-name", n.name, "--kubeconfig", w.kubeconfig, "--ippools-namespace", namespace,
 		"--store-file", filepath.Join(n.dir, "store"), "--bind-address", "unix://"+n.socket,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0",
@@ -483,6 +485,11 @@ func (w *world) add() {
 	a.ip = resultIP(w, out)
 	w.tracef("ADD %s", a)
 	w.live[key(a)] = a
+	if w.nodes[a.node].fast {
+		w.counts["add-ok-compact-endpoint"]++
+	} else {
+		w.counts["add-ok-grpc"]++
+	}
 }
 
 func (w *world) addAgain() {
