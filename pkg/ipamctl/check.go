@@ -668,7 +668,8 @@ func parseUint(s string) (uint64, error) {
 }
 
 // checkStale finds allocations whose pod no longer exists (or is another pod of
-// the same name): the cleaner releases them after three misses. It lists the pods
+// the same name; a static pod's mirror pod is the same pod): the cleaner releases
+// them after three misses. It lists the pods
 // bound to node once (metadata only, in pages), whatever the number of allocations,
 // and gets by name only a pod the listing lacks (one not bound to this node, or
 // gone), so a finding is what a get of each pod would say. When the listing is
@@ -690,7 +691,7 @@ func checkStale(ctx context.Context, c *checker, cl client.Client, node string, 
 			pod.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Pod"))
 			err = cl.Get(ctx, client.ObjectKey{Namespace: a.GetPodNamespace(), Name: a.GetPodName()}, pod)
 		}
-		gone := apierrors.IsNotFound(err) || err == nil && a.GetPodUid() != "" && string(pod.UID) != a.GetPodUid()
+		gone := apierrors.IsNotFound(err) || err == nil && otherPod(pod, a.GetPodUid())
 		if err != nil && !gone {
 			c.add(SeverityWarning, "stale", a.GetPool(), fmt.Sprintf("reading pod %s/%s: %v", a.GetPodNamespace(), a.GetPodName(), err), "")
 			continue
@@ -705,6 +706,18 @@ func checkStale(ctx context.Context, c *checker, cl client.Client, node string, 
 	if stale == 0 {
 		c.add(SeverityOK, "stale", "", "every allocation's pod exists", "")
 	}
+}
+
+// otherPod reports whether pod is not the one of the allocation's uid (an empty
+// uid matches any). A static pod's allocation carries the UID the kubelet gave it,
+// which its mirror pod names in kubernetes.io/config.mirror, as ipam-node's
+// cleaner compares.
+func otherPod(pod *metav1.PartialObjectMetadata, uid string) bool {
+	if uid == "" || string(pod.UID) == uid {
+		return false
+	}
+	mirrorOf, isMirror := pod.Annotations[corev1.MirrorPodAnnotationKey]
+	return !isMirror || mirrorOf != uid
 }
 
 // stalePageSize is how many pods one page of checkStale's listing holds.

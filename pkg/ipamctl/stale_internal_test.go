@@ -61,15 +61,19 @@ func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { ret
 // instead of getting each allocation's pod, and gets only the pods the listing
 // lacks; its findings are those a get of each pod gives: a pod gone, or replaced
 // by one of another UID, is stale; a live pod on the node, or one of the
-// allocation's name and UID bound elsewhere, is not. With get but not list on
+// allocation's name and UID bound elsewhere, or a static pod's mirror pod that names
+// the allocation's UID, is not. With get but not list on
 // pods it gets every pod and finds the same.
 func TestCheckStaleListsTheNodesPods(t *testing.T) {
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	ctx := t.Context()
-	mkPod := func(name, node string) *corev1.Pod {
+	mkPod := func(name, node string, annotations ...string) *corev1.Pod {
 		t.Helper()
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Annotations: map[string]string{}},
 			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "x"}}}}
+		for i := 0; i+1 < len(annotations); i += 2 {
+			pod.Annotations[annotations[i]] = annotations[i+1]
+		}
 		if err := cp.Client.Create(ctx, pod); err != nil {
 			t.Fatal(err)
 		}
@@ -85,6 +89,10 @@ func TestCheckStaleListsTheNodesPods(t *testing.T) {
 		alloc(fmt.Sprintf("live-%d", i), string(mkPod(fmt.Sprintf("live-%d", i), "n1").UID))
 	}
 	mkPod("replaced", "n1")
+	// A static pod's mirror, naming the UID the kubelet gave the static pod.
+	const staticUID = "c1b2a39a7d4b2f1e0d8e6f5a4b3c2d1e"
+	mkPod("etcd-n1", "n1", corev1.MirrorPodAnnotationKey, staticUID, "kubernetes.io/config.hash", staticUID)
+	alloc("etcd-n1", staticUID)
 	alloc("replaced", "uid-of-the-old-pod")
 	alloc("elsewhere", string(mkPod("elsewhere", "n2").UID))
 	alloc("gone", "")
