@@ -123,7 +123,10 @@ type Options struct {
 }
 
 // Open opens the store at path, creating it when missing and importing an nv-ipam
-// JSON store found there. It checks the whole file's consistency.
+// JSON store found there. It checks the whole file's consistency: a new file
+// before Open returns, an existing one in the background, whose verdict every
+// later read or write of the store waits for (a damaged file fails them all with
+// ErrCorrupt), so that the daemon's start-up Scan runs beside the check.
 func Open(path string, opts Options) (*Store, error) {
 	if opts.LockTimeout == 0 {
 		opts.LockTimeout = 10 * time.Second
