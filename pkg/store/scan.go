@@ -263,11 +263,11 @@ func skipValue(v []byte, i, depth int) int {
 	if i >= len(v) || depth > 32 {
 		return -1
 	}
-	switch c := v[i]; {
-	case c == '"':
+	switch c := v[i]; c {
+	case '"':
 		_, next, _ := scanString(v, i)
 		return next
-	case c == '{' || c == '[':
+	case '{', '[':
 		end := byte('}')
 		if c == '[' {
 			end = ']'
@@ -303,7 +303,7 @@ func skipValue(v []byte, i, depth int) int {
 				return -1
 			}
 		}
-	case c == 't' || c == 'f' || c == 'n':
+	case 't', 'f', 'n':
 		for _, lit := range []string{"true", "false", "null"} {
 			if len(v)-i >= len(lit) && string(v[i:i+len(lit)]) == lit {
 				return i + len(lit)
