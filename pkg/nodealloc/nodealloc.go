@@ -1007,6 +1007,15 @@ func (m *Manager) Allocations(key string) map[string][]store.Allocation {
 	return out
 }
 
+// EachAllocation calls fn for every allocation of one pool (by key), or of all
+// when key is empty, with its record as it is on disk, in pool and key order, a
+// chunk at a time (store.Store.EachAllocation): for callers that walk every
+// allocation, like the stale-allocation cleaner, without holding all the
+// records at once as Allocations does. fn may call the Manager (ReleaseIf).
+func (m *Manager) EachAllocation(key string, fn func(pool string, a store.Allocation) error) error {
+	return m.store.EachAllocation(key, fn)
+}
+
 // PoolsInUse lists, sorted, the keys of the pools holding allocations.
 func (m *Manager) PoolsInUse() []string {
 	var out []string

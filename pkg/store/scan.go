@@ -2,7 +2,6 @@ package store
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 
@@ -107,43 +106,72 @@ func (s *Store) Get(poolKey, containerID, ifName string) (Allocation, bool, erro
 	return a, found, nil
 }
 
+// eachChunk is how many records EachAllocation reads per read transaction.
+const eachChunk = 1024
+
 // EachAllocation calls fn for every allocation of the pool (of every pool when
-// poolKey is empty), in key order, in one read transaction; fn's error stops the
-// walk and is returned. fn must be quick: a commit that grows the file waits
-// for read transactions to end.
+// poolKey is empty), in key order; fn's error stops the walk and is returned.
+// It reads eachChunk records per read transaction and calls fn outside it, so
+// that neither a slow fn nor a walk over 100,000 allocations holds a
+// transaction open (a commit that grows the file waits for those) or all the
+// records in memory at once. The walk is therefore not one snapshot: an
+// allocation made or released meanwhile may or may not be seen, one present
+// throughout is seen exactly once.
 func (s *Store) EachAllocation(poolKey string, fn func(poolKey string, a Allocation) error) error {
-	errStop := errors.New("stopped by the caller")
-	var stop error
-	err := s.db.View(func(tx *bolt.Tx) error {
-		allocs := tx.Bucket(bucketAllocations)
-		walk := func(pk []byte) error {
-			b := allocs.Bucket(pk)
-			if b == nil {
+	pools := []string{poolKey}
+	if poolKey == "" {
+		pools = nil
+		if err := s.db.View(func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketAllocations).ForEachBucket(func(pk []byte) error {
+				pools = append(pools, string(pk))
 				return nil
-			}
-			key := string(pk)
-			return b.ForEach(func(k, v []byte) error {
-				var a Allocation
-				if err := json.Unmarshal(v, &a); err != nil {
-					return fmt.Errorf("allocation %q in pool %s: %w", k, pk, err)
+			})
+		}); err != nil {
+			return fmt.Errorf("reading allocations from store %s: %w", s.path, err)
+		}
+	}
+	chunk := make([]Allocation, 0, eachChunk)
+	for _, pk := range pools {
+		var after []byte // the last key read, nil before the first chunk
+		for {
+			chunk = chunk[:0]
+			err := s.db.View(func(tx *bolt.Tx) error {
+				b := tx.Bucket(bucketAllocations).Bucket([]byte(pk))
+				if b == nil {
+					return nil
 				}
-				if err := fn(key, a); err != nil {
-					stop = err
-					return errStop
+				c := b.Cursor()
+				k, v := c.First()
+				if after != nil {
+					if k, v = c.Seek(after); k != nil && string(k) == string(after) {
+						k, v = c.Next()
+					}
+				}
+				for ; k != nil && len(chunk) < eachChunk; k, v = c.Next() {
+					if v == nil {
+						continue // a nested bucket; pools hold none
+					}
+					var a Allocation
+					if err := json.Unmarshal(v, &a); err != nil {
+						return fmt.Errorf("allocation %q in pool %s: %w", k, pk, err)
+					}
+					chunk = append(chunk, a)
+					after = append(after[:0], k...)
 				}
 				return nil
 			})
+			if err != nil {
+				return fmt.Errorf("reading allocations from store %s: %w", s.path, err)
+			}
+			for _, a := range chunk {
+				if err := fn(pk, a); err != nil {
+					return err
+				}
+			}
+			if len(chunk) < eachChunk {
+				break
+			}
 		}
-		if poolKey != "" {
-			return walk([]byte(poolKey))
-		}
-		return allocs.ForEachBucket(walk)
-	})
-	if stop != nil {
-		return stop
-	}
-	if err != nil {
-		return fmt.Errorf("reading allocations from store %s: %w", s.path, err)
 	}
 	return nil
 }

@@ -527,3 +527,32 @@ func TestScanRefusesABadAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestEachAllocationWhileWriting: the walk holds no transaction while fn runs,
+// so fn may write (here, release what it sees, which grows and rewrites the
+// file); every allocation present throughout is seen exactly once, in order.
+func TestEachAllocationWhileWriting(t *testing.T) {
+	s, _ := openStore(t)
+	const n = 2500 // more than one chunk
+	var puts []store.Put
+	for i := range n {
+		puts = append(puts, store.Put{PoolKey: "rail0", Allocation: alloc(fmt.Sprintf("c%05d", i), "net1", fmt.Sprintf("10.0.%d.%d", i/250, i%250+1))})
+	}
+	if err := s.Commit(puts, nil); err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	err := s.EachAllocation("", func(pool string, a store.Allocation) error {
+		seen = append(seen, a.ContainerID)
+		return s.Commit([]store.Put{{PoolKey: "rail1", Allocation: alloc(a.ContainerID, "net1", a.IP)}},
+			[]store.Key{{PoolKey: pool, ContainerID: a.ContainerID, IfName: a.IfName}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// rail1 did not exist when the walk listed the pools: only rail0 is walked,
+	// each allocation once, in order.
+	if len(seen) != n || !slices.IsSorted(seen) || len(slices.Compact(slices.Clone(seen))) != n {
+		t.Errorf("walked %d allocations of rail0's %d (sorted: %v)", len(seen), n, slices.IsSorted(seen))
+	}
+}
