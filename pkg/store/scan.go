@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -143,7 +144,7 @@ func (s *Store) EachAllocation(poolKey string, fn func(poolKey string, a Allocat
 				c := b.Cursor()
 				k, v := c.First()
 				if after != nil {
-					if k, v = c.Seek(after); k != nil && string(k) == string(after) {
+					if k, v = c.Seek(after); bytes.Equal(k, after) {
 						k, v = c.Next()
 					}
 				}
