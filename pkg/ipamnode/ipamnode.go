@@ -75,6 +75,7 @@ func Run(ctx context.Context, o *Options) error {
 	}
 	logger := logr.FromContextOrDiscard(ctx)
 	ctrl.SetLogger(logger)
+	tuneGC(logger)
 	var err error
 	logger.Info("starting ipam-node", "version", version.String(), "node", o.NodeName, "store", o.StoreFile,
 		"bindAddress", o.BindAddress, "poolsNamespace", o.PoolsNamespace)
