@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hwipam/hwipam/pkg/nodealloc"
+	"github.com/hwipam/hwipam/pkg/store"
 )
 
 // watchRetrySweeps is how many sweeps the cleaner makes with one GET per allocation,
@@ -129,64 +130,73 @@ func (c *cleaner) sweep(ctx context.Context) {
 		return
 	}
 	seen := map[string]bool{}
-	for pool, list := range c.manager.Allocations("") {
-		for i := range list {
-			a := list[i]
-			if a.PodName == "" || a.PodNamespace == "" {
-				continue
-			}
-			key := pool + "/" + a.ContainerID + "/" + a.IfName
-			seen[key] = true
-			gone, err := lookup(ctx, a.PodNamespace, a.PodName, a.PodUID)
-			if err != nil {
-				c.readFailed(err)
-				continue
-			}
-			if !confirm {
-				c.readWorked()
-			}
-			if !gone {
-				delete(c.counts, key)
-				continue
-			}
-			c.counts[key]++
-			if c.counts[key] < c.misses {
-				continue
-			}
-			if confirm {
-				// The informer may not show a pod bound moments ago: ask the API server
-				// before releasing. The count stays, so a failed GET is retried next sweep.
-				gone, err := c.podGone(ctx, a.PodNamespace, a.PodName, a.PodUID)
-				if err != nil {
-					c.readFailed(err)
-					continue
-				}
-				c.readWorked()
-				if !gone {
-					c.log.V(1).Info("kept an allocation whose pod the node's pod informer does not show but the API server has",
-						"pool", pool, "pod", a.PodNamespace+"/"+a.PodName, "podUID", a.PodUID, "containerID", a.ContainerID,
-						"ifName", a.IfName)
-					delete(c.counts, key)
-					continue
-				}
-			}
-			released, err := c.manager.ReleaseIf(ctx, pool, a)
-			switch {
-			case err != nil:
-				c.log.Error(err, "releasing a stale allocation", "pool", pool, "containerID", a.ContainerID, "ifName", a.IfName)
-			case released:
-				cleanupReleases.Inc()
-				c.log.Info("released the allocation of a pod that no longer exists", "pool", pool, "ip", a.IP,
-					"pod", a.PodNamespace+"/"+a.PodName, "podUID", a.PodUID, "containerID", a.ContainerID, "ifName", a.IfName)
-			}
-			delete(c.counts, key)
-		}
+	// One record at a time from the store (Manager.Allocations would hold a copy of
+	// every allocation: tens of MiB at 100,000); releases happen between its reads.
+	err := c.manager.EachAllocation("", func(pool string, a store.Allocation) error {
+		c.check(ctx, pool, a, lookup, confirm, seen)
+		return nil
+	})
+	if err != nil {
+		c.log.Error(err, "reading the allocations to check against their pods")
+		return
 	}
 	for key := range c.counts {
 		if !seen[key] {
 			delete(c.counts, key)
 		}
 	}
+}
+
+// check counts one allocation's miss, or releases it at the limit (see cleaner).
+func (c *cleaner) check(ctx context.Context, pool string, a store.Allocation, lookup podGoneFunc, confirm bool, seen map[string]bool) {
+	if a.PodName == "" || a.PodNamespace == "" {
+		return
+	}
+	key := pool + "/" + a.ContainerID + "/" + a.IfName
+	seen[key] = true
+	gone, err := lookup(ctx, a.PodNamespace, a.PodName, a.PodUID)
+	if err != nil {
+		c.readFailed(err)
+		return
+	}
+	if !confirm {
+		c.readWorked()
+	}
+	if !gone {
+		delete(c.counts, key)
+		return
+	}
+	c.counts[key]++
+	if c.counts[key] < c.misses {
+		return
+	}
+	if confirm {
+		// The informer may not show a pod bound moments ago: ask the API server
+		// before releasing. The count stays, so a failed GET is retried next sweep.
+		gone, err := c.podGone(ctx, a.PodNamespace, a.PodName, a.PodUID)
+		if err != nil {
+			c.readFailed(err)
+			return
+		}
+		c.readWorked()
+		if !gone {
+			c.log.V(1).Info("kept an allocation whose pod the node's pod informer does not show but the API server has",
+				"pool", pool, "pod", a.PodNamespace+"/"+a.PodName, "podUID", a.PodUID, "containerID", a.ContainerID,
+				"ifName", a.IfName)
+			delete(c.counts, key)
+			return
+		}
+	}
+	released, err := c.manager.ReleaseIf(ctx, pool, a)
+	switch {
+	case err != nil:
+		c.log.Error(err, "releasing a stale allocation", "pool", pool, "containerID", a.ContainerID, "ifName", a.IfName)
+	case released:
+		cleanupReleases.Inc()
+		c.log.Info("released the allocation of a pod that no longer exists", "pool", pool, "ip", a.IP,
+			"pod", a.PodNamespace+"/"+a.PodName, "podUID", a.PodUID, "containerID", a.ContainerID, "ifName", a.IfName)
+	}
+	delete(c.counts, key)
 }
 
 // readFailed reports a failed GET of a pod: a refusal turns the stale-cleanup
