@@ -43,6 +43,7 @@ type Options struct {
 	WebhookCertDir         string
 	MetricsBindAddress     string
 	HealthProbeBindAddress string
+	PprofBindAddress       string
 	ReleaseGracePeriod     time.Duration
 	Workers                int
 
@@ -76,6 +77,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Directory with tls.crt and tls.key for the webhook server; empty uses controller-runtime's default.")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint; 0 disables it.")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "Address of the /healthz and /readyz endpoints; 0 disables them.")
+	fs.StringVar(&o.PprofBindAddress, "pprof-bind-address", o.PprofBindAddress,
+		"Address of the Go profiler's /debug/pprof endpoints; empty or 0 disables them.")
 	fs.DurationVar(&o.ReleaseGracePeriod, "release-grace-period", o.ReleaseGracePeriod,
 		"How long the block of a node that is deleted or no longer selected stays reserved before another node may get it; 0 releases at once.")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Pools of each kind reconciled in parallel.")
@@ -135,6 +138,7 @@ func Run(ctx context.Context, o *Options) error {
 		}},
 		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
+		PprofBindAddress:              o.PprofBindAddress,
 		LeaderElection:                o.LeaderElect,
 		LeaderElectionNamespace:       o.LeaderElectNamespace,
 		LeaderElectionID:              LeaderElectionID,

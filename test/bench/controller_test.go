@@ -5,12 +5,15 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -116,12 +119,17 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		b.Fatal(err)
 	}
-	metricsPort, healthPort := freePort(b), freePort(b)
-	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--ippools-namespace", ns, "--release-grace-period", "0",
+	metricsPort, healthPort, pprofPort := freePort(b), freePort(b), freePort(b)
+	args := []string{"--kubeconfig", kubeconfig, "--ippools-namespace", ns, "--release-grace-period", "0",
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metricsPort),
-		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", healthPort))
-	if testing.Verbose() {
-		cmd.Stderr = os.Stderr // the controller's log
+		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", healthPort),
+		"--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", pprofPort)}
+	// More flags for the controller, e.g. --v=5 to log every reconcile.
+	args = append(args, strings.Fields(os.Getenv("HWIPAM_BENCH_CONTROLLER_ARGS"))...)
+	cmd := exec.Command(bin, args...)
+	logs, err := cmd.StderrPipe()
+	if err != nil {
+		b.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
@@ -130,7 +138,16 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 		_ = cmd.Process.Signal(os.Interrupt)
 		_ = cmd.Wait()
 	}()
+	working := make(chan struct{})
+	go watchControllerLog(logs, working)
+	// Settled: ready (its caches synced) and the IPPool workers running, which
+	// controller-runtime starts up to a cache poll period (100 ms) after /readyz.
 	waitHTTP(b, fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort))
+	select {
+	case <-working:
+	case <-time.After(time.Minute):
+		b.Fatal("the controller's IPPool workers did not start within a minute of /readyz")
+	}
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
 	requestsBefore := scrapeSum(b, metricsURL, "rest_client_requests_total")
 
@@ -147,6 +164,9 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 		}
 		assigned <- at
 	}()
+
+	profiled := profileConvergence(b, cp, pprofPort, metricsURL, fmt.Sprintf("nodes=%d-pools=%d", nodes, pools))
+	defer profiled()
 
 	b.ResetTimer()
 	start := time.Now()
@@ -196,6 +216,76 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 	// A pool object grows linearly with its nodes.
 	b.ReportMetric(etcdRequestLimit/perNode, "nodes-at-1.5MiB")
 	b.ReportMetric(100*float64(largest)/etcdRequestLimit, "%-of-1.5MiB")
+}
+
+// watchControllerLog reads the controller's log, copies it to stderr with -v, and
+// closes working once the IPPool controller has started its workers.
+func watchControllerLog(logs io.Reader, working chan<- struct{}) {
+	sc := bufio.NewScanner(logs)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	started := false
+	for sc.Scan() {
+		line := sc.Text()
+		if testing.Verbose() {
+			fmt.Fprintln(os.Stderr, line)
+		}
+		if !started && strings.Contains(line, `"Starting workers"`) && strings.Contains(line, `controller="IPPool"`) {
+			started = true
+			close(working)
+		}
+	}
+	_, _ = io.Copy(io.Discard, logs)
+}
+
+// profileConvergence, when $HWIPAM_BENCH_PROFILE_DIR is set, starts CPU profiles of
+// the controller and of kube-apiserver over the next $HWIPAM_BENCH_PROFILE_SECONDS
+// (default 3) and returns a function that waits for them and writes
+// <dir>/<name>.{controller,apiserver}.pprof, and the controller's metrics then to
+// <dir>/<name>.metrics.txt.
+func profileConvergence(b *testing.B, cp *harness.ControlPlane, pprofPort int, metricsURL, name string) func() {
+	b.Helper()
+	dir := os.Getenv("HWIPAM_BENCH_PROFILE_DIR")
+	if dir == "" {
+		return func() {}
+	}
+	seconds := cmp.Or(os.Getenv("HWIPAM_BENCH_PROFILE_SECONDS"), "3")
+	var wg sync.WaitGroup
+	save := func(file string, get func() ([]byte, error)) {
+		wg.Go(func() {
+			data, err := get()
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, name+"."+file), data, 0o644)
+			}
+			if err != nil {
+				b.Errorf("writing %s: %v", file, err)
+			}
+		})
+	}
+	save("controller.pprof", func() ([]byte, error) {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%s", pprofPort, seconds))
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		return io.ReadAll(resp.Body)
+	})
+	save("apiserver.pprof", func() ([]byte, error) {
+		return cp.Clientset.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", seconds).
+			Timeout(time.Minute).DoRaw(context.Background())
+	})
+	time.Sleep(100 * time.Millisecond) // both profiles running before the clock starts
+	return func() {
+		wg.Wait()
+		save("metrics.txt", func() ([]byte, error) {
+			resp, err := http.Get(metricsURL)
+			if err != nil {
+				return nil, err
+			}
+			defer resp.Body.Close()
+			return io.ReadAll(resp.Body)
+		})
+		wg.Wait()
+	}
 }
 
 // watchUntilAssigned watches the IPPools of ns from resourceVersion rv until each
