@@ -122,6 +122,7 @@ func Run(ctx context.Context, o *Options) error {
 			return err
 		}
 	}
+	cfg = withoutClientRateLimit(cfg)
 	if err := checkAPIServer(cfg); err != nil {
 		return err
 	}
@@ -193,6 +194,20 @@ func Run(ctx context.Context, o *Options) error {
 	}
 	logger.Info("ipam-controller stopped")
 	return nil
+}
+
+// withoutClientRateLimit turns client-go's default rate limit off when cfg sets
+// none: 5 requests/s in bursts of 10 would queue the status writes of a dozen pools
+// changed together behind each other. Like controller-runtime's own config loader
+// (which nv-ipam's controller uses, also with --kubeconfig), it relies on the API
+// server's priority and fairness instead. A limit set in cfg is kept.
+func withoutClientRateLimit(cfg *rest.Config) *rest.Config {
+	if cfg.QPS != 0 || cfg.RateLimiter != nil {
+		return cfg
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS = -1
+	return cfg
 }
 
 // checkAPIServer fails fast, with the address, when the API server cannot be
