@@ -153,10 +153,15 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
+	statusWriter, err := poolcontroller.NewStatusWriter(mgr.GetConfig(), mgr.GetHTTPClient(), scheme)
+	if err != nil {
+		return err
+	}
 	for _, kind := range []string{v1alpha1.KindIPPool, v1alpha1.KindCIDRPool} {
 		r := &poolcontroller.Reconciler{
 			Client:             mgr.GetClient(),
 			Reader:             mgr.GetAPIReader(),
+			StatusWriter:       statusWriter,
 			Recorder:           mgr.GetEventRecorder("ipam-controller"),
 			Kind:               kind,
 			ReleaseGracePeriod: o.ReleaseGracePeriod,

@@ -196,7 +196,8 @@ func TestStatusConvergesWhenTheCacheLags(t *testing.T) {
 func TestReconcileBeforeTheCacheSeesTheWrite(t *testing.T) {
 	f := newFixture(t, 0)
 	stale := &staleClient{Client: cp.Client}
-	r := &poolcontroller.Reconciler{Client: stale, Reader: cp.Client, Kind: v1alpha1.KindIPPool, Now: f.clock.Now}
+	r := &poolcontroller.Reconciler{Client: stale, Reader: cp.Client, StatusWriter: newStatusWriter(t, cp),
+		Kind: v1alpha1.KindIPPool, Now: f.clock.Now}
 	f.node("a", true, nil)
 	f.newIPPool("p", "10.95.0.0/24", 8, nil)
 	stale.frozen = f.ipPool("p") // the cache keeps the pool as created, without status

@@ -37,6 +37,9 @@ type Reconciler struct {
 	// Reader reads pools live, past the cache, when the cache may lag the
 	// reconciler's own last status write; nil means Client.
 	Reader client.Reader
+	// StatusWriter sends status updates; nil means Client.Status().Update, which
+	// reads the whole pool back.
+	StatusWriter StatusWriter
 	// Recorder emits events about pools; nil disables events.
 	Recorder events.EventRecorder
 	// Kind is v1alpha1.KindIPPool or v1alpha1.KindCIDRPool.
@@ -329,7 +332,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, st *poolState, current, de
 	obj := desired.object()
 	from := obj.GetResourceVersion()
 	start := time.Now()
-	if err := r.Client.Status().Update(ctx, obj); err != nil {
+	if err := r.updateStatus(ctx, obj); err != nil {
 		return fmt.Errorf("writing status of %s %s: %w", r.Kind, obj.GetName(), err)
 	}
 	log.FromContext(ctx).V(1).Info("wrote status", "pool", obj.GetName(), "kind", r.Kind,
@@ -340,6 +343,21 @@ func (r *Reconciler) writeStatus(ctx context.Context, st *poolState, current, de
 	st.writtenFrom = from
 	st.writtenVersion = obj.GetResourceVersion()
 	st.written = desired
+	return nil
+}
+
+// updateStatus sends obj's status and leaves in obj its new resourceVersion. With
+// a StatusWriter, obj is otherwise what was sent (the server may have pruned fields
+// its CRD lacks, which writeStatus allows for).
+func (r *Reconciler) updateStatus(ctx context.Context, obj client.Object) error {
+	if r.StatusWriter == nil {
+		return r.Client.Status().Update(ctx, obj)
+	}
+	rv, err := r.StatusWriter.UpdateStatus(ctx, obj)
+	if err != nil {
+		return err
+	}
+	obj.SetResourceVersion(rv)
 	return nil
 }
 
