@@ -5,15 +5,18 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,7 +46,12 @@ import (
 // the size before, since creating 20,000 nodes takes a while (the log says how
 // long).
 func BenchmarkController(b *testing.B) {
-	bin := harness.BuildBinary(b, "./cmd/ipam-controller")
+	// Another build (an older commit, nv-ipam's) can be measured in the same
+	// conditions: it must take the flags runControllerOnce passes.
+	bin := os.Getenv("HWIPAM_BENCH_CONTROLLER_BIN")
+	if bin == "" {
+		bin = harness.BuildBinary(b, "./cmd/ipam-controller")
+	}
 	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{})
 	kubeconfig, err := cp.WriteKubeconfig(b.TempDir())
 	if err != nil {
@@ -122,8 +130,10 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 	metricsPort, healthPort, pprofPort := freePort(b), freePort(b), freePort(b)
 	args := []string{"--kubeconfig", kubeconfig, "--ippools-namespace", ns, "--release-grace-period", "0",
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metricsPort),
-		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", healthPort),
-		"--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", pprofPort)}
+		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", healthPort)}
+	if os.Getenv("HWIPAM_BENCH_PROFILE_DIR") != "" {
+		args = append(args, "--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", pprofPort))
+	}
 	// More flags for the controller, e.g. --v=5 to log every reconcile.
 	args = append(args, strings.Fields(os.Getenv("HWIPAM_BENCH_CONTROLLER_ARGS"))...)
 	cmd := exec.Command(bin, args...)
@@ -168,6 +178,9 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 	profiled := profileConvergence(b, cp, pprofPort, metricsURL, fmt.Sprintf("nodes=%d-pools=%d", nodes, pools))
 	defer profiled()
 
+	apiserverPID, etcdPID := controlPlanePIDs(b, cp)
+	cpuBefore := []float64{cpuSeconds(b, cmd.Process.Pid), cpuSeconds(b, apiserverPID), cpuSeconds(b, etcdPID)}
+
 	b.ResetTimer()
 	start := time.Now()
 	for p := range pools {
@@ -189,6 +202,10 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 		b.Fatalf("after 10 minutes not every one of %d pools lists all %d nodes", pools, nodes)
 	}
 	b.StopTimer()
+	cpu := []float64{cpuSeconds(b, cmd.Process.Pid), cpuSeconds(b, apiserverPID), cpuSeconds(b, etcdPID)}
+	for i := range cpu {
+		cpu[i] -= cpuBefore[i]
+	}
 
 	largest := 0
 	for p := range pools {
@@ -210,12 +227,77 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 	b.ReportMetric(requests, "api-requests")
 	b.ReportMetric(throttled, "s-throttled")
 	b.ReportMetric(float64(rss)/1024, "peak-RSS-MiB")
+	// CPU time spent until then, which other load on the machine does not inflate
+	// as it does the wall clock.
+	b.ReportMetric(cpu[0], "controller-cpu-s")
+	b.ReportMetric(cpu[1], "apiserver-cpu-s")
+	b.ReportMetric(cpu[2], "etcd-cpu-s")
 	b.ReportMetric(float64(largest), "largest-pool-bytes")
 	perNode := float64(largest) / float64(nodes)
 	b.ReportMetric(perNode, "pool-bytes/node")
 	// A pool object grows linearly with its nodes.
 	b.ReportMetric(etcdRequestLimit/perNode, "nodes-at-1.5MiB")
 	b.ReportMetric(100*float64(largest)/etcdRequestLimit, "%-of-1.5MiB")
+}
+
+// controlPlanePIDs finds the kube-apiserver of cp by its port, and its etcd by the
+// address the apiserver uses.
+func controlPlanePIDs(b *testing.B, cp *harness.ControlPlane) (apiserver, etcd int) {
+	b.Helper()
+	u, err := url.Parse(cp.Config.Host)
+	if err != nil {
+		b.Fatal(err)
+	}
+	args := map[int][]string{}
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		if raw, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline")); err == nil {
+			args[pid] = strings.Split(string(raw), "\x00")
+		}
+	}
+	find := func(arg string) (int, []string) {
+		for pid, a := range args {
+			if slices.Contains(a, arg) {
+				return pid, a
+			}
+		}
+		b.Fatalf("no process with argument %s", arg)
+		return 0, nil
+	}
+	apiserver, a := find("--secure-port=" + u.Port())
+	for _, arg := range a {
+		if servers, ok := strings.CutPrefix(arg, "--etcd-servers="); ok {
+			etcd, _ = find("--listen-client-urls=" + servers)
+			return apiserver, etcd
+		}
+	}
+	b.Fatalf("kube-apiserver %d has no --etcd-servers", apiserver)
+	return 0, 0
+}
+
+// cpuSeconds is the user and system CPU time a process has used.
+func cpuSeconds(b *testing.B, pid int) float64 {
+	b.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The fields after the command name, which is in parentheses: state is the
+	// first (field 3), utime and stime fields 14 and 15, in clock ticks of 1/100 s.
+	fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+	utime, err1 := strconv.ParseFloat(fields[11], 64)
+	stime, err2 := strconv.ParseFloat(fields[12], 64)
+	if err1 != nil || err2 != nil {
+		b.Fatalf("/proc/%d/stat: %q", pid, raw)
+	}
+	return (utime + stime) / 100
 }
 
 // watchControllerLog reads the controller's log, copies it to stderr with -v, and
