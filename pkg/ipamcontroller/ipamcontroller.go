@@ -136,7 +136,12 @@ func Run(ctx context.Context, o *Options) error {
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&v1alpha1.IPPool{}:   inPoolsNamespace,
 			&v1alpha1.CIDRPool{}: inPoolsNamespace,
-		}},
+		},
+			// Nothing reads managedFields, which on a real Node are several kB
+			// (kubelet's status fields) of every cached node's metadata. A status
+			// update sent from a cached pool without them leaves them as stored.
+			DefaultTransform: cache.TransformStripManagedFields(),
+		},
 		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
 		PprofBindAddress:              o.PprofBindAddress,
