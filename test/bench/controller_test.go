@@ -244,7 +244,7 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 // address the apiserver uses.
 func controlPlanePIDs(b *testing.B, cp *harness.ControlPlane) (apiserver, etcd int) {
 	b.Helper()
-	u, err := url.Parse(cp.Config.Host)
+	host, err := url.Parse(cp.Config.Host)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func controlPlanePIDs(b *testing.B, cp *harness.ControlPlane) (apiserver, etcd i
 		if err != nil {
 			continue
 		}
-		if raw, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline")); err == nil {
+		if raw, err := os.ReadFile("/proc/" + d.Name() + "/cmdline"); err == nil {
 			args[pid] = strings.Split(string(raw), "\x00")
 		}
 	}
@@ -271,7 +271,7 @@ func controlPlanePIDs(b *testing.B, cp *harness.ControlPlane) (apiserver, etcd i
 		b.Fatalf("no process with argument %s", arg)
 		return 0, nil
 	}
-	apiserver, a := find("--secure-port=" + u.Port())
+	apiserver, a := find("--secure-port=" + host.Port())
 	for _, arg := range a {
 		if servers, ok := strings.CutPrefix(arg, "--etcd-servers="); ok {
 			etcd, _ = find("--listen-client-urls=" + servers)
@@ -415,11 +415,11 @@ func freePort(b *testing.B) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func waitHTTP(b *testing.B, url string) {
+func waitHTTP(b *testing.B, endpoint string) {
 	b.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
-		resp, err := http.Get(url)
+		resp, err := http.Get(endpoint)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -428,15 +428,15 @@ func waitHTTP(b *testing.B, url string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	b.Fatalf("%s not OK within 2 minutes", url)
+	b.Fatalf("%s not OK within 2 minutes", endpoint)
 }
 
-// scrapeSum adds up the samples of the metric series at url whose name and labels
+// scrapeSum adds up the samples of the metric series at endpoint whose name and labels
 // begin with series (all label sets of a bare name); 0 when there are none, as for
 // a counter vector never incremented.
-func scrapeSum(b *testing.B, url, series string) float64 {
+func scrapeSum(b *testing.B, endpoint, series string) float64 {
 	b.Helper()
-	resp, err := http.Get(url)
+	resp, err := http.Get(endpoint)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -457,7 +457,7 @@ func scrapeSum(b *testing.B, url, series string) float64 {
 		sum += f
 	}
 	if err := sc.Err(); err != nil {
-		b.Fatalf("reading %s: %v", url, err)
+		b.Fatalf("reading %s: %v", endpoint, err)
 	}
 	return sum
 }
