@@ -35,16 +35,19 @@ import (
 
 // BenchmarkController measures the ipam-controller binary against the real
 // apiserver, as issue 14 states the measurement: N nodes exist, a fresh controller
-// settles (its /readyz answers), P pools selecting all of them are created at once,
-// and a watch on the pools times until every pool's status lists all N nodes.
-// Reported: seconds to assign, status writes, reconcile errors (conflicts
-// included), the controller's API requests and the time its client spent
-// throttled, its peak RSS, and the size of the largest pool object (JSON, as
-// stored) against etcd's default request limit of 1.5 MiB.
+// settles (/readyz answers and its IPPool workers run), P pools selecting all of
+// them are created at once, and a watch on the pools times until every pool's
+// status lists all N nodes. Reported: seconds to assign, status writes, reconcile
+// errors (conflicts included), the controller's API requests and the time its
+// client spent throttled, its peak RSS, the CPU time of the controller,
+// kube-apiserver and etcd over the convergence, and the size of the largest pool
+// object (JSON, as stored) against etcd's default request limit of 1.5 MiB.
 //
 // One control plane serves every size: the nodes of a size are added to those of
 // the size before, since creating 20,000 nodes takes a while (the log says how
-// long).
+// long). Environment: HWIPAM_BENCH_CONTROLLER_BIN measures another build,
+// HWIPAM_BENCH_CONTROLLER_ARGS adds flags, HWIPAM_BENCH_PROFILE_DIR (and
+// _SECONDS) writes CPU profiles of the controller and kube-apiserver.
 func BenchmarkController(b *testing.B) {
 	// Another build (an older commit, nv-ipam's) can be measured in the same
 	// conditions: it must take the flags runControllerOnce passes.
