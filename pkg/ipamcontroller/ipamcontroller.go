@@ -43,6 +43,7 @@ type Options struct {
 	WebhookCertDir         string
 	MetricsBindAddress     string
 	HealthProbeBindAddress string
+	PprofBindAddress       string
 	ReleaseGracePeriod     time.Duration
 	Workers                int
 
@@ -76,6 +77,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Directory with tls.crt and tls.key for the webhook server; empty uses controller-runtime's default.")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint; 0 disables it.")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "Address of the /healthz and /readyz endpoints; 0 disables them.")
+	fs.StringVar(&o.PprofBindAddress, "pprof-bind-address", o.PprofBindAddress,
+		"Address of the Go profiler's /debug/pprof endpoints; empty or 0 disables them.")
 	fs.DurationVar(&o.ReleaseGracePeriod, "release-grace-period", o.ReleaseGracePeriod,
 		"How long the block of a node that is deleted or no longer selected stays reserved before another node may get it; 0 releases at once.")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Pools of each kind reconciled in parallel.")
@@ -119,6 +122,7 @@ func Run(ctx context.Context, o *Options) error {
 			return err
 		}
 	}
+	cfg = withoutClientRateLimit(cfg)
 	if err := checkAPIServer(cfg); err != nil {
 		return err
 	}
@@ -132,9 +136,15 @@ func Run(ctx context.Context, o *Options) error {
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&v1alpha1.IPPool{}:   inPoolsNamespace,
 			&v1alpha1.CIDRPool{}: inPoolsNamespace,
-		}},
+		},
+			// Nothing reads managedFields, which on a real Node are several kB
+			// (kubelet's status fields) of every cached node's metadata. A status
+			// update sent from a cached pool without them leaves them as stored.
+			DefaultTransform: cache.TransformStripManagedFields(),
+		},
 		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
+		PprofBindAddress:              o.PprofBindAddress,
 		LeaderElection:                o.LeaderElect,
 		LeaderElectionNamespace:       o.LeaderElectNamespace,
 		LeaderElectionID:              LeaderElectionID,
@@ -148,10 +158,15 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
+	statusWriter, err := poolcontroller.NewStatusWriter(mgr.GetConfig(), mgr.GetHTTPClient(), scheme)
+	if err != nil {
+		return err
+	}
 	for _, kind := range []string{v1alpha1.KindIPPool, v1alpha1.KindCIDRPool} {
 		r := &poolcontroller.Reconciler{
 			Client:             mgr.GetClient(),
 			Reader:             mgr.GetAPIReader(),
+			StatusWriter:       statusWriter,
 			Recorder:           mgr.GetEventRecorder("ipam-controller"),
 			Kind:               kind,
 			ReleaseGracePeriod: o.ReleaseGracePeriod,
@@ -189,6 +204,20 @@ func Run(ctx context.Context, o *Options) error {
 	}
 	logger.Info("ipam-controller stopped")
 	return nil
+}
+
+// withoutClientRateLimit turns client-go's default rate limit off when cfg sets
+// none: 5 requests/s in bursts of 10 would queue the status writes of a dozen pools
+// changed together behind each other. Like controller-runtime's own config loader
+// (which nv-ipam's controller uses, also with --kubeconfig), it relies on the API
+// server's priority and fairness instead. A limit set in cfg is kept.
+func withoutClientRateLimit(cfg *rest.Config) *rest.Config {
+	if cfg.QPS != 0 || cfg.RateLimiter != nil {
+		return cfg
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS = -1
+	return cfg
 }
 
 // checkAPIServer fails fast, with the address, when the API server cannot be

@@ -18,15 +18,16 @@ func TestFlagsAndDefaults(t *testing.T) {
 	// nv-ipam's flag names must parse unchanged.
 	if err := fs.Parse([]string{"--ippools-namespace=nvidia-network-operator", "--leader-elect", "--leader-elect-namespace=x",
 		"--webhook", "--metrics-bind-address=:9090", "--health-probe-bind-address=:9091", "--kubeconfig=/k",
-		"--release-grace-period=0"}); err != nil {
+		"--release-grace-period=0", "--pprof-bind-address=127.0.0.1:6060"}); err != nil {
 		t.Fatal(err)
 	}
 	if o.PoolsNamespace != "nvidia-network-operator" || !o.LeaderElect || o.LeaderElectNamespace != "x" || !o.Webhook ||
-		o.MetricsBindAddress != ":9090" || o.HealthProbeBindAddress != ":9091" || o.Kubeconfig != "/k" || o.ReleaseGracePeriod != 0 {
+		o.MetricsBindAddress != ":9090" || o.HealthProbeBindAddress != ":9091" || o.Kubeconfig != "/k" || o.ReleaseGracePeriod != 0 ||
+		o.PprofBindAddress != "127.0.0.1:6060" {
 		t.Errorf("parsed options = %+v", o)
 	}
 	if d := ipamcontroller.NewOptions(); d.PoolsNamespace != "kube-system" || d.ReleaseGracePeriod != 5*time.Minute ||
-		d.MetricsBindAddress != ":8080" || d.HealthProbeBindAddress != ":8081" {
+		d.MetricsBindAddress != ":8080" || d.HealthProbeBindAddress != ":8081" || d.PprofBindAddress != "" {
 		t.Errorf("defaults = %+v", d)
 	}
 }

@@ -142,6 +142,16 @@ func TestRunEndToEnd(t *testing.T) {
 	if a := rail0.Status.Allocations[0]; a.NodeName != "gpu-00" || a.StartIP != "10.10.0.1" || a.EndIP != "10.10.0.64" {
 		t.Errorf("first block = %+v", a)
 	}
+	// The controller caches pools without managedFields; its status updates must
+	// leave the stored ones (the spec's manager) as they are.
+	var spec, status bool
+	for _, m := range rail0.ManagedFields {
+		spec = spec || m.Subresource == ""
+		status = status || m.Subresource == "status"
+	}
+	if !spec || !status {
+		t.Errorf("managedFields after the controller's status update = %+v, want the spec's manager and the status's", rail0.ManagedFields)
+	}
 
 	t.Run("a node event reaches only the pools it concerns", func(t *testing.T) {
 		before := rail0.ResourceVersion

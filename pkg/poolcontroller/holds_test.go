@@ -188,6 +188,33 @@ func TestStatusConvergesWhenTheCacheLags(t *testing.T) {
 	wantStrings(t, "blocks after a came back", f.blocksOf(f.ipPool("p")), []string{"a=10.92.0.1-10.92.0.8"})
 }
 
+// A pool reconciled again before the cache has seen the reconciler's own status
+// write (another pool's event, a node's, right after the write) plans from that
+// write: nothing is sent when nothing changed — not the whole status again over
+// the stale resourceVersion, refused with a conflict — and a new node gets the
+// next block while the others keep theirs.
+func TestReconcileBeforeTheCacheSeesTheWrite(t *testing.T) {
+	f := newFixture(t, 0)
+	stale := &staleClient{Client: cp.Client}
+	r := &poolcontroller.Reconciler{Client: stale, Reader: cp.Client, StatusWriter: newStatusWriter(t, cp),
+		Kind: v1alpha1.KindIPPool, Now: f.clock.Now}
+	f.node("a", true, nil)
+	f.newIPPool("p", "10.95.0.0/24", 8, nil)
+	stale.frozen = f.ipPool("p") // the cache keeps the pool as created, without status
+	f.reconcile(r, "p")
+	written := f.ipPool("p")
+	f.reconcile(r, "p") // fails with a conflict if it writes over the frozen version
+	if w := r.StatusWrites(); w != 1 {
+		t.Errorf("%d status writes for one change, want 1", w)
+	}
+	if rv := f.ipPool("p").ResourceVersion; rv != written.ResourceVersion {
+		t.Errorf("the pool was written again (resourceVersion %s -> %s)", written.ResourceVersion, rv)
+	}
+	f.node("b", true, nil)
+	f.reconcile(r, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"a=10.95.0.1-10.95.0.8", "b=10.95.0.9-10.95.0.16"})
+}
+
 // A Node re-registered without annotations (until its daemon restores them) keeps
 // its last report for the grace period: a pool created meanwhile avoids what the
 // daemon holds. Found by the whole-system test (seed 933375).

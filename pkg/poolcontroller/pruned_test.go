@@ -1,6 +1,7 @@
 package poolcontroller_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -64,13 +66,33 @@ func TestWorksWhenStatusFieldsArePruned(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default"},
-		Spec: v1alpha1.IPPoolSpec{Subnet: "10.0.0.0/24", PerNodeBlockSize: 50}}
+	httpClient, err := rest.HTTPClientFor(pruned.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw, err := poolcontroller.NewStatusWriter(pruned.Config, httpClient, c.Scheme())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, writer := range []poolcontroller.StatusWriter{nil, sw} {
+		name := []string{"client-update", "status-writer"}[i]
+		t.Run(name, func(t *testing.T) {
+			r := &poolcontroller.Reconciler{Client: c, StatusWriter: writer, Kind: v1alpha1.KindIPPool, Now: time.Now}
+			checkPrunedStatus(t, c, r, name, i)
+		})
+	}
+}
+
+// checkPrunedStatus runs the checks of TestWorksWhenStatusFieldsArePruned on pool
+// name, of subnet 10.0.<i>.0/24.
+func checkPrunedStatus(t *testing.T, c client.Client, r *poolcontroller.Reconciler, name string, i int) {
+	ctx := t.Context()
+	pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: v1alpha1.IPPoolSpec{Subnet: fmt.Sprintf("10.0.%d.0/24", i), PerNodeBlockSize: 50}}
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	r := &poolcontroller.Reconciler{Client: c, Kind: v1alpha1.KindIPPool, Now: time.Now}
-	req := ctrl.Request{NamespacedName: client.ObjectKey{Namespace: "default", Name: "p"}}
+	req := ctrl.Request{NamespacedName: client.ObjectKey{Namespace: "default", Name: name}}
 	if _, err := r.Reconcile(ctx, req); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +100,7 @@ func TestWorksWhenStatusFieldsArePruned(t *testing.T) {
 	if err := c.Get(ctx, req.NamespacedName, &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Status.Allocations) != 2 || got.Status.Allocations[0].StartIP != "10.0.0.1" {
+	if len(got.Status.Allocations) != 2 || got.Status.Allocations[0].StartIP != fmt.Sprintf("10.0.%d.1", i) {
 		t.Fatalf("allocations under a pruning CRD = %+v", got.Status.Allocations)
 	}
 	if len(got.Status.Conditions) != 0 {

@@ -37,6 +37,9 @@ type Reconciler struct {
 	// Reader reads pools live, past the cache, when the cache may lag the
 	// reconciler's own last status write; nil means Client.
 	Reader client.Reader
+	// StatusWriter sends status updates; nil means Client.Status().Update, which
+	// reads the whole pool back.
+	StatusWriter StatusWriter
 	// Recorder emits events about pools; nil disables events.
 	Recorder events.EventRecorder
 	// Kind is v1alpha1.KindIPPool or v1alpha1.KindCIDRPool.
@@ -68,6 +71,12 @@ type poolState struct {
 	// writtenVersion is the resourceVersion of the pool after the last status
 	// write; a cached pool of another version may be older than that write.
 	writtenVersion string
+	// written is the pool as the last status write stored it, and writtenFrom the
+	// resourceVersion that write replaced: while the cache still holds that
+	// version, it has not yet seen the write, and written is the pool as stored.
+	// Kept only until the cache catches up.
+	written     pool
+	writtenFrom string
 }
 
 func (r *Reconciler) now() time.Time {
@@ -131,6 +140,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, nil
 	}
 	st := r.poolState(p.object())
+	p = st.caughtUp(p)
 	c := p.common()
 	c.ObservedGeneration = p.object().GetGeneration()
 	c.Conditions = slices.Clone(c.Conditions)
@@ -242,7 +252,8 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	}
 	var nodes metav1.PartialObjectMetadataList
 	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
-	if err := r.Client.List(ctx, &nodes); err != nil {
+	// Read only: the cache's own objects, not copies of 5,000 nodes per reconcile.
+	if err := r.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return planInput{}, nil, time.Time{}, fmt.Errorf("listing nodes: %w", err)
 	}
 	existing, invalid := p.existing(layout)
@@ -319,14 +330,54 @@ func (r *Reconciler) writeStatus(ctx context.Context, st *poolState, current, de
 	}
 	sent := desired.withStatus(nil, nil, true, cloneCommon(desired.common()))
 	obj := desired.object()
-	if err := r.Client.Status().Update(ctx, obj); err != nil {
+	from := obj.GetResourceVersion()
+	start := time.Now()
+	if err := r.updateStatus(ctx, obj); err != nil {
 		return fmt.Errorf("writing status of %s %s: %w", r.Kind, obj.GetName(), err)
 	}
+	log.FromContext(ctx).V(1).Info("wrote status", "pool", obj.GetName(), "kind", r.Kind,
+		"allocations", desired.allocationCount(), "took", time.Since(start))
 	statusWrites.WithLabelValues(r.Kind).Inc()
 	r.writes.Add(1)
 	st.lastSent = sent
+	st.writtenFrom = from
 	st.writtenVersion = obj.GetResourceVersion()
+	st.written = desired
 	return nil
+}
+
+// updateStatus sends obj's status and leaves in obj its new resourceVersion. With
+// a StatusWriter, obj is otherwise what was sent (the server may have pruned fields
+// its CRD lacks, which writeStatus allows for).
+func (r *Reconciler) updateStatus(ctx context.Context, obj client.Object) error {
+	if r.StatusWriter == nil {
+		return r.Client.Status().Update(ctx, obj)
+	}
+	rv, err := r.StatusWriter.UpdateStatus(ctx, obj)
+	if err != nil {
+		return err
+	}
+	obj.SetResourceVersion(rv)
+	return nil
+}
+
+// caughtUp returns the pool as stored: the cached one, or, while the cache has
+// not yet seen this reconciler's last status write, what that write stored. A
+// pool reconciled again right after its write (another pool's event, a node's)
+// then plans from its own blocks and sends nothing, instead of re-sending the
+// whole status over a stale resourceVersion only to be refused with a conflict.
+func (st *poolState) caughtUp(cached pool) pool {
+	if st.written == nil {
+		return cached
+	}
+	switch cached.object().GetResourceVersion() {
+	case st.writtenFrom:
+		return st.written.withStatus(nil, nil, true, cloneCommon(st.written.common()))
+	default:
+		// The cache holds the write or something newer: it has caught up.
+		st.written = nil
+		return cached
+	}
 }
 
 // StatusWrites is how many status updates this reconciler sent.
@@ -364,7 +415,7 @@ func commonEqual(a, b v1alpha1.PoolStatusCommon) bool {
 // address ranges the overlapping pools hold blocks in.
 func (r *Reconciler) overlaps(ctx context.Context, p pool, mine iprange.Range) (string, []iprange.Range, error) {
 	me := p.object()
-	others, err := listPools(ctx, r.Client, me.GetNamespace())
+	others, err := listPools(ctx, r.Client, me.GetNamespace(), client.UnsafeDisableDeepCopy)
 	if err != nil {
 		return "", nil, err
 	}
@@ -404,14 +455,16 @@ func olderThan(a client.Object, aKind string, b client.Object, bKind string) boo
 	return a.GetName() < b.GetName()
 }
 
-// listPools lists the IPPools and CIDRPools of a namespace.
-func listPools(ctx context.Context, c client.Reader, namespace string) ([]pool, error) {
+// listPools lists the IPPools and CIDRPools of a namespace. With
+// client.UnsafeDisableDeepCopy, the caller must not modify what it gets.
+func listPools(ctx context.Context, c client.Reader, namespace string, opts ...client.ListOption) ([]pool, error) {
+	opts = append(opts, client.InNamespace(namespace))
 	var ips v1alpha1.IPPoolList
-	if err := c.List(ctx, &ips, client.InNamespace(namespace)); err != nil {
+	if err := c.List(ctx, &ips, opts...); err != nil {
 		return nil, fmt.Errorf("listing IPPools in %s: %w", namespace, err)
 	}
 	var cidrs v1alpha1.CIDRPoolList
-	if err := c.List(ctx, &cidrs, client.InNamespace(namespace)); err != nil {
+	if err := c.List(ctx, &cidrs, opts...); err != nil {
 		return nil, fmt.Errorf("listing CIDRPools in %s: %w", namespace, err)
 	}
 	out := make([]pool, 0, len(ips.Items)+len(cidrs.Items))

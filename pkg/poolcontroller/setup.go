@@ -30,16 +30,19 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, namespace string, maxCon
 	}
 	inNamespace := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetNamespace() == namespace })
 	specChanged := predicate.GenerationChangedPredicate{}
-	// Any pool created, deleted or re-specified in the namespace may end or start an
-	// overlap with pools of either kind: re-check all of this kind.
-	allOfKind := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
-		return r.allPools(ctx, namespace)
+	// A pool created, deleted or re-specified in the namespace may end or start an
+	// overlap with pools of either kind: re-check those of this kind whose network
+	// overlaps its network before or after the change (the mapper sees both). No
+	// other pool's outcome depends on it, so pools created together do not each
+	// reconcile every other one again.
+	overlapping := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		return r.overlappingPools(ctx, namespace, o)
 	})
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named(r.Kind).
 		For(forObj, builder.WithPredicates(inNamespace, specChanged)).
-		Watches(&v1alpha1.IPPool{}, allOfKind, builder.WithPredicates(inNamespace, specChanged)).
-		Watches(&v1alpha1.CIDRPool{}, allOfKind, builder.WithPredicates(inNamespace, specChanged)).
+		Watches(&v1alpha1.IPPool{}, overlapping, builder.WithPredicates(inNamespace, specChanged)).
+		Watches(&v1alpha1.CIDRPool{}, overlapping, builder.WithPredicates(inNamespace, specChanged)).
 		WatchesMetadata(&corev1.Node{}, r.nodeHandler(namespace)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: maxConcurrent}).
 		Complete(r)
@@ -49,8 +52,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, namespace string, maxCon
 	return nil
 }
 
+// poolsOfKind lists the pools of this kind, the cache's own objects: read only.
 func (r *Reconciler) poolsOfKind(ctx context.Context, namespace string) []pool {
-	all, err := listPools(ctx, r.Client, namespace)
+	all, err := listPools(ctx, r.Client, namespace, client.UnsafeDisableDeepCopy)
 	if err != nil {
 		log.FromContext(ctx).Error(err, "listing pools to map an event")
 		return nil
@@ -64,11 +68,31 @@ func (r *Reconciler) poolsOfKind(ctx context.Context, namespace string) []pool {
 	return out
 }
 
-func (r *Reconciler) allPools(ctx context.Context, namespace string) []reconcile.Request {
-	pools := r.poolsOfKind(ctx, namespace)
-	reqs := make([]reconcile.Request, 0, len(pools))
-	for _, p := range pools {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())})
+// overlappingPools returns the pools of this kind whose network overlaps that of
+// the pool o (an IPPool or a CIDRPool), o itself excluded; a pool whose network
+// does not parse overlaps nothing.
+func (r *Reconciler) overlappingPools(ctx context.Context, namespace string, o client.Object) []reconcile.Request {
+	var changed pool
+	switch o := o.(type) {
+	case *v1alpha1.IPPool:
+		changed = ipPool{o}
+	case *v1alpha1.CIDRPool:
+		changed = cidrPool{o}
+	default:
+		return nil
+	}
+	theirs, ok := changed.network()
+	if !ok {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, p := range r.poolsOfKind(ctx, namespace) {
+		if p.object().GetUID() == o.GetUID() {
+			continue
+		}
+		if mine, ok := p.network(); ok && mine.Overlaps(theirs) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())})
+		}
 	}
 	return reqs
 }

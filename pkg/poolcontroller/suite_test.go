@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -41,7 +42,7 @@ func TestMain(m *testing.M) {
 
 // fixture is one test's world: a namespace, a label value that its nodes carry, a
 // clock, and a reconciler per kind using a direct (uncached) client so that every
-// Reconcile sees the previous one's writes.
+// Reconcile sees the previous one's writes, and the controller's status writer.
 type fixture struct {
 	t        *testing.T
 	c        client.Client
@@ -66,12 +67,27 @@ func newFixture(t *testing.T, grace time.Duration) *fixture {
 	if err := f.c.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}}); err != nil {
 		t.Fatalf("creating namespace: %v", err)
 	}
+	sw := newStatusWriter(t, cp)
 	mk := func(kind string) *poolcontroller.Reconciler {
-		return &poolcontroller.Reconciler{Client: cp.Client, Recorder: f.recorder, Kind: kind,
+		return &poolcontroller.Reconciler{Client: cp.Client, StatusWriter: sw, Recorder: f.recorder, Kind: kind,
 			ReleaseGracePeriod: grace, Now: f.clock.Now}
 	}
 	f.ip, f.cidr = mk(v1alpha1.KindIPPool), mk(v1alpha1.KindCIDRPool)
 	return f
+}
+
+// newStatusWriter returns the status writer ipam-controller uses, for cp.
+func newStatusWriter(t *testing.T, cp *harness.ControlPlane) poolcontroller.StatusWriter {
+	t.Helper()
+	httpClient, err := rest.HTTPClientFor(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw, err := poolcontroller.NewStatusWriter(cp.Config, httpClient, cp.Client.Scheme())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sw
 }
 
 // selector selects the fixture's nodes.
