@@ -379,6 +379,6 @@ func BenchmarkCNIExecPath(b *testing.B) {
 	}
 	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics)
 	series := `hwipam_node_request_duration_seconds_%s{code="OK",method="/nvidia.ipam.node.v1.IPAMService/Allocate"}`
-	sum, count := scrapeCounter(b, url, fmt.Sprintf(series, "sum")), scrapeCounter(b, url, fmt.Sprintf(series, "count"))
+	sum, count := scrapeSum(b, url, fmt.Sprintf(series, "sum")), scrapeSum(b, url, fmt.Sprintf(series, "count"))
 	b.ReportMetric(sum/count*1000, "daemon-Allocate-mean-ms")
 }
