@@ -82,7 +82,8 @@ func (s *session) params(args *skel.CmdArgs) *ipamwire.Params {
 	}
 	prm := &ipamwire.Params{Pools: s.cfg.Pools, ContainerID: args.ContainerID, IfName: args.IfName, PoolType: pt,
 		NetworkName: s.cfg.Network, PodName: s.cfg.PodName, PodNamespace: s.cfg.PodNamespace,
-		PodUID: s.cfg.PodUID, DeviceID: s.cfg.DeviceID, AllocateDefaultGateway: s.cfg.Gateway, AllocateIPWithIndex: s.cfg.Index}
+		PodUID: s.cfg.PodUID, DeviceID: s.cfg.DeviceID, AllocateDefaultGateway: s.cfg.Gateway, AllocateIPWithIndex: s.cfg.Index,
+		Rail: s.cfg.Rail, PCIBusID: s.cfg.PCIBusID, Master: s.cfg.Master, Device: s.cfg.Device}
 	for _, a := range s.cfg.RequestedIPs {
 		prm.RequestedIPs = append(prm.RequestedIPs, a.String())
 	}
