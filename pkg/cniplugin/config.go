@@ -91,12 +91,12 @@ type Config struct {
 	// then empty); PCIBusID, Master and Device are the attachment's device besides
 	// DeviceID.
 	Rail, PCIBusID, Master, Device string
-	RequestedIPs []netip.Addr
-	Gateway      bool
-	Index        *int32
-	PodName      string
-	PodNamespace string
-	PodUID       string
+	RequestedIPs                   []netip.Addr
+	Gateway                        bool
+	Index                          *int32
+	PodName                        string
+	PodNamespace                   string
+	PodUID                         string
 
 	ValidAttachments []types.GCAttachment
 	PrevResult       json.RawMessage
@@ -172,8 +172,8 @@ func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
 			return nil, err
 		}
 		if nc.IPAM.Rail == "auto" && nc.DeviceID == "" && nc.PCIBusID == "" && nc.Master == "" && nc.Device == "" {
-			return nil, configErr("ipam.rail \"auto\" takes the rail of the attachment's device, and this network config "+
-				"names none: it needs deviceID (SR-IOV, as Multus passes it), pciBusID or device (host-device), or master "+
+			return nil, configErr("ipam.rail \"auto\" takes the rail of the attachment's device, and this network config " +
+				"names none: it needs deviceID (SR-IOV, as Multus passes it), pciBusID or device (host-device), or master " +
 				"(macvlan, ipvlan, ipoib); or name the rail")
 		}
 		c.Rail = nc.IPAM.Rail
