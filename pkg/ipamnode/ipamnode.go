@@ -165,6 +165,7 @@ func Run(ctx context.Context, o *Options) error {
 	if err := pools.setup(mgr); err != nil {
 		return err
 	}
+	svc.Rails = newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails)
 	if o.CleanupInterval > 0 {
 		if err := mgr.Add(&cleaner{reader: mgr.GetAPIReader(), manager: mgrState, interval: o.CleanupInterval,
 			misses: o.CleanupMisses, log: logger.WithName("cleanup")}); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -44,6 +45,23 @@ type poolSync struct {
 	// are not applied interleaved.
 	mu     sync.Mutex
 	synced bool
+	// railPools are the pools labelled nic.hwipam.io/rail, by kind and rail, from
+	// the last listing.
+	railPools map[railKey][]string
+}
+
+// railKey is a pool kind and a rail.
+type railKey struct{ kind, rail string }
+
+// LabelRail binds a pool to a rail (docs/rails.md).
+const LabelRail = "nic.hwipam.io/rail"
+
+// poolsOfRail returns the pools of kind labelled for rail, and whether a listing
+// has been seen.
+func (s *poolSync) poolsOfRail(kind, rail string) ([]string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.railPools[railKey{kind, rail}]), s.synced
 }
 
 const (
@@ -168,6 +186,22 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 	}
 	// Both lists succeeded: this is the complete set, also when it is empty.
 	s.synced = true
+	s.railPools = map[railKey][]string{}
+	for i := range ips.Items {
+		if rail := ips.Items[i].Labels[LabelRail]; rail != "" {
+			k := railKey{v1alpha1.KindIPPool, rail}
+			s.railPools[k] = append(s.railPools[k], ips.Items[i].Name)
+		}
+	}
+	for i := range cidrs.Items {
+		if rail := cidrs.Items[i].Labels[LabelRail]; rail != "" {
+			k := railKey{v1alpha1.KindCIDRPool, rail}
+			s.railPools[k] = append(s.railPools[k], cidrs.Items[i].Name)
+		}
+	}
+	for _, names := range s.railPools {
+		slices.Sort(names)
+	}
 	before := s.manager.Holds()
 	err := s.manager.SyncPools(cfgs)
 	if s.changed != nil && !maps.EqualFunc(before, s.manager.Holds(), func(a, b v1alpha1.PoolHold) bool { return a.Block == b.Block }) {

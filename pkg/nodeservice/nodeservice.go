@@ -20,6 +20,7 @@ import (
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
+	"github.com/hwipam/hwipam/pkg/rails"
 )
 
 // Service implements both services.
@@ -30,8 +31,47 @@ type Service struct {
 	Manager *nodealloc.Manager
 	// Info is what GetInfo answers: the daemon's version and paths.
 	Info *infov1.GetInfoResponse
+	// Rails picks the pools of a request that names a rail instead of pools; nil
+	// refuses such requests.
+	Rails RailPools
 
 	failures failureRing
+}
+
+// RailPools picks a rail's pools (docs/rails.md).
+type RailPools interface {
+	// Pools returns the pools of kind labelled for rail, where rail "auto" is the
+	// rail of dev, and the rail it took. Its errors are gRPC statuses.
+	Pools(kind, rail string, dev rails.Device) (pools []string, resolved string, err error)
+	// Holding returns the pools of kind that hold an allocation of the interface:
+	// where a release goes when the device can no longer be found.
+	Holding(kind, containerID, ifName string) []string
+}
+
+// byRail fills req.Pools from the rail a request names. A release whose device
+// cannot be resolved any more (a VF gone since) releases the interface in every
+// pool of the kind that holds it.
+func (s *Service) byRail(p *nodev1.IPAMParameters, req *nodealloc.Request, release bool) error {
+	if p.GetRail() == "" {
+		return nil
+	}
+	if len(p.GetPools()) > 0 {
+		return status.Errorf(codes.InvalidArgument, "parameters: pools %v and rail %q are both set; name the pools, or the rail", p.GetPools(), p.GetRail())
+	}
+	if s.Rails == nil {
+		return status.Errorf(codes.FailedPrecondition, "rail %q: this daemon does not allocate by rail (no NIC inventory)", p.GetRail())
+	}
+	dev := rails.Device{DeviceID: p.GetMetadata().GetDeviceId(), PCIBusID: p.GetPciBusId(), Master: p.GetMaster(), Netdev: p.GetDevice()}
+	pools, _, err := s.Rails.Pools(req.Kind, p.GetRail(), dev)
+	if err != nil {
+		if release && status.Code(err) != codes.Internal {
+			req.Pools = s.Rails.Holding(req.Kind, req.ContainerID, req.IfName)
+			return nil
+		}
+		return err
+	}
+	req.Pools = pools
+	return nil
 }
 
 // maxFailures is how many failed Allocate calls ListFailures keeps.
@@ -78,6 +118,9 @@ func (s *Service) Allocate(ctx context.Context, in *nodev1.AllocateRequest) (*no
 	if err != nil {
 		return nil, err
 	}
+	if err := s.byRail(in.GetParameters(), req, false); err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
@@ -107,6 +150,9 @@ func (s *Service) IsAllocated(ctx context.Context, in *nodev1.IsAllocatedRequest
 	if err != nil {
 		return nil, err
 	}
+	if err := s.byRail(in.GetParameters(), req, false); err != nil {
+		return nil, err
+	}
 	if err := s.Manager.IsAllocated(ctx, req); err != nil {
 		return nil, toStatus(err)
 	}
@@ -118,6 +164,12 @@ func (s *Service) Deallocate(ctx context.Context, in *nodev1.DeallocateRequest) 
 	req, err := toRequest(in.GetParameters())
 	if err != nil {
 		return nil, err
+	}
+	if err := s.byRail(in.GetParameters(), req, true); err != nil {
+		return nil, err
+	}
+	if len(req.Pools) == 0 {
+		return &nodev1.DeallocateResponse{}, nil // by rail, and no pool holds the interface
 	}
 	if err := s.Manager.Deallocate(ctx, req); err != nil {
 		return nil, toStatus(err)
