@@ -48,6 +48,7 @@ type poolSync struct {
 	// railPools are the pools labelled nic.hwipam.io/rail, by kind and rail, from
 	// the last listing.
 	railPools map[railKey][]string
+	poolRail  map[railKey]string // kind and pool name → rail
 }
 
 // railKey is a pool kind and a rail.
@@ -55,6 +56,13 @@ type railKey struct{ kind, rail string }
 
 // LabelRail binds a pool to a rail (docs/rails.md).
 const LabelRail = "nic.hwipam.io/rail"
+
+// railOfPool returns the rail a pool is labelled for.
+func (s *poolSync) railOfPool(kind, name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.poolRail[railKey{kind, name}]
+}
 
 // poolsOfRail returns the pools of kind labelled for rail, and whether a listing
 // has been seen.
@@ -186,18 +194,20 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 	}
 	// Both lists succeeded: this is the complete set, also when it is empty.
 	s.synced = true
-	s.railPools = map[railKey][]string{}
-	for i := range ips.Items {
-		if rail := ips.Items[i].Labels[LabelRail]; rail != "" {
-			k := railKey{v1alpha1.KindIPPool, rail}
-			s.railPools[k] = append(s.railPools[k], ips.Items[i].Name)
+	s.railPools, s.poolRail = map[railKey][]string{}, map[railKey]string{}
+	bind := func(kind, name, rail string) {
+		if rail == "" {
+			return
 		}
+		k := railKey{kind, rail}
+		s.railPools[k] = append(s.railPools[k], name)
+		s.poolRail[railKey{kind, name}] = rail
+	}
+	for i := range ips.Items {
+		bind(v1alpha1.KindIPPool, ips.Items[i].Name, ips.Items[i].Labels[LabelRail])
 	}
 	for i := range cidrs.Items {
-		if rail := cidrs.Items[i].Labels[LabelRail]; rail != "" {
-			k := railKey{v1alpha1.KindCIDRPool, rail}
-			s.railPools[k] = append(s.railPools[k], cidrs.Items[i].Name)
-		}
+		bind(v1alpha1.KindCIDRPool, cidrs.Items[i].Name, cidrs.Items[i].Labels[LabelRail])
 	}
 	for _, names := range s.railPools {
 		slices.Sort(names)

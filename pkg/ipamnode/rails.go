@@ -111,3 +111,6 @@ func (r *railSelector) Holding(kind, containerID, ifName string) []string {
 	}
 	return out
 }
+
+// RailOf implements nodeservice.RailPools.
+func (r *railSelector) RailOf(kind, pool string) string { return r.pools.railOfPool(kind, pool) }

@@ -182,6 +182,22 @@ func TestRailAuto(t *testing.T) {
 	held := map[string]int{}
 	for pool, list := range listAllocations(t, d) {
 		held[pool] = len(list)
+		want := map[string]string{"r0-v4": "ens1f0np0", "r0-v6": "ens1f0np0", "r1-v4": "ens1f1np1"}[pool]
+		for _, a := range list {
+			if a.GetRail() != want {
+				t.Errorf("allocation %s in pool %s: rail %q, want %q", a.GetIp(), pool, a.GetRail(), want)
+			}
+		}
+	}
+	pools, err := d.info.ListPools(t.Context(), &infov1.ListPoolsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pools.GetPools() {
+		want := map[string]string{"r0-v4": "ens1f0np0", "r0-v6": "ens1f0np0", "r1-v4": "ens1f1np1"}[p.GetKey()]
+		if p.GetRail() != want {
+			t.Errorf("pool %s: rail %q, want %q", p.GetKey(), p.GetRail(), want)
+		}
 	}
 	// rail 0: VFs 0-2 (VF 3 released), master, "device wins", the moved VF; rail 1:
 	// VFs 1-3 (VF 0 released), pciBusID, the named rail.

@@ -46,6 +46,16 @@ type RailPools interface {
 	// Holding returns the pools of kind that hold an allocation of the interface:
 	// where a release goes when the device can no longer be found.
 	Holding(kind, containerID, ifName string) []string
+	// RailOf returns the rail a pool is labelled for, "" when none.
+	RailOf(kind, pool string) string
+}
+
+// railOf is s.Rails.RailOf, "" without Rails.
+func (s *Service) railOf(kind, pool string) string {
+	if s.Rails == nil {
+		return ""
+	}
+	return s.Rails.RailOf(kind, pool)
 }
 
 // byRail fills req.Pools from the rail a request names. A release whose device
@@ -204,6 +214,7 @@ func (s *Service) ListPools(context.Context, *infov1.ListPoolsRequest) (*infov1.
 				}
 			}
 			info.Name, info.Kind = c.Name, c.Kind
+			info.Rail = s.railOf(c.Kind, c.Name)
 			info.Start, info.End, info.Prefix = c.Block.Start.String(), c.Block.End.String(), c.Prefix.String()
 			if c.Gateway.IsValid() {
 				info.Gateway = c.Gateway.String()
@@ -218,12 +229,17 @@ func (s *Service) ListPools(context.Context, *infov1.ListPoolsRequest) (*infov1.
 func (s *Service) ListAllocations(_ context.Context, in *infov1.ListAllocationsRequest) (*infov1.ListAllocationsResponse, error) {
 	out := &infov1.ListAllocationsResponse{}
 	for pool, list := range s.Manager.Allocations(in.GetPool()) {
+		kind, name := v1alpha1.KindIPPool, pool
+		if n, ok := strings.CutPrefix(pool, "cidrpool/"); ok {
+			kind, name = v1alpha1.KindCIDRPool, n
+		}
+		rail := s.railOf(kind, name)
 		for i := range list {
 			a := &list[i]
 			out.Allocations = append(out.Allocations, &infov1.AllocationRecord{
 				Pool: pool, ContainerId: a.ContainerID, IfName: a.IfName, Ip: a.IP,
 				PodName: a.PodName, PodNamespace: a.PodNamespace, PodUid: a.PodUID, DeviceId: a.DeviceID,
-				CreateTime: a.CreateTime.Unix(), Network: a.Network,
+				CreateTime: a.CreateTime.Unix(), Network: a.Network, Rail: rail,
 			})
 		}
 	}
