@@ -171,7 +171,9 @@ func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
 		if err := checkRail(nc.IPAM.Rail); err != nil {
 			return nil, err
 		}
-		if nc.IPAM.Rail == "auto" && nc.DeviceID == "" && nc.PCIBusID == "" && nc.Master == "" && nc.Device == "" {
+		// An ADD needs the device; GC and STATUS are about the network, and a DEL
+		// without it releases the interface wherever it holds addresses.
+		if needPod && nc.IPAM.Rail == "auto" && nc.DeviceID == "" && nc.PCIBusID == "" && nc.Master == "" && nc.Device == "" {
 			return nil, configErr("ipam.rail \"auto\" takes the rail of the attachment's device, and this network config " +
 				"names none: it needs deviceID (SR-IOV, as Multus passes it), pciBusID or device (host-device), or master " +
 				"(macvlan, ipvlan, ipoib); or name the rail")

@@ -169,6 +169,46 @@ func TestRailAuto(t *testing.T) {
 		}
 	}
 
+	// CHECK, STATUS and GC of a network whose pools are picked by rail.
+	res, err = call("ADD", "checked", map[string]any{"deviceID": "0000:3d:00.1"}, auto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := call("CHECK", "checked", map[string]any{"deviceID": "0000:3d:00.1", "prevResult": res}, auto); err != nil {
+		t.Errorf("CHECK by rail: %v", err)
+	}
+	bogus := map[string]any{"cniVersion": "1.0.0", "ips": []any{map[string]any{"address": "10.11.0.99/24"}}}
+	if _, err := call("CHECK", "checked", map[string]any{"deviceID": "0000:3d:00.1", "prevResult": bogus}, auto); err == nil {
+		t.Error("CHECK by rail of an address the daemon does not hold succeeded")
+	}
+	v11 := func(m map[string]any) map[string]any { m["cniVersion"] = "1.1.0"; return m }
+	if _, err := call("STATUS", "", v11(map[string]any{}), auto); err != nil {
+		t.Errorf("STATUS, rail auto: %v", err)
+	}
+	var cniErr *harness.CNIError
+	if _, err := call("STATUS", "", v11(map[string]any{}), map[string]any{"rail": "spare"}); !errors.As(err, &cniErr) || cniErr.Code != 50 {
+		t.Errorf("STATUS of a rail without a block here: %v, want CNI code 50", err)
+	}
+	// GC keeps the valid attachments and releases this network's others: "checked".
+	var valid []any
+	for _, r := range listAllocations(t, d) {
+		for _, a := range r {
+			if a.GetContainerId() != "checked" {
+				valid = append(valid, map[string]any{"containerID": a.GetContainerId(), "ifname": a.GetIfName()})
+			}
+		}
+	}
+	if _, err := call("GC", "", v11(map[string]any{"cni.dev/valid-attachments": valid}), auto); err != nil {
+		t.Errorf("GC by rail: %v", err)
+	}
+	for _, r := range listAllocations(t, d) {
+		for _, a := range r {
+			if a.GetContainerId() == "checked" {
+				t.Errorf("GC by rail left %s of an attachment that is not valid", a.GetIp())
+			}
+		}
+	}
+
 	// DEL by rail releases; so does DEL of a VF that has gone from the node since.
 	if _, err := call("DEL", "c-1-0", map[string]any{"deviceID": "0000:3d:00.0"}, auto); err != nil {
 		t.Fatal(err)

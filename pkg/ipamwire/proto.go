@@ -62,6 +62,7 @@ type AllocationRecord struct {
 type PoolInfo struct {
 	Key    string
 	Active bool
+	Rail   string
 }
 
 // Wire types of the protobuf encoding.
@@ -318,6 +319,8 @@ func DecodeListPoolsResponse(b []byte) ([]PoolInfo, error) {
 				var v uint64
 				v, err = g.varint()
 				p.Active = v != 0
+			case 15:
+				p.Rail, err = g.str()
 			}
 			return err
 		})

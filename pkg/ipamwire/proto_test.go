@@ -132,9 +132,9 @@ func TestRepliesDecodeAsGenerated(t *testing.T) {
 		var wantPools []ipamwire.PoolInfo
 		for range r.IntN(4) {
 			p := &infov1.PoolInfo{Key: str(r), Name: str(r), Kind: str(r), Start: str(r), Size: str(r), Allocated: r.Uint64(),
-				Active: r.IntN(2) == 0, Exclusions: strs(r), Orphans: r.Uint64()}
+				Active: r.IntN(2) == 0, Exclusions: strs(r), Orphans: r.Uint64(), Rail: str(r)}
 			pr.Pools = append(pr.Pools, p)
-			wantPools = append(wantPools, ipamwire.PoolInfo{Key: p.Key, Active: p.Active})
+			wantPools = append(wantPools, ipamwire.PoolInfo{Key: p.Key, Active: p.Active, Rail: p.Rail})
 		}
 		pools, err := ipamwire.DecodeListPoolsResponse(marshal(t, &pr))
 		if err != nil || fmt.Sprint(pools) != fmt.Sprint(wantPools) {
