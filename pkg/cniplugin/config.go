@@ -67,6 +67,9 @@ type netConf struct {
 	Device        string       `json:"device,omitempty"`
 	RuntimeConfig struct {
 		IPs []string `json:"ips,omitempty"`
+		// DeviceID is the deviceID capability: Multus passes a network selection
+		// element's deviceID this way to a plugin that declares the capability.
+		DeviceID string `json:"deviceID,omitempty"`
 	} `json:"runtimeConfig"`
 	Args *struct {
 		CNI *cniArgs `json:"cni,omitempty"`
@@ -160,6 +163,9 @@ func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
 		args = *nc.Args.CNI
 	}
 	c.PCIBusID, c.Master, c.Device = nc.PCIBusID, nc.Master, nc.Device
+	if c.DeviceID == "" {
+		c.DeviceID = nc.RuntimeConfig.DeviceID
+	}
 	// Pools: by rail (ipam.rail), else args.cni.poolNames, else ipam.poolName (one,
 	// or two comma-separated), else the network's name.
 	switch {
@@ -173,7 +179,7 @@ func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
 		}
 		// An ADD needs the device; GC and STATUS are about the network, and a DEL
 		// without it releases the interface wherever it holds addresses.
-		if needPod && nc.IPAM.Rail == "auto" && nc.DeviceID == "" && nc.PCIBusID == "" && nc.Master == "" && nc.Device == "" {
+		if needPod && nc.IPAM.Rail == "auto" && c.DeviceID == "" && nc.PCIBusID == "" && nc.Master == "" && nc.Device == "" {
 			return nil, configErr("ipam.rail \"auto\" takes the rail of the attachment's device, and this network config " +
 				"names none: it needs deviceID (SR-IOV, as Multus passes it), pciBusID or device (host-device), or master " +
 				"(macvlan, ipvlan, ipoib); or name the rail")

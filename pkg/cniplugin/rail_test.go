@@ -45,6 +45,18 @@ func TestRailConfig(t *testing.T) {
 			t.Errorf("%s: %v, want a configuration error saying %q", name, err, tc.want)
 		}
 	}
+	// The deviceID capability (runtimeConfig), as Multus passes a network selection
+	// element's deviceID; the top-level deviceID wins.
+	c, err = cniplugin.LoadConfig([]byte(`{"cniVersion": "1.0.0", "name": "n", "runtimeConfig": {"deviceID": "0000:40:00.0"},
+		"ipam": {"type": "nv-ipam", "rail": "auto", "confDir": "/nonexistent"}}`), pod, true)
+	if err != nil || c.DeviceID != "0000:40:00.0" {
+		t.Errorf("runtimeConfig.deviceID: %+v %v", c, err)
+	}
+	c, err = cniplugin.LoadConfig([]byte(`{"cniVersion": "1.0.0", "name": "n", "deviceID": "0000:18:00.0", "runtimeConfig": {"deviceID": "0000:40:00.0"},
+		"ipam": {"type": "nv-ipam", "rail": "auto", "confDir": "/nonexistent"}}`), pod, true)
+	if err != nil || c.DeviceID != "0000:18:00.0" {
+		t.Errorf("top-level and runtimeConfig deviceID: %+v %v", c, err)
+	}
 	// nv-ipam.conf's poolName is a default for configs that name no pool: a config
 	// with a rail does not take it.
 	dir := t.TempDir()
