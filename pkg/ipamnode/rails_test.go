@@ -88,7 +88,8 @@ func TestRailAuto(t *testing.T) {
 			return nil, err
 		}
 		var res map[string]any
-		return res, json.Unmarshal(out, &res)
+		err = json.Unmarshal(out, &res)
+		return res, err
 	}
 	ips := func(res map[string]any) []netip.Prefix {
 		var out []netip.Prefix

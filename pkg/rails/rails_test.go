@@ -194,13 +194,11 @@ func TestLiveLocator(t *testing.T) {
 		t.Errorf("a missing auxiliary device: %v, want not found", err)
 	}
 	// A PCI function this machine has (any): a PF of itself, or its VF's PF.
-	entries, _ := os.ReadDir("/sys/bus/pci/devices")
-	for _, e := range entries {
-		pf, err := l.PFOfPCI(e.Name())
+	if entries, _ := os.ReadDir("/sys/bus/pci/devices"); len(entries) > 0 {
+		pf, err := l.PFOfPCI(entries[0].Name())
 		if err != nil || !rails.IsPCIAddress(pf) {
-			t.Errorf("PCI function %s: PF %q %v", e.Name(), pf, err)
+			t.Errorf("PCI function %s: PF %q %v", entries[0].Name(), pf, err)
 		}
-		break
 	}
 }
 
