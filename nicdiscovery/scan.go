@@ -47,7 +47,13 @@ func Scan(ctx context.Context, o Options) (*Inventory, error) {
 		return nil, err
 	}
 	inv := &Inventory{Root: root, NICs: []NIC{}}
-	var names *pciNames
+	var pciIDs *pciNames
+	names := func() *pciNames {
+		if pciIDs == nil {
+			pciIDs = loadPCINames(root, log)
+		}
+		return pciIDs
+	}
 	for _, f := range funcs {
 		if f.vendorID != VendorNVIDIA {
 			continue
@@ -67,10 +73,7 @@ func Scan(ctx context.Context, o Options) (*Inventory, error) {
 		if known {
 			n.Model = m.name
 		} else {
-			if names == nil {
-				names = loadPCINames(root, log)
-			}
-			n.Model = names.lookup(f.vendorID, f.deviceID)
+			n.Model = names().lookup(f.vendorID, f.deviceID)
 		}
 		if n.PhysFn != "" || m.vf {
 			n.Function = FunctionVF
@@ -79,6 +82,7 @@ func Scan(ctx context.Context, o Options) (*Inventory, error) {
 	}
 	slices.SortFunc(inv.NICs, func(a, b NIC) int { return cmp.Compare(a.PCIAddress, b.PCIAddress) })
 	nameVFs(inv.NICs)
+	addLocality(root, funcs, inv, names)
 	if netdevsHidden(root, inv.NICs) {
 		inv.NetdevsHidden = true
 		for i := range inv.NICs {
