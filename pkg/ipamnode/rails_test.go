@@ -5,13 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
@@ -259,4 +264,119 @@ func listAllocations(t *testing.T, d *daemon) map[string][]*infov1.AllocationRec
 		out[a.GetPool()] = append(out[a.GetPool()], a)
 	}
 	return out
+}
+
+// dgxRailPCI are the PCI addresses of fakesysfs.DGXH100Rails.
+var dgxRailPCI = []string{"0000:18:00.0", "0000:40:00.0", "0000:4f:00.0", "0000:5e:00.0", "0000:9a:00.0", "0000:c0:00.0",
+	"0000:ce:00.0", "0000:dc:00.0"}
+
+// TestRailWalkthrough applies docs/rails.md's DGX H100 walk-through: its eight pools
+// and its NAD's config. On a DGX-H100-like node (the captured-shape tree, two VFs
+// per rail) the real plugin, given that config and a VF of each rail as Multus
+// passes it, gets each address from that rail's pool.
+func TestRailWalkthrough(t *testing.T) {
+	harness.RequireRoot(t)
+	data, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "docs", "rails.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []string
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(data), -1) {
+		blocks = append(blocks, m[1])
+	}
+	if len(blocks) != 3 {
+		t.Fatalf("docs/rails.md has %d yaml blocks, want the pools, the NAD and the pod", len(blocks))
+	}
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
+	c := cp.Client
+	tree, err := fakesysfs.DGXH100(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{}
+	for i, rail := range fakesysfs.DGXH100Rails {
+		labels["nic.hwipam.io/"+rail] = "ib"
+		pf := dgxRailPCI[i]
+		for v := range 2 {
+			vf := fmt.Sprintf("%s.%d", pf[:len(pf)-2], v+1)
+			if err := tree.AddVF(pf, v, fakesysfs.Function{Address: vf, Vendor: fakesysfs.VendorNVIDIA, Device: fakesysfs.DeviceCXVF,
+				Class: fakesysfs.ClassIB, Driver: "mlx5_core", NUMA: i / 4}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := c.Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: labels}}); err != nil {
+		t.Fatal(err)
+	}
+	// The pools, as written; their blocks, as the controller would give them.
+	subnets := map[string]netip.Prefix{}
+	for _, doc := range strings.Split(blocks[0], "\n---\n") {
+		var p v1alpha1.IPPool
+		if err := yaml.UnmarshalStrict([]byte(doc), &p); err != nil {
+			t.Fatalf("a pool of docs/rails.md: %v\n%s", err, doc)
+		}
+		p.Namespace = "default" // the daemon's namespace here
+		if err := c.Create(t.Context(), &p); err != nil {
+			t.Fatal(err)
+		}
+		prefix := netip.MustParsePrefix(p.Spec.Subnet)
+		start := prefix.Addr().Next()
+		end := start
+		for range 63 {
+			end = end.Next()
+		}
+		p.Status.Allocations = []v1alpha1.Allocation{{NodeName: node, StartIP: start.String(), EndIP: end.String()}}
+		if err := c.Status().Update(t.Context(), &p); err != nil {
+			t.Fatal(err)
+		}
+		subnets[p.Labels[ipamnode.LabelRail]] = prefix
+	}
+	if len(subnets) != 8 {
+		t.Fatalf("docs/rails.md binds %d rails, want 8: %v", len(subnets), subnets)
+	}
+	var nad nadv1.NetworkAttachmentDefinition
+	if err := yaml.UnmarshalStrict([]byte(blocks[1]), &nad); err != nil {
+		t.Fatal(err)
+	}
+	if nad.Annotations["k8s.v1.cni.cncf.io/resourceName"] == "" {
+		t.Errorf("the NAD has no resourceName: %+v", nad.ObjectMeta)
+	}
+	var pod corev1.Pod
+	if err := yaml.UnmarshalStrict([]byte(blocks[2]), &pod); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(pod.Annotations[nadv1.NetworkAttachmentAnnot], nad.Name); got != 8 {
+		t.Errorf("the pod lists the NAD %d times, want 8", got)
+	}
+
+	dir := t.TempDir()
+	d := startDaemon(t, cp.Config, dir, func(o *ipamnode.Options) { o.SysfsRoot, o.NICLabels = tree.Root, ipamnode.NICLabelsOff })
+	plugin := harness.BuildBinary(t, "./cmd/nv-ipam")
+	ns := harness.NewNetNS(t)
+	for i, rail := range fakesysfs.DGXH100Rails {
+		pf := dgxRailPCI[i]
+		for v := range 2 {
+			// Multus adds the device it took from the resource as deviceID.
+			var conf map[string]any
+			if err := json.Unmarshal([]byte(nad.Spec.Config), &conf); err != nil {
+				t.Fatal(err)
+			}
+			conf["deviceID"] = fmt.Sprintf("%s.%d", pf[:len(pf)-2], v+1)
+			ipam := conf["ipam"].(map[string]any)
+			ipam["daemonSocket"], ipam["confDir"], ipam["logFile"] = "unix://"+d.socket, filepath.Join(dir, "none"), ""
+			raw, _ := json.Marshal(conf)
+			call := harness.CNICall{Plugin: plugin, Command: "ADD", ContainerID: "trainer-0", NetNS: ns.Path,
+				IfName: fmt.Sprintf("net%d", 1+2*i+v), Args: "K8S_POD_NAME=trainer-0;K8S_POD_NAMESPACE=default",
+				Path: []string{filepath.Dir(plugin)}, Config: raw}
+			var out []byte
+			waitFor(t, "the rail pools to sync", func() bool { out, err = call.Run(); return err == nil })
+			var res struct{ IPs []struct{ Address string } }
+			if err := json.Unmarshal(out, &res); err != nil || len(res.IPs) != 1 {
+				t.Fatalf("ADD %s: %s %v", conf["deviceID"], out, err)
+			}
+			if ip := netip.MustParsePrefix(res.IPs[0].Address); !subnets[rail].Contains(ip.Addr()) {
+				t.Errorf("VF %s of rail %s got %s, outside the rail's subnet %s", conf["deviceID"], rail, ip, subnets[rail])
+			}
+		}
+	}
 }
