@@ -598,7 +598,7 @@ func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, n
 			func(a v1alpha1.CIDRPoolAllocation) bool { return a.NodeName == c.r.Node }), readyMessage(p.Status.Conditions))
 	}
 	if d != nil {
-		checkStale(ctx, c, cl, d.allocs)
+		checkStale(ctx, c, cl, c.r.Node, d.allocs)
 	}
 	if f.cluster {
 		s, err := readCluster(ctx, cl, ns)
@@ -685,16 +685,30 @@ func parseUint(s string) (uint64, error) {
 }
 
 // checkStale finds allocations whose pod no longer exists (or is another pod of
-// the same name): the cleaner releases them after three misses.
-func checkStale(ctx context.Context, c *checker, cl client.Client, allocs []*infov1.AllocationRecord) {
+// the same name; a static pod's mirror pod is the same pod): the cleaner releases
+// them after three misses. It lists the pods
+// bound to node once (metadata only, in pages), whatever the number of allocations,
+// and gets by name only a pod the listing lacks (one not bound to this node, or
+// gone), so a finding is what a get of each pod would say. When the listing is
+// refused (a service account with get only) it gets every pod.
+func checkStale(ctx context.Context, c *checker, cl client.Client, node string, allocs []*infov1.AllocationRecord) {
+	onNode, err := listNodePods(ctx, cl, node)
+	if err != nil {
+		onNode = nil // refused or failed: every pod is read by name, as a listing would have been checked
+	}
 	stale := 0
 	for _, a := range allocs {
 		if a.GetPodName() == "" {
 			continue
 		}
-		var pod corev1.Pod
-		err := cl.Get(ctx, client.ObjectKey{Namespace: a.GetPodNamespace(), Name: a.GetPodName()}, &pod)
-		gone := apierrors.IsNotFound(err) || err == nil && a.GetPodUid() != "" && string(pod.UID) != a.GetPodUid()
+		pod, listed := onNode[a.GetPodNamespace()+"/"+a.GetPodName()]
+		var err error
+		if !listed {
+			pod = &metav1.PartialObjectMetadata{}
+			pod.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Pod"))
+			err = cl.Get(ctx, client.ObjectKey{Namespace: a.GetPodNamespace(), Name: a.GetPodName()}, pod)
+		}
+		gone := apierrors.IsNotFound(err) || err == nil && otherPod(pod, a.GetPodUid())
 		if err != nil && !gone {
 			c.add(SeverityWarning, "stale", a.GetPool(), fmt.Sprintf("reading pod %s/%s: %v", a.GetPodNamespace(), a.GetPodName(), err), "")
 			continue
@@ -708,6 +722,40 @@ func checkStale(ctx context.Context, c *checker, cl client.Client, allocs []*inf
 	}
 	if stale == 0 {
 		c.add(SeverityOK, "stale", "", "every allocation's pod exists", "")
+	}
+}
+
+// otherPod reports whether pod is not the one of the allocation's uid (an empty
+// uid matches any). A static pod's allocation carries the UID the kubelet gave it,
+// which its mirror pod names in kubernetes.io/config.mirror, as ipam-node's
+// cleaner compares.
+func otherPod(pod *metav1.PartialObjectMetadata, uid string) bool {
+	if uid == "" || string(pod.UID) == uid {
+		return false
+	}
+	mirrorOf, isMirror := pod.Annotations[corev1.MirrorPodAnnotationKey]
+	return !isMirror || mirrorOf != uid
+}
+
+// stalePageSize is how many pods one page of checkStale's listing holds.
+const stalePageSize = 500
+
+// listNodePods returns the metadata of the pods bound to node, by namespace/name.
+func listNodePods(ctx context.Context, cl client.Client, node string) (map[string]*metav1.PartialObjectMetadata, error) {
+	pods := map[string]*metav1.PartialObjectMetadata{}
+	opts := []client.ListOption{client.MatchingFields{"spec.nodeName": node}, client.Limit(stalePageSize)}
+	for cont := ""; ; {
+		var page metav1.PartialObjectMetadataList
+		page.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+		if err := cl.List(ctx, &page, append(opts, client.Continue(cont))...); err != nil {
+			return nil, fmt.Errorf("listing the pods of node %s: %w", node, err)
+		}
+		for i := range page.Items {
+			pods[page.Items[i].Namespace+"/"+page.Items[i].Name] = &page.Items[i]
+		}
+		if cont = page.Continue; cont == "" {
+			return pods, nil
+		}
 	}
 }
 

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -51,7 +52,8 @@ import (
 // RBAC of the node daemon (deploy/rbac/node/role.yaml is generated from these
 // markers): exactly the verbs its API calls use, checked by test/privilege with
 // `kubectl auth can-i --list`; see docs/rbac.md. Pools (list, watch: the informers and
-// the start-up listing) and pods (get: the stale-allocation cleaner) are within what
+// the start-up listing) and pods (list, watch: the stale-allocation cleaner's informer
+// of this node's pods; get: its confirmation before a release) are within what
 // network-operator grants. Nodes (get, patch: the NIC labels by server-side apply and
 // the pools-in-use annotations by merge patch) are optional and degrade to a warning;
 // deploy/policy's ValidatingAdmissionPolicy narrows patch to the daemon's own Node and
@@ -59,7 +61,7 @@ import (
 // server-side apply, delete when no NIC is left) are granted in the DaemonSet's
 // namespace only, where the daemon writes them.
 // +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools;cidrpools,verbs=list;watch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;patch
 // +kubebuilder:rbac:groups=nfd.k8s-sigs.io,namespace=kube-system,resources=nodefeatures,verbs=get;create;patch;delete
 
@@ -73,6 +75,7 @@ func Run(ctx context.Context, o *Options) error {
 	}
 	logger := logr.FromContextOrDiscard(ctx)
 	ctrl.SetLogger(logger)
+	tuneGC(logger)
 	var err error
 	logger.Info("starting ipam-node", "version", version.String(), "node", o.NodeName, "store", o.StoreFile,
 		"bindAddress", o.BindAddress, "poolsNamespace", o.PoolsNamespace)
@@ -167,8 +170,13 @@ func Run(ctx context.Context, o *Options) error {
 	}
 	svc.Rails = newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails)
 	if o.CleanupInterval > 0 {
-		if err := mgr.Add(&cleaner{reader: mgr.GetAPIReader(), manager: mgrState, interval: o.CleanupInterval,
-			misses: o.CleanupMisses, log: logger.WithName("cleanup")}); err != nil {
+		podMeta, err := metadata.NewForConfigAndClient(cfg, mgr.GetHTTPClient())
+		if err != nil {
+			return fmt.Errorf("creating the pod metadata client: %w", err)
+		}
+		cleanupLog := logger.WithName("cleanup")
+		if err := mgr.Add(&cleaner{reader: mgr.GetAPIReader(), watchPods: nodePodWatcher(podMeta, o.NodeName, cleanupLog),
+			manager: mgrState, interval: o.CleanupInterval, misses: o.CleanupMisses, log: cleanupLog}); err != nil {
 			return fmt.Errorf("adding the stale-allocation cleaner: %w", err)
 		}
 	}

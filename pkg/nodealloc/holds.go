@@ -46,11 +46,7 @@ func (p *poolState) hold() (v1alpha1.PoolHold, bool) {
 			outside = append(outside, ip)
 		}
 	}
-	for _, a := range p.allocs {
-		ip, err := netip.ParseAddr(a.IP)
-		if err != nil {
-			continue // the store refuses such records; nothing to report
-		}
+	for _, ip := range p.allocs {
 		add(ip)
 	}
 	for _, f := range p.inflight {

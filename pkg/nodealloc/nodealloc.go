@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -67,7 +68,13 @@ type Result struct {
 	Routes  []netip.Prefix
 }
 
-type owner struct{ containerID, ifName string }
+// owner is the interface an allocation belongs to; key is its store.RecordKey,
+// what the pool's maps are keyed by.
+type owner struct{ containerID, ifName, key string }
+
+func newOwner(containerID, ifName string) owner {
+	return owner{containerID: containerID, ifName: ifName, key: store.RecordKey(containerID, ifName)}
+}
 
 type poolState struct {
 	// sem is the pool's lock, a channel rather than a sync.Mutex so that a request
@@ -86,7 +93,11 @@ type poolState struct {
 	provisional bool
 	// storedInactive: the store marks the block taken away (Store.DeactivatePool).
 	storedInactive bool
-	allocs         map[owner]store.Allocation
+	// allocs are the pool's allocations, by store.RecordKey: only the address.
+	// The rest of each record (pod, device, network, creation time) is read from
+	// the store when asked for (Allocations, ReleaseIf), so that 100,000
+	// allocations cost a few megabytes of memory, not tens.
+	allocs map[string]netip.Addr
 	// lastReserved is the round-robin position read from the store, applied when
 	// the pool's block is first configured.
 	lastReserved netip.Addr
@@ -94,7 +105,7 @@ type poolState struct {
 	// held (so that concurrent requests share transactions). Their addresses stay
 	// reserved in the block until the commit's outcome is applied; a request for
 	// the same interface waits for them.
-	inflight map[owner]*flight
+	inflight map[string]*flight
 }
 
 // flight is one interface's operation in progress in a pool.
@@ -104,7 +115,7 @@ type flight struct {
 }
 
 func newPoolState(key string) *poolState {
-	return &poolState{key: key, sem: make(chan struct{}, 1), allocs: map[owner]store.Allocation{}, inflight: map[owner]*flight{}}
+	return &poolState{key: key, sem: make(chan struct{}, 1), allocs: map[string]netip.Addr{}, inflight: map[string]*flight{}}
 }
 
 // lock takes the pool's lock, or gives up with ctx's error once ctx is done.
@@ -145,8 +156,13 @@ var errOutcomeUnknown = errors.New("store commit did not return")
 // Store is what the allocation state needs of the durable store. The daemon
 // wires in *store.Store; tests wrap it to fail or stall a commit.
 type Store interface {
-	// Load returns every pool and allocation, by pool key.
-	Load() (map[string]*store.PoolState, error)
+	// Scan reads every pool record, and the key and address of every allocation.
+	Scan(pool func(store.Pool) error, held func(poolKey, recordKey string, ip netip.Addr) error) error
+	// Get reads one allocation's record.
+	Get(poolKey, containerID, ifName string) (store.Allocation, bool, error)
+	// EachAllocation reads the records of a pool's allocations (all pools' when
+	// poolKey is empty).
+	EachAllocation(poolKey string, fn func(poolKey string, a store.Allocation) error) error
 	// SavePool records a pool's last known block, active.
 	SavePool(key string, block json.RawMessage) error
 	// DeactivatePool marks the pool's stored block as no longer the node's.
@@ -194,22 +210,35 @@ func New(st Store, node string, opts ...Option) (*Manager, error) {
 	for _, o := range opts {
 		o(m)
 	}
-	loaded, err := st.Load()
+	records := map[string]store.Pool{}
+	get := func(key string) *poolState {
+		p, ok := m.pools[key]
+		if !ok {
+			p = newPoolState(key)
+			m.pools[key] = p
+		}
+		return p
+	}
+	err := st.Scan(func(pl store.Pool) error {
+		records[pl.Key] = pl
+		get(pl.Key)
+		return nil
+	}, func(poolKey, recordKey string, ip netip.Addr) error {
+		get(poolKey).allocs[recordKey] = ip
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	for key, ps := range loaded {
-		p := newPoolState(key)
-		for _, a := range ps.Allocations {
-			p.allocs[owner{a.ContainerID, a.IfName}] = a
-		}
-		if ps.Pool.LastReserved != "" {
-			if a, err := netip.ParseAddr(ps.Pool.LastReserved); err == nil {
+	for key, pl := range records {
+		p := m.pools[key]
+		if pl.LastReserved != "" {
+			if a, err := netip.ParseAddr(pl.LastReserved); err == nil {
 				p.lastReserved = a
 			}
 		}
-		if len(ps.Pool.Block) > 0 {
-			cfg, err := UnmarshalConfig(ps.Pool.Block)
+		if len(pl.Block) > 0 {
+			cfg, err := UnmarshalConfig(pl.Block)
 			if err != nil {
 				return nil, fmt.Errorf("store %s: pool %s: %w", st.Path(), key, err)
 			}
@@ -218,10 +247,9 @@ func New(st Store, node string, opts ...Option) (*Manager, error) {
 			}
 			// The last known block: maybe no longer this node's. One that was taken
 			// away before the restart only describes old allocations.
-			p.provisional = !ps.Pool.Inactive
-			p.storedInactive = ps.Pool.Inactive
+			p.provisional = !pl.Inactive
+			p.storedInactive = pl.Inactive
 		}
-		m.pools[key] = p
 	}
 	return m, nil
 }
@@ -236,19 +264,15 @@ func (p *poolState) configure(cfg *PoolConfig) error {
 	if p.block != nil {
 		cursor = p.block.Cursor()
 	}
-	for _, a := range p.allocs {
-		ip, err := netip.ParseAddr(a.IP)
-		if err != nil {
-			return fmt.Errorf("allocation %s/%s: address %q: %w", a.ContainerID, a.IfName, a.IP, err)
-		}
+	for key, ip := range p.allocs {
 		if err := b.Reserve(ip); err != nil {
-			return fmt.Errorf("allocation %s/%s: %w", a.ContainerID, a.IfName, err)
+			return fmt.Errorf("allocation %s: %w", describeKey(key), err)
 		}
 	}
-	for who, f := range p.inflight {
+	for key, f := range p.inflight {
 		for _, ip := range f.ips {
 			if err := b.Reserve(ip); err != nil {
-				return fmt.Errorf("in-flight allocation %s/%s: %w", who.containerID, who.ifName, err)
+				return fmt.Errorf("in-flight allocation %s: %w", describeKey(key), err)
 			}
 		}
 	}
@@ -461,7 +485,7 @@ func (m *Manager) Allocate(ctx context.Context, req *Request) ([]Result, error) 
 	if req.Meta.PodName == "" || req.Meta.PodNamespace == "" {
 		return nil, fmt.Errorf("%w: metadata k8s_pod_name and k8s_pod_namespace are required", ErrInvalid)
 	}
-	who := owner{req.ContainerID, req.IfName}
+	who := newOwner(req.ContainerID, req.IfName)
 	for {
 		at, err := m.tryReserve(ctx, keys, req, who)
 		switch {
@@ -524,17 +548,15 @@ func (m *Manager) finishAllocation(keys []string, who owner, at attempt, outcome
 	defer unlock()
 	defer close(at.flight.done)
 	for _, p := range states {
-		pf := p.inflight[who]
+		pf := p.inflight[who.key]
 		if pf == nil || pf.done != at.flight.done {
 			continue
 		}
-		delete(p.inflight, who)
+		delete(p.inflight, who.key)
 		switch {
 		case outcome == nil:
-			for _, put := range at.puts {
-				if put.PoolKey == p.key {
-					p.allocs[who] = put.Allocation
-				}
+			for _, ip := range pf.ips {
+				p.allocs[who.key] = ip
 			}
 		case errors.Is(outcome, errOutcomeUnknown):
 		default:
@@ -554,7 +576,7 @@ func (m *Manager) finishAllocation(keys []string, who owner, at attempt, outcome
 func waitingOn(states []*poolState, who owner) <-chan struct{} {
 	for _, p := range states {
 		if p != nil {
-			if f := p.inflight[who]; f != nil {
+			if f := p.inflight[who.key]; f != nil {
 				return f.done
 			}
 		}
@@ -578,7 +600,7 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) (attempt
 	existing := 0
 	for _, p := range states {
 		if p != nil {
-			if _, ok := p.allocs[who]; ok {
+			if _, ok := p.allocs[who.key]; ok {
 				existing++
 			}
 		}
@@ -591,7 +613,7 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) (attempt
 			return attempt{}, m.noBlock(req, i, "has no block")
 		}
 		if !p.active {
-			if _, ok := p.allocs[who]; !ok {
+			if _, ok := p.allocs[who.key]; !ok {
 				if p.provisional {
 					if !m.isDecided() {
 						return attempt{wait: m.decided}, nil
@@ -622,7 +644,7 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) (attempt
 	var puts []store.Put
 	now := m.now().UTC()
 	for i, p := range states {
-		if _, ok := p.allocs[who]; ok {
+		if _, ok := p.allocs[who.key]; ok {
 			continue // dual-stack retry where one half exists already
 		}
 		ip, err := m.pick(p, req, requested[i])
@@ -639,10 +661,10 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) (attempt
 	// dual-stack pair exists already, so that nothing releases that half meanwhile.
 	f := &flight{done: make(chan struct{})}
 	for _, p := range states {
-		p.inflight[who] = &flight{done: f.done}
+		p.inflight[who.key] = &flight{done: f.done}
 	}
 	for _, t := range took {
-		t.p.inflight[who].ips = []netip.Addr{t.ip}
+		t.p.inflight[who.key].ips = []netip.Addr{t.ip}
 	}
 	reserved = true
 	return attempt{flight: f, puts: puts}, nil
@@ -736,8 +758,7 @@ func (m *Manager) allocErr(p *poolState, err error) error {
 func (m *Manager) results(states []*poolState, who owner) []Result {
 	out := make([]Result, 0, len(states))
 	for _, p := range states {
-		a := p.allocs[who]
-		ip, _ := netip.ParseAddr(a.IP)
+		ip := p.allocs[who.key]
 		r := Result{Pool: p.cfg.Name, Kind: p.cfg.Kind, Addr: netip.PrefixFrom(ip, p.cfg.Prefix.Bits())}
 		if p.cfg.Gateway.IsValid() && ip == p.cfg.Gateway {
 			out = append(out, r)
@@ -773,7 +794,7 @@ func (m *Manager) IsAllocated(ctx context.Context, req *Request) error {
 		if p == nil {
 			return fmt.Errorf("%w: pool %q holds nothing on node %s", ErrNotAllocated, req.Pools[i], m.node)
 		}
-		if _, ok := p.allocs[owner{req.ContainerID, req.IfName}]; !ok {
+		if _, ok := p.allocs[store.RecordKey(req.ContainerID, req.IfName)]; !ok {
 			return fmt.Errorf("%w: pool %q holds no address for container %s interface %s",
 				ErrNotAllocated, req.Pools[i], req.ContainerID, req.IfName)
 		}
@@ -789,7 +810,7 @@ func (m *Manager) Deallocate(ctx context.Context, req *Request) error {
 	if err != nil {
 		return err
 	}
-	_, err = m.releaseMatching(ctx, keys, owner{req.ContainerID, req.IfName}, nil)
+	_, err = m.releaseMatching(ctx, keys, newOwner(req.ContainerID, req.IfName), nil)
 	return err
 }
 
@@ -797,7 +818,7 @@ func (m *Manager) Deallocate(ctx context.Context, req *Request) error {
 // UID and creation time): the stale-allocation cleaner decides without locks held,
 // then calls this.
 func (m *Manager) ReleaseIf(ctx context.Context, poolKey string, a store.Allocation) (bool, error) {
-	return m.releaseMatching(ctx, []string{poolKey}, owner{a.ContainerID, a.IfName}, func(cur store.Allocation) bool {
+	return m.releaseMatching(ctx, []string{poolKey}, newOwner(a.ContainerID, a.IfName), func(cur store.Allocation) bool {
 		return cur.IP == a.IP && cur.PodUID == a.PodUID && cur.CreateTime.Equal(a.CreateTime)
 	})
 }
@@ -807,7 +828,7 @@ type release struct {
 	wait    <-chan struct{} // try again once this is closed
 	done    chan struct{}   // the release's flight
 	dels    []store.Key
-	removed map[*poolState]store.Allocation
+	removed map[*poolState]netip.Addr
 }
 
 // releaseMatching releases the interface's allocations in the pools (those that
@@ -842,20 +863,29 @@ func (m *Manager) takeForRelease(ctx context.Context, keys []string, who owner, 
 	if wait := waitingOn(states, who); wait != nil {
 		return release{wait: wait}, nil
 	}
-	rel := release{done: make(chan struct{}), removed: map[*poolState]store.Allocation{}}
+	rel := release{done: make(chan struct{}), removed: map[*poolState]netip.Addr{}}
 	for _, p := range states {
 		if p == nil {
 			continue
 		}
-		a, ok := p.allocs[who]
-		if !ok || (match != nil && !match(a)) {
+		ip, ok := p.allocs[who.key]
+		if !ok {
 			continue
 		}
-		ip, _ := netip.ParseAddr(a.IP)
+		if match != nil {
+			// The record as it is on disk; it is what a match is about.
+			cur, found, err := m.store.Get(p.key, who.containerID, who.ifName)
+			if err != nil {
+				return release{}, err
+			}
+			if !found || !match(cur) {
+				continue
+			}
+		}
 		rel.dels = append(rel.dels, store.Key{PoolKey: p.key, ContainerID: who.containerID, IfName: who.ifName})
-		rel.removed[p] = a
-		delete(p.allocs, who)
-		p.inflight[who] = &flight{done: rel.done, ips: []netip.Addr{ip}}
+		rel.removed[p] = ip
+		delete(p.allocs, who.key)
+		p.inflight[who.key] = &flight{done: rel.done, ips: []netip.Addr{ip}}
 	}
 	return rel, nil
 }
@@ -880,14 +910,14 @@ func (m *Manager) finishRelease(keys []string, who owner, rel release, outcome e
 	defer unlock()
 	defer close(rel.done)
 	for _, p := range states {
-		a, ok := rel.removed[p]
+		ip, ok := rel.removed[p]
 		if !ok {
 			continue
 		}
-		f := p.inflight[who]
-		delete(p.inflight, who)
+		f := p.inflight[who.key]
+		delete(p.inflight, who.key)
 		if outcome != nil {
-			p.allocs[who] = a // (maybe) still on disk: still held
+			p.allocs[who.key] = ip // (maybe) still on disk: still held
 			continue
 		}
 		if p.block != nil && f != nil {
@@ -951,39 +981,73 @@ func (p *poolState) info(decided bool) PoolInfo {
 }
 
 // Allocations returns the allocations of one pool (by key), or of all when key
-// is empty, sorted by pool, container and interface.
+// is empty, sorted by pool, container and interface: the records as they are
+// on disk. Should the store fail to read, which a store that opened does not,
+// the list says only what memory knows (interface and address, no pod), which
+// no caller takes for a pod's allocation.
 func (m *Manager) Allocations(key string) map[string][]store.Allocation {
 	out := map[string][]store.Allocation{}
-	for _, p := range m.snapshot(key) {
-		list := p.allocations()
+	err := m.store.EachAllocation(key, func(pool string, a store.Allocation) error {
+		out[pool] = append(out[pool], a)
+		return nil
+	})
+	if err != nil {
+		clear(out)
+		for _, p := range m.snapshot(key) {
+			if list := p.allocations(); len(list) > 0 {
+				out[p.key] = list
+			}
+		}
+	}
+	for _, list := range out {
 		slices.SortFunc(list, func(a, b store.Allocation) int {
 			return cmp.Or(cmp.Compare(a.ContainerID, b.ContainerID), cmp.Compare(a.IfName, b.IfName))
 		})
-		if len(list) > 0 {
-			out[p.key] = list
-		}
 	}
 	return out
+}
+
+// EachAllocation calls fn for every allocation of one pool (by key), or of all
+// when key is empty, with its record as it is on disk, in pool and key order, a
+// chunk at a time (store.Store.EachAllocation): for callers that walk every
+// allocation, like the stale-allocation cleaner, without holding all the
+// records at once as Allocations does. fn may call the Manager (ReleaseIf).
+func (m *Manager) EachAllocation(key string, fn func(pool string, a store.Allocation) error) error {
+	return m.store.EachAllocation(key, fn)
 }
 
 // PoolsInUse lists, sorted, the keys of the pools holding allocations.
 func (m *Manager) PoolsInUse() []string {
 	var out []string
-	for key, list := range m.Allocations("") {
-		if len(list) > 0 {
-			out = append(out, key)
+	for _, p := range m.snapshot("") {
+		if p.inUse() {
+			out = append(out, p.key)
 		}
 	}
 	slices.Sort(out)
 	return out
 }
 
+func (p *poolState) inUse() bool {
+	p.lockWait()
+	defer p.unlock()
+	return len(p.allocs) > 0
+}
+
+// allocations is what memory knows of the pool's allocations; see Allocations.
 func (p *poolState) allocations() []store.Allocation {
 	p.lockWait()
 	defer p.unlock()
 	list := make([]store.Allocation, 0, len(p.allocs))
-	for _, a := range p.allocs {
-		list = append(list, a)
+	for key, ip := range p.allocs {
+		cid, ifName, _ := strings.Cut(key, "\x00")
+		list = append(list, store.Allocation{ContainerID: cid, IfName: ifName, IP: ip.String()})
 	}
 	return list
+}
+
+// describeKey names the interface of a store.RecordKey in messages.
+func describeKey(key string) string {
+	cid, ifName, _ := strings.Cut(key, "\x00")
+	return cid + "/" + ifName
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -425,5 +426,133 @@ func TestSnapshotWhileOpen(t *testing.T) {
 	}
 	if _, err := store.Snapshot(filepath.Join(t.TempDir(), "none")); err == nil {
 		t.Error("a missing store gave no error")
+	}
+}
+
+// TestScanGetEachAgreeWithLoad: what the daemon reads at start (Scan), one
+// record (Get) and the listing (EachAllocation) say what Load says.
+func TestScanGetEachAgreeWithLoad(t *testing.T) {
+	s, _ := openStore(t)
+	odd := alloc("c\"3", "net\\1", "10.0.0.3") // escapes in the record
+	odd.PodName = `pod "ip":"1.2.3.4"`
+	if err := s.Commit([]store.Put{
+		{PoolKey: "rail0", Allocation: alloc("c1", "net1", "10.0.0.1"), LastReserved: "10.0.0.1"},
+		{PoolKey: "rail0", Allocation: alloc("c2", "net1", "10.0.0.2")},
+		{PoolKey: "rail0", Allocation: odd},
+		{PoolKey: "cidrpool/rail1", Allocation: alloc("c1", "net2", "fd00::5")},
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SavePool("rail2", []byte(`{"start":"10.2.0.1","end":"10.2.0.64"}`)); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pools := map[string]store.Pool{}
+	held := map[string]map[string]netip.Addr{}
+	err = s.Scan(func(p store.Pool) error {
+		pools[p.Key] = p
+		return nil
+	}, func(poolKey, recordKey string, ip netip.Addr) error {
+		if held[poolKey] == nil {
+			held[poolKey] = map[string]netip.Addr{}
+		}
+		held[poolKey][recordKey] = ip
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, st := range loaded {
+		// Load makes up an empty Pool for allocations without a pool record; Scan
+		// reports only records.
+		if p, ok := pools[key]; ok && !reflect.DeepEqual(p, st.Pool) {
+			t.Errorf("pool %s: Scan %+v, Load %+v", key, p, st.Pool)
+		}
+		if len(held[key]) != len(st.Allocations) {
+			t.Errorf("pool %s: Scan holds %d allocations, Load %d", key, len(held[key]), len(st.Allocations))
+		}
+		var each []store.Allocation
+		if err := s.EachAllocation(key, func(pool string, a store.Allocation) error {
+			if pool != key {
+				t.Errorf("EachAllocation(%s) gave pool %s", key, pool)
+			}
+			each = append(each, a)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(each, st.Allocations) {
+			t.Errorf("pool %s: EachAllocation %+v, Load %+v", key, each, st.Allocations)
+		}
+		for _, a := range st.Allocations {
+			if ip := held[key][store.RecordKey(a.ContainerID, a.IfName)]; ip.String() != a.IP {
+				t.Errorf("pool %s: Scan has %s for %s/%s, Load %s", key, ip, a.ContainerID, a.IfName, a.IP)
+			}
+			got, ok, err := s.Get(key, a.ContainerID, a.IfName)
+			if err != nil || !ok || got != a {
+				t.Errorf("Get(%s, %s, %s) = %+v, %v, %v; want %+v", key, a.ContainerID, a.IfName, got, ok, err, a)
+			}
+		}
+	}
+	if len(pools) != 2 || pools["rail2"].Block == nil {
+		t.Errorf("Scan's pools = %+v, want rail0 and rail2", pools)
+	}
+	if _, ok, err := s.Get("rail0", "c9", "net1"); ok || err != nil {
+		t.Errorf("Get of nothing = %v, %v", ok, err)
+	}
+	n := 0
+	stop := errors.New("enough")
+	if err := s.EachAllocation("", func(string, store.Allocation) error { n++; return stop }); !errors.Is(err, stop) || n != 1 {
+		t.Errorf("EachAllocation stopped by its callback = %v after %d", err, n)
+	}
+}
+
+// TestScanRefusesABadAddress: a record whose address does not parse stops the
+// start with ErrCorrupt naming it, instead of an allocation the daemon cannot
+// account for.
+func TestScanRefusesABadAddress(t *testing.T) {
+	s, _ := openStore(t)
+	if err := s.Commit([]store.Put{{PoolKey: "rail0", Allocation: alloc("c1", "net1", "10.0.0.300")}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Scan(func(store.Pool) error { return nil }, func(string, string, netip.Addr) error { return nil })
+	if !errors.Is(err, store.ErrCorrupt) || !strings.Contains(err.Error(), "10.0.0.300") {
+		t.Fatalf("Scan = %v, want ErrCorrupt naming the address", err)
+	}
+	// Leave a store the cleanup's invariant check accepts.
+	if err := s.Commit(nil, []store.Key{{PoolKey: "rail0", ContainerID: "c1", IfName: "net1"}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEachAllocationWhileWriting: the walk holds no transaction while fn runs,
+// so fn may write (here, release what it sees, which grows and rewrites the
+// file); every allocation present throughout is seen exactly once, in order.
+func TestEachAllocationWhileWriting(t *testing.T) {
+	s, _ := openStore(t)
+	const n = 2500 // more than one chunk
+	var puts []store.Put
+	for i := range n {
+		puts = append(puts, store.Put{PoolKey: "rail0", Allocation: alloc(fmt.Sprintf("c%05d", i), "net1", fmt.Sprintf("10.0.%d.%d", i/250, i%250+1))})
+	}
+	if err := s.Commit(puts, nil); err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	err := s.EachAllocation("", func(pool string, a store.Allocation) error {
+		seen = append(seen, a.ContainerID)
+		return s.Commit([]store.Put{{PoolKey: "rail1", Allocation: alloc(a.ContainerID, "net1", a.IP)}},
+			[]store.Key{{PoolKey: pool, ContainerID: a.ContainerID, IfName: a.IfName}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// rail1 did not exist when the walk listed the pools: only rail0 is walked,
+	// each allocation once, in order.
+	if len(seen) != n || !slices.IsSorted(seen) || len(slices.Compact(slices.Clone(seen))) != n {
+		t.Errorf("walked %d allocations of rail0's %d (sorted: %v)", len(seen), n, slices.IsSorted(seen))
 	}
 }

@@ -185,7 +185,7 @@ func TestNodeDaemonConfinedToItsNode(t *testing.T) {
 		if err := e.c.Status().Update(ctx, pool); err != nil {
 			t.Fatal(err)
 		}
-		// The allocation's pod exists: the stale-allocation cleaner (get pods) keeps it.
+		// The allocation's pod exists: the stale-allocation cleaner (list and watch pods) keeps it.
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p1", Namespace: "default"},
 			Spec: corev1.PodSpec{NodeName: "node-a", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
 		if err := e.c.Create(ctx, pod); err != nil {

@@ -37,7 +37,7 @@ var rights = map[string]struct{ need, mustNot []right }{
 	nodeSA: {
 		need: []right{
 			{verb: "get", resource: "nodes"}, {verb: "patch", resource: "nodes"},
-			{verb: "get", resource: "pods"},
+			{verb: "get", resource: "pods"}, {verb: "list", resource: "pods"}, {verb: "watch", resource: "pods"},
 			{verb: "list", resource: pools}, {verb: "watch", resource: pools},
 			{verb: "list", resource: cidrs}, {verb: "watch", resource: cidrs},
 			{verb: "get", resource: features, namespace: ns}, {verb: "create", resource: features, namespace: ns},
@@ -47,8 +47,8 @@ var rights = map[string]struct{ need, mustNot []right }{
 			{verb: "list", resource: "nodes"}, {verb: "watch", resource: "nodes"}, {verb: "update", resource: "nodes"},
 			{verb: "create", resource: "nodes"}, {verb: "delete", resource: "nodes"},
 			{verb: "patch", resource: "nodes", subresource: "status"}, {verb: "update", resource: "nodes", subresource: "status"},
-			{verb: "list", resource: "pods", namespace: ns}, {verb: "watch", resource: "pods", namespace: ns},
 			{verb: "delete", resource: "pods", namespace: ns}, {verb: "create", resource: "pods", subresource: "eviction", namespace: ns},
+			{verb: "update", resource: "pods", namespace: ns}, {verb: "patch", resource: "pods", subresource: "status", namespace: ns},
 			{verb: "get", resource: "secrets", namespace: ns}, {verb: "list", resource: "secrets", namespace: ns},
 			{verb: "get", resource: "configmaps", namespace: ns},
 			{verb: "get", resource: pools, namespace: ns}, {verb: "create", resource: pools, namespace: ns},
