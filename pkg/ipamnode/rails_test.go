@@ -250,6 +250,33 @@ func TestRailAuto(t *testing.T) {
 	if held["r0-v4"] != 6 || held["r0-v6"] != 6 || held["r1-v4"] != 5 || held["plain"] != 0 {
 		t.Errorf("allocations per pool: %v, want r0-v4 6, r0-v6 6, r1-v4 5, plain 0", held)
 	}
+
+	// The rail is recorded with the allocation: it stays when the pool's label goes.
+	var r1 v1alpha1.IPPool
+	if err := c.Get(t.Context(), client.ObjectKey{Namespace: "default", Name: "r1-v4"}, &r1); err != nil {
+		t.Fatal(err)
+	}
+	delete(r1.Labels, ipamnode.LabelRail)
+	if err := c.Update(t.Context(), &r1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the label's removal to sync", func() bool {
+		pools, err := d.info.ListPools(t.Context(), &infov1.ListPoolsRequest{})
+		if err != nil {
+			return false
+		}
+		for _, p := range pools.GetPools() {
+			if p.GetKey() == "r1-v4" {
+				return p.GetRail() == ""
+			}
+		}
+		return false
+	})
+	for _, a := range listAllocations(t, d)["r1-v4"] {
+		if a.GetRail() != "ens1f1np1" {
+			t.Errorf("allocation %s of rail ens1f1np1 shows rail %q once its pool lost the label", a.GetIp(), a.GetRail())
+		}
+	}
 }
 
 // listAllocations lists what the daemon holds, by pool.

@@ -5,6 +5,7 @@
 package nodeservice
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/netip"
@@ -72,7 +73,7 @@ func (s *Service) byRail(p *nodev1.IPAMParameters, req *nodealloc.Request, relea
 		return status.Errorf(codes.FailedPrecondition, "rail %q: this daemon does not allocate by rail (no NIC inventory)", p.GetRail())
 	}
 	dev := rails.Device{DeviceID: p.GetMetadata().GetDeviceId(), PCIBusID: p.GetPciBusId(), Master: p.GetMaster(), Netdev: p.GetDevice()}
-	pools, _, err := s.Rails.Pools(req.Kind, p.GetRail(), dev)
+	pools, rail, err := s.Rails.Pools(req.Kind, p.GetRail(), dev)
 	if err != nil {
 		if release && status.Code(err) != codes.Internal {
 			req.Pools = s.Rails.Holding(req.Kind, req.ContainerID, req.IfName)
@@ -80,7 +81,7 @@ func (s *Service) byRail(p *nodev1.IPAMParameters, req *nodealloc.Request, relea
 		}
 		return err
 	}
-	req.Pools = pools
+	req.Pools, req.Meta.Rail = pools, rail
 	return nil
 }
 
@@ -239,7 +240,7 @@ func (s *Service) ListAllocations(_ context.Context, in *infov1.ListAllocationsR
 			out.Allocations = append(out.Allocations, &infov1.AllocationRecord{
 				Pool: pool, ContainerId: a.ContainerID, IfName: a.IfName, Ip: a.IP,
 				PodName: a.PodName, PodNamespace: a.PodNamespace, PodUid: a.PodUID, DeviceId: a.DeviceID,
-				CreateTime: a.CreateTime.Unix(), Network: a.Network, Rail: rail,
+				CreateTime: a.CreateTime.Unix(), Network: a.Network, Rail: cmp.Or(a.Rail, rail),
 			})
 		}
 	}

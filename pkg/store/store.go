@@ -62,6 +62,9 @@ type Allocation struct {
 	PodNamespace string    `json:"podNamespace,omitempty"`
 	PodUID       string    `json:"podUID,omitempty"`
 	DeviceID     string    `json:"deviceID,omitempty"`
+	// Rail is the rail the allocation's pool was picked by (docs/rails.md); empty
+	// for pools named outright.
+	Rail string `json:"rail,omitempty"`
 	CreateTime   time.Time `json:"createTime"`
 	// Network is the name of the CNI network that made the allocation; empty when
 	// not known (see the package comment).

@@ -693,7 +693,8 @@ type AllocationRecord struct {
 	// hwipam recorded it, imported from nv-ipam, or by a client that does not send
 	// it. CNI GC releases only allocations of its own network.
 	Network string `protobuf:"bytes,10,opt,name=network,proto3" json:"network,omitempty"`
-	// The rail of the allocation's pool (its nic.hwipam.io/rail label); "" when none.
+	// The rail the allocation's pool was picked by, or else the rail of its pool
+	// (its nic.hwipam.io/rail label); "" when none.
 	Rail          string `protobuf:"bytes,11,opt,name=rail,proto3" json:"rail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
