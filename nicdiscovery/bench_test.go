@@ -16,8 +16,9 @@ func BenchmarkScan(b *testing.B) {
 		nics   int
 		labels int
 	}{
-		{"DGX-H100", fakesysfs.DGXH100, 10, 3 + 10*5 - 1}, // the BlueField port without link has no speed
-		{"2PFx64VF", func(root string) (*fakesysfs.Tree, error) { return fakesysfs.SRIOV(root, 2, 64) }, 2 + 128, 3 + 2*4},
+		// The BlueField port without link has no speed, the BlueField has no GPU.
+		{"DGX-H100", fakesysfs.DGXH100, 10, 3 + 10*7 - 1 - 2},
+		{"2PFx64VF", func(root string) (*fakesysfs.Tree, error) { return fakesysfs.SRIOV(root, 2, 64) }, 2 + 128, 3 + 2*5},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			tree, err := tc.build(b.TempDir())

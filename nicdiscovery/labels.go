@@ -54,6 +54,23 @@ func LoadRails(path string) (Rails, error) {
 	return r, nil
 }
 
+// longestSuffix is the longest of a port's attribute keys after its name part:
+// the name part must leave room for it within the 63 characters a label name
+// may have.
+const longestSuffix = ".pcieroot"
+
+// gpuList is the label value for GPU indexes: "0", "0.1" (dot-separated; a
+// label value cannot hold a comma); "" for none. False when they do not fit in
+// a label value.
+func gpuList(idx []int) (string, bool) {
+	parts := make([]string, len(idx))
+	for i, x := range idx {
+		parts[i] = strconv.Itoa(x)
+	}
+	v := strings.Join(parts, ".")
+	return v, len(v) <= validation.LabelValueMaxLength
+}
+
 // reservedKeys are the label names a netdev name cannot take.
 var reservedKeys = map[string]bool{"present": true, "count": true, "rdma": true, "netdevs": true}
 
@@ -135,7 +152,7 @@ func labelSet(inv *Inventory, rails Rails) (map[string]string, []string, []PortL
 			ports++
 			// "." separates a netdev's keys (ib0.speed, rail.x): not part of a name.
 			key := labelSafe(strings.ReplaceAll(netdev, ".", "_"))
-			if key == "" || len(key) > validation.LabelValueMaxLength-len(".model") || reservedKeys[key] {
+			if key == "" || len(key) > validation.LabelValueMaxLength-len(longestSuffix) || reservedKeys[key] {
 				warnings = append(warnings, fmt.Sprintf("netdev %q of %s cannot be made a label key of its own; not labelled",
 					netdev, n.PCIAddress))
 				continue
@@ -163,6 +180,15 @@ func labelSet(inv *Inventory, rails Rails) (map[string]string, []string, []PortL
 			labels[base+".vfs"] = strconv.Itoa(n.SRIOVNumVFs)
 			if n.NUMANode >= 0 {
 				labels[base+".numa"] = strconv.Itoa(n.NUMANode)
+			}
+			if r := labelSafe(n.PCIeRoot); r != "" {
+				labels[base+".pcieroot"] = r
+			}
+			if v, ok := gpuList(n.SwitchGPUs()); ok && v != "" {
+				labels[base+".gpus"] = v
+			} else if !ok {
+				warnings = append(warnings, fmt.Sprintf("%s: the indexes of the %d GPUs behind its PCIe switch do not fit "+
+					"in a label value; no %s.gpus label", n.PCIAddress, len(n.SwitchGPUs()), key))
 			}
 			portLabels = append(portLabels, PortLabel{PCIAddress: n.PCIAddress, Port: p.Number, Key: base})
 			byNetdev[netdev] = key

@@ -1,6 +1,8 @@
 // Package nicdiscovery inventories the NVIDIA (vendor 0x15b3) NIC functions of a
-// node from a sysfs tree, plus netlink when the tree is the live one, and derives
-// the node labels that let a pool's nodeSelector follow a physical rail.
+// node from a sysfs tree, plus netlink when the tree is the live one, with each
+// function's PCIe root complex and the NVIDIA GPUs (vendor 0x10de) that share its
+// PCIe switch or root, and derives the node labels that let a pool's nodeSelector
+// follow a physical rail.
 //
 // The root directory is an option: tests and `ipamctl nics --sysfs-root` scan
 // captured trees; the node daemon scans "/".
@@ -47,7 +49,13 @@ func Scan(ctx context.Context, o Options) (*Inventory, error) {
 		return nil, err
 	}
 	inv := &Inventory{Root: root, NICs: []NIC{}}
-	var names *pciNames
+	var idsDB *pciNames // loaded on first use: most scans need no pci.ids
+	names := func() *pciNames {
+		if idsDB == nil {
+			idsDB = loadPCINames(root, log)
+		}
+		return idsDB
+	}
 	for _, f := range funcs {
 		if f.vendorID != VendorNVIDIA {
 			continue
@@ -67,10 +75,7 @@ func Scan(ctx context.Context, o Options) (*Inventory, error) {
 		if known {
 			n.Model = m.name
 		} else {
-			if names == nil {
-				names = loadPCINames(root, log)
-			}
-			n.Model = names.lookup(f.vendorID, f.deviceID)
+			n.Model = names().lookup(f.vendorID, f.deviceID)
 		}
 		if n.PhysFn != "" || m.vf {
 			n.Function = FunctionVF
@@ -79,6 +84,7 @@ func Scan(ctx context.Context, o Options) (*Inventory, error) {
 	}
 	slices.SortFunc(inv.NICs, func(a, b NIC) int { return cmp.Compare(a.PCIAddress, b.PCIAddress) })
 	nameVFs(inv.NICs)
+	addLocality(root, funcs, inv, names)
 	if netdevsHidden(root, inv.NICs) {
 		inv.NetdevsHidden = true
 		for i := range inv.NICs {

@@ -45,7 +45,7 @@ func TestCapturedConnectX3(t *testing.T) {
 	inv := scan(t, extract(t, "hwloc-32em64t-2n8c-cx3-ib.tar.bz2"))
 	want := []nicdiscovery.NIC{{
 		PCIAddress: "0000:82:00.0", VendorID: "15b3", DeviceID: "1003", Model: "ConnectX-3", Function: "PF",
-		Driver: "mlx4_core", NUMANode: 1, Netdevs: []string{"ib0"}, LinkLayer: "InfiniBand", SpeedMbps: 56000,
+		Driver: "mlx4_core", NUMANode: 1, PCIeRoot: "pci0000:80", Netdevs: []string{"ib0"}, LinkLayer: "InfiniBand", SpeedMbps: 56000,
 		RDMADevices: []string{"mlx4_0"}, PortState: "ACTIVE", PortGUID: "0002:c903:00f9:bfa1",
 		Ports: []nicdiscovery.Port{{
 			Netdev: "ib0", Number: 1, LinkLayer: "InfiniBand", SpeedMbps: 56000, NetdevType: 32, RDMADevice: "mlx4_0",
@@ -55,11 +55,15 @@ func TestCapturedConnectX3(t *testing.T) {
 	if !reflect.DeepEqual(inv.NICs, want) {
 		t.Fatalf("inventory:\n got %s\nwant %s", js(inv.NICs), js(want))
 	}
+	// Its VGA controller is an ASPEED BMC's (1a03:2000), not an NVIDIA GPU.
+	if len(inv.GPUs) != 0 {
+		t.Fatalf("GPUs %s", js(inv.GPUs))
+	}
 	labels, warnings := nicdiscovery.Labels(inv, nil)
 	wantLabels := map[string]string{
 		"nic.hwipam.io/present": "true", "nic.hwipam.io/count": "1", "nic.hwipam.io/rdma": "true",
 		"nic.hwipam.io/ib0": "ib", "nic.hwipam.io/ib0.model": "ConnectX-3", "nic.hwipam.io/ib0.speed": "56000",
-		"nic.hwipam.io/ib0.vfs": "0", "nic.hwipam.io/ib0.numa": "1",
+		"nic.hwipam.io/ib0.vfs": "0", "nic.hwipam.io/ib0.numa": "1", "nic.hwipam.io/ib0.pcieroot": "pci0000_80",
 	}
 	if !reflect.DeepEqual(labels, wantLabels) || len(warnings) != 0 {
 		t.Fatalf("labels %v (warnings %v), want %v", labels, warnings, wantLabels)
@@ -74,12 +78,17 @@ func TestCapturedConnectX4WithoutNetdevs(t *testing.T) {
 	for _, n := range inv.NICs {
 		addrs = append(addrs, n.PCIAddress)
 		if n.Model != "ConnectX-4" || n.Function != "PF" || n.DeviceID != "1013" || len(n.Netdevs) != 0 ||
-			len(n.RDMADevices) != 0 || len(n.Ports) != 0 || n.SpeedMbps != 0 || n.LinkLayer != "" {
+			len(n.RDMADevices) != 0 || len(n.Ports) != 0 || n.SpeedMbps != 0 || n.LinkLayer != "" || len(n.GPUs) != 0 {
 			t.Errorf("%s: %s", n.PCIAddress, js(n))
 		}
 	}
 	if want := []string{"0000:1a:00.0", "0000:3e:00.0"}; !reflect.DeepEqual(addrs, want) {
 		t.Fatalf("functions %v, want %v (the Intel ports enp96s0f0/1 must not be reported)", addrs, want)
+	}
+	// Each sits behind a PLX switch (10b5:9797) with four NEC vector engines,
+	// which are not GPUs: .../pci0000:17/0000:17:00.0/0000:18:00.0/0000:19:04.0/0000:1a:00.0.
+	if r0, r1 := inv.NICs[0].PCIeRoot, inv.NICs[1].PCIeRoot; r0 != "pci0000:17" || r1 != "pci0000:3a" || len(inv.GPUs) != 0 {
+		t.Fatalf("PCIe roots %q, %q (want pci0000:17, pci0000:3a), GPUs %s", r0, r1, js(inv.GPUs))
 	}
 	labels, _ := nicdiscovery.Labels(inv, nil)
 	want := map[string]string{"nic.hwipam.io/present": "true", "nic.hwipam.io/count": "0"}
@@ -456,7 +465,7 @@ func TestPassthroughVF(t *testing.T) {
 	}
 	want := map[string]string{"nic.hwipam.io/present": "true", "nic.hwipam.io/count": "1", "nic.hwipam.io/rdma": "true",
 		"nic.hwipam.io/ens5": "eth", "nic.hwipam.io/ens5.model": "ConnectX_VF", "nic.hwipam.io/ens5.speed": "200000",
-		"nic.hwipam.io/ens5.vfs": "0"}
+		"nic.hwipam.io/ens5.vfs": "0", "nic.hwipam.io/ens5.pcieroot": "pci0000_00"}
 	if got := labels0(inv); !reflect.DeepEqual(got, want) {
 		t.Fatalf("labels %v, want %v", got, want)
 	}

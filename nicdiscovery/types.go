@@ -18,6 +18,8 @@ type Inventory struct {
 	Root string `json:"root"`
 	// NICs are the NVIDIA NIC functions, PFs and VFs, by PCI address.
 	NICs []NIC `json:"nics"`
+	// GPUs are the NVIDIA GPUs, by PCI address (and so by index).
+	GPUs []GPU `json:"gpus,omitempty"`
 	// NetdevsHidden is true when the scan sees no netdev of the node's NICs, nor
 	// any other physical netdev: it runs in a network namespace other than the
 	// host's (a pod without hostNetwork), whose sysfs lists only that namespace's
@@ -45,6 +47,14 @@ type NIC struct {
 	Driver string `json:"driver"`
 	// NUMANode is -1 when the platform does not say.
 	NUMANode int `json:"numaNode"`
+	// PCIeRoot is the PCI root complex (host bridge) the function is under, as
+	// its sysfs directory's path names it: "pci0000:15" for
+	// /sys/devices/pci0000:15/0000:15:01.0/.../0000:18:00.0 (the value of DRA's
+	// resource.kubernetes.io/pcieRoot). "" when the path shows none.
+	PCIeRoot string `json:"pcieRoot,omitempty"`
+	// GPUs are the NVIDIA GPUs that share a PCIe switch (first) or only the root
+	// complex with the function, by index within each.
+	GPUs []NearGPU `json:"gpus,omitempty"`
 	// Netdevs are the function's own network interfaces, without switchdev
 	// representors (those are listed in Representors).
 	Netdevs []string `json:"netdevs"`

@@ -20,12 +20,13 @@ import (
 type Tree struct {
 	Root string
 
-	ifindex map[string]int // netdev name → its ifindex
+	ifindex map[string]int    // netdev name → its ifindex
+	dirs    map[string]string // PCI address → its directory under sys/devices
 }
 
 // New creates the skeleton of a tree under root.
 func New(root string) (*Tree, error) {
-	t := &Tree{Root: root, ifindex: map[string]int{}}
+	t := &Tree{Root: root, ifindex: map[string]int{}, dirs: map[string]string{}}
 	for _, d := range []string{"sys/bus/pci/devices", "sys/bus/pci/drivers", "sys/class/net", "sys/class/infiniband",
 		"sys/devices/virtual/net"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
@@ -38,8 +39,14 @@ func New(root string) (*Tree, error) {
 // Function is one PCI function.
 type Function struct {
 	Address string
-	Vendor  uint16
-	Device  uint16
+	// Parent is the PCI bridge (root port or switch port) the function sits
+	// behind, added before it: its directory is made inside the bridge's, as in
+	// real sysfs (sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/...). ""
+	// puts it directly under a root complex named after its own bus,
+	// sys/devices/pci0000:<bus>/<address>.
+	Parent string
+	Vendor uint16
+	Device uint16
 	// Class is the 24-bit class code, 0x020000 for an Ethernet controller.
 	Class uint32
 	// Driver is the bound driver; "" leaves the function unbound.
@@ -102,8 +109,12 @@ func (t *Tree) sys(parts ...string) string {
 	return filepath.Join(append([]string{t.Root, "sys"}, parts...)...)
 }
 
-// devDir is where a function's directory lives: under its root complex.
+// devDir is where a function's directory lives: inside its parent bridge's, or
+// directly under its root complex.
 func (t *Tree) devDir(addr string) string {
+	if d, ok := t.dirs[addr]; ok {
+		return d
+	}
 	return filepath.Join(t.Root, "sys", "devices", "pci"+addr[:7], addr)
 }
 
@@ -112,7 +123,23 @@ func (t *Tree) Add(f Function) error {
 	if len(f.Address) != len("0000:00:00.0") {
 		return fmt.Errorf("bad PCI address %q", f.Address)
 	}
+	if _, dup := t.dirs[f.Address]; dup {
+		return fmt.Errorf("PCI address %s added twice", f.Address)
+	}
 	dir := t.devDir(f.Address)
+	if f.Parent != "" {
+		p, ok := t.dirs[f.Parent]
+		if !ok {
+			return fmt.Errorf("function %s: parent bridge %s not added yet", f.Address, f.Parent)
+		}
+		dir = filepath.Join(p, f.Address)
+	}
+	return t.add(f, dir)
+}
+
+// add creates a function in dir.
+func (t *Tree) add(f Function, dir string) error {
+	t.dirs[f.Address] = dir
 	files := map[string]string{
 		"vendor":    fmt.Sprintf("0x%04x", f.Vendor),
 		"device":    fmt.Sprintf("0x%04x", f.Device),
@@ -158,9 +185,27 @@ func (t *Tree) Add(f Function) error {
 	return nil
 }
 
-// AddVF creates a VF of pf as its virtfn<index>, with the physfn link back.
+// AddBridge creates a PCI-to-PCI bridge (class 0x060400, bound to pcieport): a
+// root port when parent is "" (directly under the root complex named after its
+// bus), else a switch port behind parent. Functions behind it name it as their
+// Parent.
+func (t *Tree) AddBridge(addr, parent string, vendor, device uint16, numa int) error {
+	return t.Add(Function{Address: addr, Parent: parent, Vendor: vendor, Device: device, Class: ClassBridge,
+		Driver: "pcieport", NUMA: numa})
+}
+
+// AddVF creates a VF of pf as its virtfn<index>, with the physfn link back. The
+// VF's directory is a sibling of its PF's (behind the same bridge), as the kernel
+// places it; vf.Parent is ignored.
 func (t *Tree) AddVF(pf string, index int, vf Function) error {
-	if err := t.Add(vf); err != nil {
+	pfDir, ok := t.dirs[pf]
+	if !ok {
+		return fmt.Errorf("VF %s: PF %s not added yet", vf.Address, pf)
+	}
+	if _, dup := t.dirs[vf.Address]; dup {
+		return fmt.Errorf("PCI address %s added twice", vf.Address)
+	}
+	if err := t.add(vf, filepath.Join(filepath.Dir(pfDir), vf.Address)); err != nil {
 		return err
 	}
 	return errors.Join(
@@ -169,15 +214,26 @@ func (t *Tree) AddVF(pf string, index int, vf Function) error {
 }
 
 // Remove takes a function out of the tree, as a hot-unplug or a driver unbind
-// that also removes the device would.
+// that also removes the device would; a bridge goes with everything behind it.
 func (t *Tree) Remove(addr string) error {
 	dir := t.devDir(addr)
-	for _, class := range []string{"net", "infiniband"} {
-		for _, name := range listNames(filepath.Join(dir, class)) {
-			_ = os.Remove(t.sys("class", class, name))
+	gone := []string{addr}
+	for a, d := range t.dirs {
+		if strings.HasPrefix(d, dir+string(filepath.Separator)) {
+			gone = append(gone, a)
 		}
 	}
-	return errors.Join(os.Remove(t.sys("bus", "pci", "devices", addr)), os.RemoveAll(dir))
+	var errs []error
+	for _, a := range gone {
+		for _, class := range []string{"net", "infiniband"} {
+			for _, name := range listNames(filepath.Join(t.devDir(a), class)) {
+				_ = os.Remove(t.sys("class", class, name))
+			}
+		}
+		errs = append(errs, os.Remove(t.sys("bus", "pci", "devices", a)))
+		delete(t.dirs, a)
+	}
+	return errors.Join(append(errs, os.RemoveAll(dir))...)
 }
 
 // Unbind unbinds the function's driver (as a driver reload does for a moment).

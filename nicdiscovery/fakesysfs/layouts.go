@@ -7,7 +7,9 @@ import (
 // PCI IDs the layouts use.
 const (
 	VendorNVIDIA    = 0x15b3
+	VendorNVIDIAGPU = 0x10de
 	VendorIntel     = 0x8086
+	VendorBroadcom  = 0x1000
 	DeviceCX3       = 0x1003
 	DeviceCX6Dx     = 0x101d
 	DeviceCXVF      = 0x101e
@@ -16,33 +18,86 @@ const (
 	DeviceBF3Bridge = 0x197b
 	DeviceBF3Mgmt   = 0xc2d5
 	DeviceCX7Flash  = 0x0218
-	ClassEthernet   = 0x020000
-	ClassIB         = 0x020700
-	ClassOtherNet   = 0x028000
-	ClassBridge     = 0x060400
-	ClassDMA        = 0x080100
+	// DeviceH100SXM5 is GH100 [H100 SXM5 80GB] (pci.ids).
+	DeviceH100SXM5 = 0x2330
+	// DevicePEX890xx is Broadcom's PEX890xx PCIe Gen 5 switch; its upstream and
+	// downstream ports report the same ID.
+	DevicePEX890xx = 0xc030
+	// DeviceIntelRootPort is a Sapphire Rapids PCIe root port.
+	DeviceIntelRootPort = 0x352c
+	ClassEthernet       = 0x020000
+	ClassIB             = 0x020700
+	ClassOtherNet       = 0x028000
+	Class3D             = 0x030200
+	ClassBridge         = 0x060400
+	ClassDMA            = 0x080100
 )
 
 // DGXH100Rails are the netdevs of the DGXH100 layout's compute rails, in PCI order.
 var DGXH100Rails = []string{"ibp24s0", "ibp64s0", "ibp79s0", "ibp94s0", "ibp154s0", "ibp192s0", "ibp206s0", "ibp220s0"}
 
+// DGXH100GPUs are the PCI addresses of the DGXH100 layout's H100 GPUs, in PCI
+// order: GPU i shares a PCIe switch with rail i.
+var DGXH100GPUs = []string{"0000:19:00.0", "0000:41:00.0", "0000:50:00.0", "0000:5f:00.0", "0000:9b:00.0", "0000:c1:00.0",
+	"0000:cf:00.0", "0000:dd:00.0"}
+
 // DGXH100 lays out a DGX-H100-like node: eight single-port ConnectX-7 InfiniBand
-// PFs at 400 Gb/s (NDR), four on each NUMA node, and a dual-port BlueField-3 in
-// Ethernet mode (100 Gb/s and a port without link) with its PCIe switch bridge
-// and SoC management function, a ConnectX-7 stuck in flash recovery and an Intel
-// management port - none of those three is a NIC port of ours.
+// PFs at 400 Gb/s (NDR), four on each NUMA node, each sharing a PCIe switch with
+// one H100 SXM5 GPU; a dual-port BlueField-3 in Ethernet mode (100 Gb/s and a
+// port without link) with its internal PCIe switch and SoC management function;
+// a ConnectX-7 stuck in flash recovery and an Intel management port. None of the
+// bridges, the SoC function, the flash-recovery function or the Intel port is a
+// NIC port of ours.
+//
+// The PCIe hierarchy, as sys/devices holds it (RC = root complex, RP = root
+// port, US/DS = a PEX890xx switch's upstream/downstream ports):
+//
+//	RC pci0000:15  NUMA 0  RP 15:01.0 ─ US 16:00.0 ┬ DS 17:00.0 ─ 18:00.0 ConnectX-7 ibp24s0   (rail 0)
+//	                                               └ DS 17:01.0 ─ 19:00.0 H100 (GPU 0)
+//	                       RP 15:02.0 ─ US 3e:00.0 ┬ DS 3f:00.0 ─ 40:00.0 ConnectX-7 ibp64s0   (rail 1)
+//	                                               └ DS 3f:01.0 ─ 41:00.0 H100 (GPU 1)
+//	RC pci0000:4c  NUMA 0  rails 2 (4f:00.0) and 3 (5e:00.0), GPUs 2 (50:00.0) and 3 (5f:00.0), the same way
+//	RC pci0000:97  NUMA 1  rails 4 (9a:00.0) and 5 (c0:00.0), GPUs 4 (9b:00.0) and 5 (c1:00.0);
+//	                       RP 97:03.0 ─ b0:00.0 ConnectX-7 in flash recovery
+//	RC pci0000:cb  NUMA 1  rails 6 (ce:00.0) and 7 (dc:00.0), GPUs 6 (cf:00.0) and 7 (dd:00.0)
+//	RC pci0000:de  NUMA 1  RP de:01.0 ─ BlueField-3 switch US df:00.0 ─ DS e0:00.0 ─ e1:00.0, e1:00.1 (ports), e1:00.2 (SoC)
+//	RC pci0000:00  NUMA 0  RP 00:1c.0 ─ 06:00.0 Intel I210 eno1
+//
+// So each rail's GPU shares its switch, and the other rail of the same root
+// complex's GPU only the root complex. A real DGX H100 has the same NIC bus
+// numbers and a switch per GPU/NIC pair (nvidia-smi topo: PIX), but its GPUs sit
+// three buses behind their NIC (1b:00.0 for 18:00.0) and each switch has a root
+// complex of its own; here the GPUs sit one bus behind, and two switches share
+// a root complex so that a root-only pairing is there to find.
 func DGXH100(root string) (*Tree, error) {
 	t, err := New(root)
 	if err != nil {
 		return nil, err
 	}
 	buses := []int{0x18, 0x40, 0x4f, 0x5e, 0x9a, 0xc0, 0xce, 0xdc}
+	roots := []int{0x15, 0x4c, 0x97, 0xcb}
 	for i, bus := range buses {
+		numa := i / 4
+		rootPort := fmt.Sprintf("0000:%02x:%02x.0", roots[i/2], 1+i%2)
+		up, down := fmt.Sprintf("0000:%02x:00.0", bus-2), fmt.Sprintf("0000:%02x:00.0", bus-1)
+		gpuPort := fmt.Sprintf("0000:%02x:01.0", bus-1)
+		for _, b := range [][2]string{{rootPort, ""}, {up, rootPort}, {down, up}, {gpuPort, up}} {
+			vendor, device := uint16(VendorBroadcom), uint16(DevicePEX890xx)
+			if b[1] == "" {
+				vendor, device = VendorIntel, DeviceIntelRootPort
+			}
+			if err := t.AddBridge(b[0], b[1], vendor, device, numa); err != nil {
+				return nil, err
+			}
+		}
+		if err := t.Add(H100(DGXH100GPUs[i], gpuPort, numa)); err != nil {
+			return nil, err
+		}
 		addr := fmt.Sprintf("0000:%02x:00.0", bus)
 		name := DGXH100Rails[i]
 		guid := 0xa088c20300a1b200 + uint64(i)
-		err := t.Add(Function{Address: addr, Vendor: VendorNVIDIA, Device: DeviceCX7, Class: ClassIB, Driver: "mlx5_core",
-			NUMA: i / 4, TotalVFs: 16,
+		err := t.Add(Function{Address: addr, Parent: down, Vendor: VendorNVIDIA, Device: DeviceCX7, Class: ClassIB,
+			Driver: "mlx5_core", NUMA: numa, TotalVFs: 16,
 			Netdevs: []Netdev{{Name: name, Type: 32, Speed: 400000, OperState: "up", MTU: 4092, MAC: ipoibAddr(guid)}},
 			RDMA: &RDMA{Name: fmt.Sprintf("mlx5_%d", i), NodeGUID: GUID(guid), Ports: []RDMAPort{{
 				Num: 1, LinkLayer: "InfiniBand", Rate: "400 Gb/sec (4X NDR)", State: "4: ACTIVE",
@@ -57,14 +112,29 @@ func DGXH100(root string) (*Tree, error) {
 		MTU: 4092, MAC: ipoibAddr(0xa088c20300a1b200), Parent: "ibp24s0"}); err != nil {
 		return nil, err
 	}
+	for _, b := range []struct {
+		addr, parent   string
+		vendor, device uint16
+		numa           int
+	}{
+		{"0000:de:01.0", "", VendorIntel, DeviceIntelRootPort, 1},
+		{"0000:df:00.0", "0000:de:01.0", VendorNVIDIA, DeviceBF3Bridge, 1},
+		{"0000:e0:00.0", "0000:df:00.0", VendorNVIDIA, DeviceBF3Bridge, 1},
+		{"0000:97:03.0", "", VendorIntel, DeviceIntelRootPort, 1},
+		{"0000:00:1c.0", "", VendorIntel, DeviceIntelRootPort, 0},
+	} {
+		if err := t.AddBridge(b.addr, b.parent, b.vendor, b.device, b.numa); err != nil {
+			return nil, err
+		}
+	}
 	for port := range 2 {
 		addr := fmt.Sprintf("0000:e1:00.%d", port)
 		speed, state, rstate := 100000, "up", "4: ACTIVE"
 		if port == 1 {
 			speed, state, rstate = 0, "down", "1: DOWN"
 		}
-		err := t.Add(Function{Address: addr, Vendor: VendorNVIDIA, Device: DeviceBF3, Class: ClassEthernet, Driver: "mlx5_core",
-			NUMA: 1, TotalVFs: 16,
+		err := t.Add(Function{Address: addr, Parent: "0000:e0:00.0", Vendor: VendorNVIDIA, Device: DeviceBF3, Class: ClassEthernet,
+			Driver: "mlx5_core", NUMA: 1, TotalVFs: 16,
 			Netdevs: []Netdev{{Name: fmt.Sprintf("enp225s0f%dnp%d", port, port), Type: 1, Speed: speed, OperState: state,
 				MTU: 9000, MAC: fmt.Sprintf("b8:3f:d2:e1:00:%02x", port), PhysPortName: fmt.Sprintf("p%d", port),
 				EswitchMode: "switchdev"}},
@@ -77,10 +147,10 @@ func DGXH100(root string) (*Tree, error) {
 		}
 	}
 	for _, f := range []Function{
-		{Address: "0000:df:00.0", Vendor: VendorNVIDIA, Device: DeviceBF3Bridge, Class: ClassBridge, Driver: "pcieport", NUMA: 1},
-		{Address: "0000:e1:00.2", Vendor: VendorNVIDIA, Device: DeviceBF3Mgmt, Class: ClassDMA, NUMA: 1},
-		{Address: "0000:b0:00.0", Vendor: VendorNVIDIA, Device: DeviceCX7Flash, Class: ClassIB, NUMA: 1},
-		{Address: "0000:06:00.0", Vendor: VendorIntel, Device: 0x1533, Class: ClassEthernet, Driver: "igb", NUMA: 0,
+		{Address: "0000:e1:00.2", Parent: "0000:e0:00.0", Vendor: VendorNVIDIA, Device: DeviceBF3Mgmt, Class: ClassDMA, NUMA: 1},
+		{Address: "0000:b0:00.0", Parent: "0000:97:03.0", Vendor: VendorNVIDIA, Device: DeviceCX7Flash, Class: ClassIB, NUMA: 1},
+		{Address: "0000:06:00.0", Parent: "0000:00:1c.0", Vendor: VendorIntel, Device: 0x1533, Class: ClassEthernet,
+			Driver: "igb", NUMA: 0,
 			Netdevs: []Netdev{{Name: "eno1", Type: 1, Speed: 1000, OperState: "up", MTU: 1500, MAC: "3c:ec:ef:00:00:01"}}},
 	} {
 		if err := t.Add(f); err != nil {
@@ -88,6 +158,14 @@ func DGXH100(root string) (*Tree, error) {
 		}
 	}
 	return t, nil
+}
+
+// H100 is an H100 SXM5 GPU function behind parent, bound to the nvidia driver.
+// It reports class 0x0302 (3D controller), as data-centre GPUs without a display
+// output do.
+func H100(addr, parent string, numa int) Function {
+	return Function{Address: addr, Parent: parent, Vendor: VendorNVIDIAGPU, Device: DeviceH100SXM5, Class: Class3D,
+		Driver: "nvidia", NUMA: numa}
 }
 
 // ipoibAddr is an IPoIB hardware address (QPN, flags and the port GID).

@@ -36,6 +36,9 @@ type FileConfig struct {
 	ConfDir                  string `json:"confDir,omitempty"`
 	PoolName                 string `json:"poolName,omitempty"`
 	PoolType                 string `json:"poolType,omitempty"`
+	// Rail picks the pools by rail instead of by name (docs/rails.md): "auto",
+	// the rail of the attachment's device, or a rail's name. Network config only.
+	Rail string `json:"rail,omitempty"`
 	// ForcePoolName makes poolName (or args.cni.poolNames) required instead of
 	// defaulting to the network's name.
 	ForcePoolName *bool `json:"forcePoolName,omitempty"`
@@ -59,8 +62,14 @@ type netConf struct {
 	Name          string       `json:"name"`
 	IPAM          *ipamSection `json:"ipam"`
 	DeviceID      string       `json:"deviceID,omitempty"`
+	PCIBusID      string       `json:"pciBusID,omitempty"`
+	Master        string       `json:"master,omitempty"`
+	Device        string       `json:"device,omitempty"`
 	RuntimeConfig struct {
 		IPs []string `json:"ips,omitempty"`
+		// DeviceID is the deviceID capability: Multus passes a network selection
+		// element's deviceID this way to a plugin that declares the capability.
+		DeviceID string `json:"deviceID,omitempty"`
 	} `json:"runtimeConfig"`
 	Args *struct {
 		CNI *cniArgs `json:"cni,omitempty"`
@@ -81,12 +90,16 @@ type Config struct {
 	LogFile      string
 	LogLevel     string
 	DeviceID     string
-	RequestedIPs []netip.Addr
-	Gateway      bool
-	Index        *int32
-	PodName      string
-	PodNamespace string
-	PodUID       string
+	// Rail is "auto" or a rail's name when the pools are picked by rail (Pools is
+	// then empty); PCIBusID, Master and Device are the attachment's device besides
+	// DeviceID.
+	Rail, PCIBusID, Master, Device string
+	RequestedIPs                   []netip.Addr
+	Gateway                        bool
+	Index                          *int32
+	PodName                        string
+	PodNamespace                   string
+	PodUID                         string
 
 	ValidAttachments []types.GCAttachment
 	PrevResult       json.RawMessage
@@ -149,9 +162,29 @@ func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
 	if nc.Args != nil && nc.Args.CNI != nil {
 		args = *nc.Args.CNI
 	}
-	// Pools: args.cni.poolNames, else ipam.poolName (one, or two comma-separated),
-	// else the network's name.
+	c.PCIBusID, c.Master, c.Device = nc.PCIBusID, nc.Master, nc.Device
+	if c.DeviceID == "" {
+		c.DeviceID = nc.RuntimeConfig.DeviceID
+	}
+	// Pools: by rail (ipam.rail), else args.cni.poolNames, else ipam.poolName (one,
+	// or two comma-separated), else the network's name.
 	switch {
+	case nc.IPAM.Rail != "":
+		if nc.IPAM.PoolName != "" || len(args.PoolNames) > 0 {
+			return nil, configErr("ipam.rail %q picks the pools by rail: remove ipam.poolName (and args.cni.poolNames), "+
+				"or remove rail to name the pools", nc.IPAM.Rail)
+		}
+		if err := checkRail(nc.IPAM.Rail); err != nil {
+			return nil, err
+		}
+		// An ADD needs the device; GC and STATUS are about the network, and a DEL
+		// without it releases the interface wherever it holds addresses.
+		if needPod && nc.IPAM.Rail == "auto" && c.DeviceID == "" && nc.PCIBusID == "" && nc.Master == "" && nc.Device == "" {
+			return nil, configErr("ipam.rail \"auto\" takes the rail of the attachment's device, and this network config " +
+				"names none: it needs deviceID (SR-IOV, as Multus passes it), pciBusID or device (host-device), or master " +
+				"(macvlan, ipvlan, ipoib); or name the rail")
+		}
+		c.Rail = nc.IPAM.Rail
 	case len(args.PoolNames) > 0:
 		c.Pools = args.PoolNames
 	case ipam.PoolName != "":
@@ -167,7 +200,7 @@ func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
 			return nil, configErr("pool name %d is empty (poolName %q)", i, ipam.PoolName)
 		}
 	}
-	if len(c.Pools) > 2 {
+	if len(c.Pools) > 2 && c.Rail == "" {
 		return nil, configErr("%d pools named (%s): give one, or two for dual-stack", len(c.Pools), strings.Join(c.Pools, ","))
 	}
 	poolType := args.PoolType
@@ -206,6 +239,34 @@ func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
 		c.RequestedIPs = append(c.RequestedIPs, a)
 	}
 	return c, nil
+}
+
+// checkRail refuses a rail name that no pool label could carry.
+func checkRail(rail string) error {
+	if rail == "auto" {
+		return nil
+	}
+	if !isLabelValue(rail) {
+		return configErr("ipam.rail %q: want \"auto\" or a rail name, which pools carry as the label value "+
+			"nic.hwipam.io/rail=<name> (at most 63 characters: letters, digits, '-', '_' and '.', starting and ending "+
+			"with a letter or digit)", rail)
+	}
+	return nil
+}
+
+// isLabelValue says whether s is a valid Kubernetes label value that is not empty
+// (written out: the plugin does not link the Kubernetes libraries).
+func isLabelValue(s string) bool {
+	alnum := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' }
+	if s == "" || len(s) > 63 || !alnum(s[0]) || !alnum(s[len(s)-1]) {
+		return false
+	}
+	for i := range len(s) {
+		if c := s[i]; !alnum(c) && c != '-' && c != '_' && c != '.' {
+			return false
+		}
+	}
+	return true
 }
 
 func fill(dst *string, v string) {

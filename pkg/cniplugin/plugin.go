@@ -82,7 +82,8 @@ func (s *session) params(args *skel.CmdArgs) *ipamwire.Params {
 	}
 	prm := &ipamwire.Params{Pools: s.cfg.Pools, ContainerID: args.ContainerID, IfName: args.IfName, PoolType: pt,
 		NetworkName: s.cfg.Network, PodName: s.cfg.PodName, PodNamespace: s.cfg.PodNamespace,
-		PodUID: s.cfg.PodUID, DeviceID: s.cfg.DeviceID, AllocateDefaultGateway: s.cfg.Gateway, AllocateIPWithIndex: s.cfg.Index}
+		PodUID: s.cfg.PodUID, DeviceID: s.cfg.DeviceID, AllocateDefaultGateway: s.cfg.Gateway, AllocateIPWithIndex: s.cfg.Index,
+		Rail: s.cfg.Rail, PCIBusID: s.cfg.PCIBusID, Master: s.cfg.Master, Device: s.cfg.Device}
 	for _, a := range s.cfg.RequestedIPs {
 		prm.RequestedIPs = append(prm.RequestedIPs, a.String())
 	}
@@ -176,8 +177,8 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrDecodingFailure, "prevResult cannot be read", err.Error())
 	}
 	held := map[string]bool{}
-	for _, pool := range s.cfg.Pools {
-		list, err := s.client.ListAllocations(s.ctx, s.storeKey(pool))
+	for _, key := range s.listKeys() {
+		list, err := s.client.ListAllocations(s.ctx, key)
 		if err != nil {
 			return s.grpcError("CHECK", err)
 		}
@@ -206,6 +207,20 @@ func parsePrev(cniVersion string, raw json.RawMessage) (*current.Result, error) 
 		return nil, err
 	}
 	return current.NewResultFromResult(nc.PrevResult)
+}
+
+// listKeys are the store keys of the pools CHECK and GC look at: the network's
+// pools, or every pool when they are picked by rail (one network's interfaces
+// are then spread over the rails' pools).
+func (s *session) listKeys() []string {
+	if s.cfg.Rail != "" {
+		return []string{""}
+	}
+	keys := make([]string, len(s.cfg.Pools))
+	for i, pool := range s.cfg.Pools {
+		keys[i] = s.storeKey(pool)
+	}
+	return keys
 }
 
 // storeKey is v1alpha1.PoolKey, written out here because importing the API package
@@ -238,8 +253,8 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		valid[a.ContainerID+"/"+a.IfName] = true
 	}
 	var errs []error
-	for _, pool := range s.cfg.Pools {
-		list, err := s.client.ListAllocations(s.ctx, s.storeKey(pool))
+	for _, key := range s.listKeys() {
+		list, err := s.client.ListAllocations(s.ctx, key)
 		if err != nil {
 			return s.grpcError("GC", err)
 		}
@@ -247,8 +262,12 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 			if a.Network != s.cfg.Network || valid[a.ContainerID+"/"+a.IfName] {
 				continue
 			}
+			pool, cidr := strings.CutPrefix(a.Pool, "cidrpool/")
 			prm := s.params(&skel.CmdArgs{ContainerID: a.ContainerID, IfName: a.IfName})
-			prm.Pools = []string{pool}
+			prm.Pools, prm.Rail = []string{pool}, ""
+			if prm.PoolType = ipamwire.PoolTypeIPPool; cidr {
+				prm.PoolType = ipamwire.PoolTypeCIDRPool
+			}
 			if err := s.client.Deallocate(s.ctx, prm); err != nil {
 				errs = append(errs, err)
 				continue
@@ -276,8 +295,21 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 			fmt.Sprintf("%s: %v", s.cfg.DaemonSocket, err))
 	}
 	active := map[string]bool{}
+	railActive := false
 	for _, pl := range pools {
 		active[pl.Key] = pl.Active
+		if pl.Active && pl.Rail != "" && (s.cfg.Rail == "auto" || pl.Rail == s.cfg.Rail) &&
+			strings.HasPrefix(pl.Key, "cidrpool/") == (s.cfg.PoolType == "cidrpool") {
+			railActive = true
+		}
+	}
+	if s.cfg.Rail != "" && !railActive {
+		which := fmt.Sprintf("rail %q", s.cfg.Rail)
+		if s.cfg.Rail == "auto" {
+			which = "any rail"
+		}
+		return types.NewError(types.ErrPluginNotAvailable, "no pool of the rail has a block on this node",
+			fmt.Sprintf("no %s labelled nic.hwipam.io/rail for %s has an active block on this node yet", s.cfg.PoolType, which))
 	}
 	for _, pool := range s.cfg.Pools {
 		if !active[s.storeKey(pool)] {

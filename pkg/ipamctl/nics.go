@@ -44,6 +44,7 @@ func stderrLogger(w io.Writer, verbose bool) logr.Logger {
 // nicsReport is `ipamctl nics -o json|yaml`.
 type nicsReport struct {
 	NICs          []nicdiscovery.NIC       `json:"nics"`
+	GPUs          []nicdiscovery.GPU       `json:"gpus,omitempty"`
 	NetdevsHidden bool                     `json:"netdevsHidden,omitempty"`
 	Labels        []nicdiscovery.PortLabel `json:"labels,omitempty"`
 }
@@ -57,7 +58,9 @@ func nicsCommand() *cobra.Command {
 		Short: "List this node's NVIDIA NIC functions (PFs and VFs) from sysfs, their links from netlink, and their labels",
 		Long: "nics lists the node's NVIDIA NIC functions (sysfs), and, from netlink when the scan is live (the\n" +
 			"node's own /, or --live), each port's link state and the VFs as their PF reports them. Each port\n" +
-			"shows the label it is published under and the rails that name it.",
+			"shows the label it is published under and the rails that name it. Each function shows its PCIe\n" +
+			"root complex and the NVIDIA GPUs behind the same PCIe switch (index and PCI address); a table of\n" +
+			"the GPUs follows, with the NICs behind each one's switch and those sharing only its root complex.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
@@ -75,7 +78,8 @@ func nicsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			r := nicsReport{NICs: inv.NICs, NetdevsHidden: inv.NetdevsHidden, Labels: nicdiscovery.PortLabels(inv, rails)}
+			r := nicsReport{NICs: inv.NICs, GPUs: inv.GPUs, NetdevsHidden: inv.NetdevsHidden,
+				Labels: nicdiscovery.PortLabels(inv, rails)}
 			if output != "table" {
 				return writeReport(cmd.OutOrStdout(), output, r, nil)
 			}
@@ -105,6 +109,14 @@ func loadRails(path string) (nicdiscovery.Rails, error) {
 func nicsTables(w io.Writer, r nicsReport) error {
 	if err := nicsTable(w, r.NICs); err != nil {
 		return err
+	}
+	if len(r.GPUs) > 0 {
+		if _, err := fmt.Fprintln(w); err != nil {
+			return err
+		}
+		if err := gpusTable(w, r.GPUs, r.NICs); err != nil {
+			return err
+		}
 	}
 	labelOf := map[string]nicdiscovery.PortLabel{}
 	for _, l := range r.Labels {
@@ -178,7 +190,7 @@ func onOff(b bool) string {
 
 func nicsTable(w io.Writer, nics []nicdiscovery.NIC) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PCI\tMODEL\tFN\tPF\tDRIVER\tNUMA\tNETDEVS\tLINK\tSPEED\tRDMA\tVFS\tSTATE\tESWITCH")
+	fmt.Fprintln(tw, "PCI\tMODEL\tFN\tPF\tDRIVER\tNUMA\tNETDEVS\tLINK\tSPEED\tRDMA\tVFS\tSTATE\tESWITCH\tROOT\tGPUS")
 	for _, n := range nics {
 		numa, vfs := "-", "-"
 		if n.NUMANode >= 0 {
@@ -187,9 +199,52 @@ func nicsTable(w io.Writer, nics []nicdiscovery.NIC) error {
 		if n.SRIOVTotalVFs > 0 {
 			vfs = fmt.Sprintf("%d/%d", n.SRIOVNumVFs, n.SRIOVTotalVFs)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.PCIAddress, n.Model, n.Function, dash(n.PhysFn),
-			dash(n.Driver), numa, dash(strings.Join(n.Netdevs, ",")), dash(linkLayers(n)), speed(n.SpeedMbps),
-			dash(strings.Join(n.RDMADevices, ",")), vfs, dash(n.PortState), dash(n.EswitchMode))
+		var gpus []string
+		for _, g := range n.GPUs {
+			if g.Shares == nicdiscovery.GPUSharesSwitch {
+				gpus = append(gpus, fmt.Sprintf("%d (%s)", g.Index, g.PCIAddress))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.PCIAddress, n.Model, n.Function,
+			dash(n.PhysFn), dash(n.Driver), numa, dash(strings.Join(n.Netdevs, ",")), dash(linkLayers(n)), speed(n.SpeedMbps),
+			dash(strings.Join(n.RDMADevices, ",")), vfs, dash(n.PortState), dash(n.EswitchMode), dash(n.PCIeRoot),
+			dash(strings.Join(gpus, ",")))
+	}
+	return tw.Flush()
+}
+
+// gpusTable lists the GPUs, each with the NIC PFs behind its PCIe switch and
+// those that share only its root complex (VFs are where their PF is).
+func gpusTable(w io.Writer, gpus []nicdiscovery.GPU, nics []nicdiscovery.NIC) error {
+	near := map[string]map[string][]string{} // GPU address → shares → NICs
+	for _, n := range nics {
+		if n.Function != nicdiscovery.FunctionPF && n.PhysFn != "" {
+			continue
+		}
+		name := n.PCIAddress
+		if len(n.Netdevs) > 0 {
+			name = strings.Join(n.Netdevs, ",")
+		} else if len(n.RDMADevices) > 0 {
+			name = n.RDMADevices[0]
+		}
+		for _, g := range n.GPUs {
+			if near[g.PCIAddress] == nil {
+				near[g.PCIAddress] = map[string][]string{}
+			}
+			near[g.PCIAddress][g.Shares] = append(near[g.PCIAddress][g.Shares], name)
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GPU\tPCI\tMODEL\tDRIVER\tNUMA\tROOT\tSWITCH-NICS\tROOT-NICS")
+	for _, g := range gpus {
+		numa := "-"
+		if g.NUMANode >= 0 {
+			numa = strconv.Itoa(g.NUMANode)
+		}
+		n := near[g.PCIAddress]
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Index, g.PCIAddress, g.Model, dash(g.Driver), numa,
+			dash(g.PCIeRoot), dash(strings.Join(n[nicdiscovery.GPUSharesSwitch], ",")),
+			dash(strings.Join(n[nicdiscovery.GPUSharesRoot], ",")))
 	}
 	return tw.Flush()
 }

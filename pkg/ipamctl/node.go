@@ -128,13 +128,13 @@ func poolsCommand() *cobra.Command {
 					return writeProto(cmd.OutOrStdout(), f.output, resp)
 				}
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "POOL\tKIND\tBLOCK\tPREFIX\tGATEWAY\tSIZE\tUSED\tFREE\tORPHANS\tEXCLUDED\tACTIVE")
+				fmt.Fprintln(tw, "POOL\tKIND\tRAIL\tBLOCK\tPREFIX\tGATEWAY\tSIZE\tUSED\tFREE\tORPHANS\tEXCLUDED\tACTIVE")
 				for _, p := range resp.GetPools() {
 					block := "-"
 					if p.GetStart() != "" {
 						block = p.GetStart() + "-" + p.GetEnd()
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%v\n", p.GetKey(), dash(p.GetKind()), block,
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%v\n", p.GetKey(), dash(p.GetKind()), dash(p.GetRail()), block,
 						dash(p.GetPrefix()), dash(p.GetGateway()), dash(p.GetSize()), p.GetAllocated(), dash(p.GetFree()), p.GetOrphans(),
 						dash(strings.Join(p.GetExclusions(), ",")), p.GetActive())
 				}
@@ -167,7 +167,7 @@ func allocationsCommand() *cobra.Command {
 					return writeProto(cmd.OutOrStdout(), f.output, resp)
 				}
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "POOL\tIP\tNETWORK\tPOD\tCONTAINER\tIF\tDEVICE\tCREATED")
+				fmt.Fprintln(tw, "RAIL\tPOOL\tIP\tNETWORK\tPOD\tCONTAINER\tIF\tDEVICE\tCREATED")
 				for _, a := range resp.GetAllocations() {
 					pod := "-"
 					if a.GetPodName() != "" {
@@ -177,7 +177,7 @@ func allocationsCommand() *cobra.Command {
 					if len(cid) > 12 {
 						cid = cid[:12]
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.GetPool(), a.GetIp(), dash(a.GetNetwork()), pod, cid, a.GetIfName(),
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(a.GetRail()), a.GetPool(), a.GetIp(), dash(a.GetNetwork()), pod, cid, a.GetIfName(),
 						dash(a.GetDeviceId()), time.Unix(a.GetCreateTime(), 0).UTC().Format(time.RFC3339))
 				}
 				return tw.Flush()

@@ -46,9 +46,10 @@ func TestPoolsAndAllocations(t *testing.T) {
 			t.Errorf("pools output lacks %q:\n%s", want, out)
 		}
 	}
-	// POOL KIND BLOCK PREFIX GATEWAY SIZE USED FREE ORPHANS EXCLUDED ACTIVE
-	if fields := strings.Fields(strings.Split(out, "\n")[1]); len(fields) != 11 || fields[5] != "8" || fields[6] != "1" ||
-		fields[7] != "3" || fields[8] != "0" || fields[9] != "10.1.0.6-10.1.0.8" {
+	// POOL KIND RAIL BLOCK PREFIX GATEWAY SIZE USED FREE ORPHANS EXCLUDED ACTIVE (a daemon
+	// without rails: "-")
+	if fields := strings.Fields(strings.Split(out, "\n")[1]); len(fields) != 12 || fields[2] != "-" || fields[6] != "8" ||
+		fields[7] != "1" || fields[8] != "3" || fields[9] != "0" || fields[10] != "10.1.0.6-10.1.0.8" {
 		t.Errorf("pools row = %v, want size 8, 1 used, 3 free (8 minus the gateway, the 3 excluded and one), "+
 			"no orphans, the exclusion's part in the block", fields)
 	}

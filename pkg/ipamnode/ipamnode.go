@@ -168,6 +168,7 @@ func Run(ctx context.Context, o *Options) error {
 	if err := pools.setup(mgr); err != nil {
 		return err
 	}
+	svc.Rails = newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails)
 	if o.CleanupInterval > 0 {
 		podMeta, err := metadata.NewForConfigAndClient(cfg, mgr.GetHTTPClient())
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -44,6 +45,31 @@ type poolSync struct {
 	// are not applied interleaved.
 	mu     sync.Mutex
 	synced bool
+	// railPools are the pools labelled nic.hwipam.io/rail, by kind and rail, from
+	// the last listing.
+	railPools map[railKey][]string
+	poolRail  map[railKey]string // kind and pool name → rail
+}
+
+// railKey is a pool kind and a rail.
+type railKey struct{ kind, rail string }
+
+// LabelRail binds a pool to a rail (docs/rails.md).
+const LabelRail = "nic.hwipam.io/rail"
+
+// railOfPool returns the rail a pool is labelled for.
+func (s *poolSync) railOfPool(kind, name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.poolRail[railKey{kind, name}]
+}
+
+// poolsOfRail returns the pools of kind labelled for rail, and whether a listing
+// has been seen.
+func (s *poolSync) poolsOfRail(kind, rail string) ([]string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.railPools[railKey{kind, rail}]), s.synced
 }
 
 const (
@@ -168,6 +194,24 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 	}
 	// Both lists succeeded: this is the complete set, also when it is empty.
 	s.synced = true
+	s.railPools, s.poolRail = map[railKey][]string{}, map[railKey]string{}
+	bind := func(kind, name, rail string) {
+		if rail == "" {
+			return
+		}
+		k := railKey{kind, rail}
+		s.railPools[k] = append(s.railPools[k], name)
+		s.poolRail[railKey{kind, name}] = rail
+	}
+	for i := range ips.Items {
+		bind(v1alpha1.KindIPPool, ips.Items[i].Name, ips.Items[i].Labels[LabelRail])
+	}
+	for i := range cidrs.Items {
+		bind(v1alpha1.KindCIDRPool, cidrs.Items[i].Name, cidrs.Items[i].Labels[LabelRail])
+	}
+	for _, names := range s.railPools {
+		slices.Sort(names)
+	}
 	before := s.manager.Holds()
 	err := s.manager.SyncPools(cfgs)
 	if s.changed != nil && !maps.EqualFunc(before, s.manager.Holds(), func(a, b v1alpha1.PoolHold) bool { return a.Block == b.Block }) {

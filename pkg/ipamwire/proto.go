@@ -41,6 +41,9 @@ type Params struct {
 	// IPAMFeatures
 	AllocateDefaultGateway bool
 	AllocateIPWithIndex    *int32
+	// hwipam's rail-aware allocation: the rail ("auto" or a name) and the
+	// attachment's device besides DeviceID.
+	Rail, PCIBusID, Master, Device string
 }
 
 // Allocation is AllocationInfo; Routes are the routes' destinations.
@@ -59,6 +62,7 @@ type AllocationRecord struct {
 type PoolInfo struct {
 	Key    string
 	Active bool
+	Rail   string
 }
 
 // Wire types of the protobuf encoding.
@@ -130,7 +134,11 @@ func encodeParams(p *Params) []byte {
 		feat = binary.AppendUvarint(feat, uint64(int64(*p.AllocateIPWithIndex)))
 	}
 	b = appendMessage(b, 7, feat)
-	return appendString(b, 100, p.NetworkName)
+	b = appendString(b, 100, p.NetworkName)
+	b = appendString(b, 101, p.Rail)
+	b = appendString(b, 102, p.PCIBusID)
+	b = appendString(b, 103, p.Master)
+	return appendString(b, 104, p.Device)
 }
 
 // EncodeParamsRequest encodes AllocateRequest, IsAllocatedRequest and
@@ -311,6 +319,8 @@ func DecodeListPoolsResponse(b []byte) ([]PoolInfo, error) {
 				var v uint64
 				v, err = g.varint()
 				p.Active = v != 0
+			case 15:
+				p.Rail, err = g.str()
 			}
 			return err
 		})

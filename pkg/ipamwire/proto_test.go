@@ -60,7 +60,7 @@ func TestParamsEncodeAsGenerated(t *testing.T) {
 	for i := range 2000 {
 		p := &ipamwire.Params{Pools: strs(r), ContainerID: str(r), IfName: str(r), PoolType: ipamwire.PoolType(r.IntN(3)),
 			RequestedIPs: strs(r), NetworkName: str(r), PodName: str(r), PodNamespace: str(r), PodUID: str(r), DeviceID: str(r),
-			AllocateDefaultGateway: r.IntN(2) == 0}
+			AllocateDefaultGateway: r.IntN(2) == 0, Rail: str(r), PCIBusID: str(r), Master: str(r), Device: str(r)}
 		if r.IntN(2) == 0 {
 			idx := int32(r.Uint32())
 			if r.IntN(4) == 0 {
@@ -70,6 +70,7 @@ func TestParamsEncodeAsGenerated(t *testing.T) {
 		}
 		want := &nodev1.IPAMParameters{Pools: p.Pools, CniContainerid: p.ContainerID, CniIfname: p.IfName,
 			PoolType: nodev1.PoolType(p.PoolType), RequestedIps: p.RequestedIPs, NetworkName: p.NetworkName,
+			Rail: p.Rail, PciBusId: p.PCIBusID, Master: p.Master, Device: p.Device,
 			Metadata: &nodev1.IPAMMetadata{K8SPodName: p.PodName, K8SPodNamespace: p.PodNamespace, K8SPodUid: p.PodUID, DeviceId: p.DeviceID},
 			Features: &nodev1.IPAMFeatures{AllocateDefaultGateway: p.AllocateDefaultGateway, AllocateIpWithIndex: p.AllocateIPWithIndex}}
 		data := ipamwire.EncodeParamsRequest(p)
@@ -131,9 +132,9 @@ func TestRepliesDecodeAsGenerated(t *testing.T) {
 		var wantPools []ipamwire.PoolInfo
 		for range r.IntN(4) {
 			p := &infov1.PoolInfo{Key: str(r), Name: str(r), Kind: str(r), Start: str(r), Size: str(r), Allocated: r.Uint64(),
-				Active: r.IntN(2) == 0, Exclusions: strs(r), Orphans: r.Uint64()}
+				Active: r.IntN(2) == 0, Exclusions: strs(r), Orphans: r.Uint64(), Rail: str(r)}
 			pr.Pools = append(pr.Pools, p)
-			wantPools = append(wantPools, ipamwire.PoolInfo{Key: p.Key, Active: p.Active})
+			wantPools = append(wantPools, ipamwire.PoolInfo{Key: p.Key, Active: p.Active, Rail: p.Rail})
 		}
 		pools, err := ipamwire.DecodeListPoolsResponse(marshal(t, &pr))
 		if err != nil || fmt.Sprint(pools) != fmt.Sprint(wantPools) {

@@ -38,6 +38,8 @@ var (
 // Metadata is recorded with an allocation.
 type Metadata struct {
 	PodName, PodNamespace, PodUID, DeviceID string
+	// Rail is the rail the request's pools were picked by, "" when named.
+	Rail string
 	// Network is the CNI network's name, which CNI GC of that network matches on;
 	// empty when the client did not send it.
 	Network string
@@ -654,7 +656,7 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) (attempt
 		took = append(took, taken{p, ip})
 		a := store.Allocation{ContainerID: req.ContainerID, IfName: req.IfName, IP: ip.String(),
 			PodName: req.Meta.PodName, PodNamespace: req.Meta.PodNamespace, PodUID: req.Meta.PodUID,
-			DeviceID: req.Meta.DeviceID, Network: req.Meta.Network, CreateTime: now}
+			DeviceID: req.Meta.DeviceID, Rail: req.Meta.Rail, Network: req.Meta.Network, CreateTime: now}
 		puts = append(puts, store.Put{PoolKey: p.key, Allocation: a, LastReserved: p.block.Cursor().String()})
 	}
 	// Every pool of the request gets the flight, also one whose half of a

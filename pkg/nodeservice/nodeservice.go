@@ -5,6 +5,7 @@
 package nodeservice
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/netip"
@@ -20,6 +21,7 @@ import (
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
+	"github.com/hwipam/hwipam/pkg/rails"
 )
 
 // Service implements both services.
@@ -30,8 +32,57 @@ type Service struct {
 	Manager *nodealloc.Manager
 	// Info is what GetInfo answers: the daemon's version and paths.
 	Info *infov1.GetInfoResponse
+	// Rails picks the pools of a request that names a rail instead of pools; nil
+	// refuses such requests.
+	Rails RailPools
 
 	failures failureRing
+}
+
+// RailPools picks a rail's pools (docs/rails.md).
+type RailPools interface {
+	// Pools returns the pools of kind labelled for rail, where rail "auto" is the
+	// rail of dev, and the rail it took. Its errors are gRPC statuses.
+	Pools(kind, rail string, dev rails.Device) (pools []string, resolved string, err error)
+	// Holding returns the pools of kind that hold an allocation of the interface:
+	// where a release goes when the device can no longer be found.
+	Holding(kind, containerID, ifName string) []string
+	// RailOf returns the rail a pool is labelled for, "" when none.
+	RailOf(kind, pool string) string
+}
+
+// railOf is s.Rails.RailOf, "" without Rails.
+func (s *Service) railOf(kind, pool string) string {
+	if s.Rails == nil {
+		return ""
+	}
+	return s.Rails.RailOf(kind, pool)
+}
+
+// byRail fills req.Pools from the rail a request names. A release whose device
+// cannot be resolved any more (a VF gone since) releases the interface in every
+// pool of the kind that holds it.
+func (s *Service) byRail(p *nodev1.IPAMParameters, req *nodealloc.Request, release bool) error {
+	if p.GetRail() == "" {
+		return nil
+	}
+	if len(p.GetPools()) > 0 {
+		return status.Errorf(codes.InvalidArgument, "parameters: pools %v and rail %q are both set; name the pools, or the rail", p.GetPools(), p.GetRail())
+	}
+	if s.Rails == nil {
+		return status.Errorf(codes.FailedPrecondition, "rail %q: this daemon does not allocate by rail (no NIC inventory)", p.GetRail())
+	}
+	dev := rails.Device{DeviceID: p.GetMetadata().GetDeviceId(), PCIBusID: p.GetPciBusId(), Master: p.GetMaster(), Netdev: p.GetDevice()}
+	pools, rail, err := s.Rails.Pools(req.Kind, p.GetRail(), dev)
+	if err != nil {
+		if release && status.Code(err) != codes.Internal {
+			req.Pools = s.Rails.Holding(req.Kind, req.ContainerID, req.IfName)
+			return nil
+		}
+		return err
+	}
+	req.Pools, req.Meta.Rail = pools, rail
+	return nil
 }
 
 // maxFailures is how many failed Allocate calls ListFailures keeps.
@@ -78,6 +129,9 @@ func (s *Service) Allocate(ctx context.Context, in *nodev1.AllocateRequest) (*no
 	if err != nil {
 		return nil, err
 	}
+	if err := s.byRail(in.GetParameters(), req, false); err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
@@ -107,6 +161,9 @@ func (s *Service) IsAllocated(ctx context.Context, in *nodev1.IsAllocatedRequest
 	if err != nil {
 		return nil, err
 	}
+	if err := s.byRail(in.GetParameters(), req, false); err != nil {
+		return nil, err
+	}
 	if err := s.Manager.IsAllocated(ctx, req); err != nil {
 		return nil, toStatus(err)
 	}
@@ -118,6 +175,12 @@ func (s *Service) Deallocate(ctx context.Context, in *nodev1.DeallocateRequest) 
 	req, err := toRequest(in.GetParameters())
 	if err != nil {
 		return nil, err
+	}
+	if err := s.byRail(in.GetParameters(), req, true); err != nil {
+		return nil, err
+	}
+	if len(req.Pools) == 0 {
+		return &nodev1.DeallocateResponse{}, nil // by rail, and no pool holds the interface
 	}
 	if err := s.Manager.Deallocate(ctx, req); err != nil {
 		return nil, toStatus(err)
@@ -152,6 +215,7 @@ func (s *Service) ListPools(context.Context, *infov1.ListPoolsRequest) (*infov1.
 				}
 			}
 			info.Name, info.Kind = c.Name, c.Kind
+			info.Rail = s.railOf(c.Kind, c.Name)
 			info.Start, info.End, info.Prefix = c.Block.Start.String(), c.Block.End.String(), c.Prefix.String()
 			if c.Gateway.IsValid() {
 				info.Gateway = c.Gateway.String()
@@ -166,12 +230,17 @@ func (s *Service) ListPools(context.Context, *infov1.ListPoolsRequest) (*infov1.
 func (s *Service) ListAllocations(_ context.Context, in *infov1.ListAllocationsRequest) (*infov1.ListAllocationsResponse, error) {
 	out := &infov1.ListAllocationsResponse{}
 	for pool, list := range s.Manager.Allocations(in.GetPool()) {
+		kind, name := v1alpha1.KindIPPool, pool
+		if n, ok := strings.CutPrefix(pool, "cidrpool/"); ok {
+			kind, name = v1alpha1.KindCIDRPool, n
+		}
+		rail := s.railOf(kind, name)
 		for i := range list {
 			a := &list[i]
 			out.Allocations = append(out.Allocations, &infov1.AllocationRecord{
 				Pool: pool, ContainerId: a.ContainerID, IfName: a.IfName, Ip: a.IP,
 				PodName: a.PodName, PodNamespace: a.PodNamespace, PodUid: a.PodUID, DeviceId: a.DeviceID,
-				CreateTime: a.CreateTime.Unix(), Network: a.Network,
+				CreateTime: a.CreateTime.Unix(), Network: a.Network, Rail: cmp.Or(a.Rail, rail),
 			})
 		}
 	}

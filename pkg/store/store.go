@@ -58,11 +58,14 @@ type Allocation struct {
 	IP string `json:"ip"`
 	// Pod metadata from the CNI args; empty for allocations made without them,
 	// which the stale-allocation cleaner then never touches.
-	PodName      string    `json:"podName,omitempty"`
-	PodNamespace string    `json:"podNamespace,omitempty"`
-	PodUID       string    `json:"podUID,omitempty"`
-	DeviceID     string    `json:"deviceID,omitempty"`
-	CreateTime   time.Time `json:"createTime"`
+	PodName      string `json:"podName,omitempty"`
+	PodNamespace string `json:"podNamespace,omitempty"`
+	PodUID       string `json:"podUID,omitempty"`
+	DeviceID     string `json:"deviceID,omitempty"`
+	// Rail is the rail the allocation's pool was picked by (docs/rails.md); empty
+	// for pools named outright.
+	Rail       string    `json:"rail,omitempty"`
+	CreateTime time.Time `json:"createTime"`
 	// Network is the name of the CNI network that made the allocation; empty when
 	// not known (see the package comment).
 	Network string `json:"network,omitempty"`

@@ -61,7 +61,7 @@ func (n *NetNS) Handle(tb testing.TB) *netlink.Handle {
 	if err != nil {
 		tb.Fatalf("netlink handle in netns %s: %v", n.Name, err)
 	}
-	tb.Cleanup(h.Close)
+	tb.Cleanup(func() { _ = h.Close() })
 	return h
 }
 

@@ -446,6 +446,56 @@ var _ = Describe("pools that follow a rail", Label("rail"), func() {
 			WithTimeout(60 * time.Second).WithPolling(time.Second).
 			Should(And(ContainSubstring("FailedCreatePodSandBox"), ContainSubstring(`"rail-off" has no block on node `+node.NodeName)))
 	})
+
+	It("give a pod one address per rail from one NAD listed once per rail, through Multus", func(ctx SpecContext) {
+		// Two pools bound to rails by label, and one NAD with "rail": "auto". The
+		// pod lists the NAD twice, each time with the device it was given (a
+		// network selection element's deviceID, which Multus passes through the
+		// deviceID capability): the DGX tree's first two ConnectX-7 PFs.
+		for _, p := range []struct{ name, subnet, rail string }{{"rails-24", "10.37.0.0/24", "ibp24s0"}, {"rails-64", "10.38.0.0/24", "ibp64s0"}} {
+			pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: "kube-system",
+				Labels: map[string]string{"nic.hwipam.io/rail": p.rail}}, Spec: v1alpha1.IPPoolSpec{Subnet: p.subnet, PerNodeBlockSize: 16}}
+			Expect(cl.Create(ctx, pool)).To(Succeed())
+			DeferCleanup(func(ctx SpecContext) { Expect(cl.Delete(ctx, pool)).To(Succeed()) })
+		}
+		createNAD(ctx, "rails", fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "rails", "type": "macvlan", "master": %q, "mode": "bridge",
+  "capabilities": {"deviceID": true},
+  "ipam": {"type": "nv-ipam", "rail": "auto", "confDir": %q}}`, master, filepath.Join(node.CNIConfDir, "nv-ipam.d")))
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "two-rails", Namespace: ns, Annotations: map[string]string{nadv1.NetworkAttachmentAnnot: `[
+  {"name": "rails", "interface": "net1", "deviceID": "0000:18:00.0"},
+  {"name": "rails", "interface": "net2", "deviceID": "0000:40:00.0"}]`}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: node.BusyboxImage(), Command: []string{"sleep", "1000000"}}},
+				TerminationGracePeriodSeconds: new(int64)},
+		}
+		_, err := node.Clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func(ctx SpecContext) { deletePod(ctx, "two-rails") })
+		var status []nadv1.NetworkStatus
+		Expect(json.Unmarshal([]byte(waitReady(ctx, "two-rails").Annotations[nadv1.NetworkStatusAnnot]), &status)).To(Succeed())
+		byIf := map[string]netip.Addr{}
+		for _, st := range status {
+			if st.Name == ns+"/rails" && len(st.IPs) > 0 {
+				byIf[st.Interface] = netip.MustParseAddr(st.IPs[0])
+			}
+		}
+		Expect(byIf).To(HaveLen(2), "network status: %+v", status)
+		for iface, pool := range map[string]string{"net1": "rails-24", "net2": "rails-64"} {
+			start, end := block(ctx, pool)
+			Expect(byIf[iface].Compare(start) >= 0 && byIf[iface].Compare(end) <= 0).To(BeTrue(),
+				"%s's address %s is outside rail pool %s's block %s-%s", iface, byIf[iface], pool, start, end)
+		}
+		// The daemon shows each address with its rail.
+		resp, err := nodeInfo.ListAllocations(ctx, &infov1.ListAllocationsRequest{})
+		Expect(err).NotTo(HaveOccurred())
+		rails := map[string]string{}
+		for _, a := range resp.GetAllocations() {
+			if a.GetPodName() == "two-rails" {
+				rails[a.GetIfName()] = a.GetRail() + " " + a.GetPool()
+			}
+		}
+		Expect(rails).To(Equal(map[string]string{"net1": "ibp24s0 rails-24", "net2": "ibp64s0 rails-64"}))
+	})
 })
 
 var _ = Describe("a malformed NetworkAttachmentDefinition", Label("malformed"), func() {

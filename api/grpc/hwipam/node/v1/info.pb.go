@@ -446,7 +446,9 @@ type PoolInfo struct {
 	Exclusions []string `protobuf:"bytes,13,rep,name=exclusions,proto3" json:"exclusions,omitempty"`
 	// Allocations outside the block the pool hands out from (left from an earlier
 	// block or excluded since; all of them when the pool has no active block).
-	Orphans       uint64 `protobuf:"varint,14,opt,name=orphans,proto3" json:"orphans,omitempty"`
+	Orphans uint64 `protobuf:"varint,14,opt,name=orphans,proto3" json:"orphans,omitempty"`
+	// The rail the pool is bound to (its nic.hwipam.io/rail label); "" when none.
+	Rail          string `protobuf:"bytes,15,opt,name=rail,proto3" json:"rail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -579,6 +581,13 @@ func (x *PoolInfo) GetOrphans() uint64 {
 	return 0
 }
 
+func (x *PoolInfo) GetRail() string {
+	if x != nil {
+		return x.Rail
+	}
+	return ""
+}
+
 type ListAllocationsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only this pool (store key); empty lists all.
@@ -683,7 +692,10 @@ type AllocationRecord struct {
 	// The CNI network that made the allocation; empty for allocations made before
 	// hwipam recorded it, imported from nv-ipam, or by a client that does not send
 	// it. CNI GC releases only allocations of its own network.
-	Network       string `protobuf:"bytes,10,opt,name=network,proto3" json:"network,omitempty"`
+	Network string `protobuf:"bytes,10,opt,name=network,proto3" json:"network,omitempty"`
+	// The rail the allocation's pool was picked by, or else the rail of its pool
+	// (its nic.hwipam.io/rail label); "" when none.
+	Rail          string `protobuf:"bytes,11,opt,name=rail,proto3" json:"rail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -788,6 +800,13 @@ func (x *AllocationRecord) GetNetwork() string {
 	return ""
 }
 
+func (x *AllocationRecord) GetRail() string {
+	if x != nil {
+		return x.Rail
+	}
+	return ""
+}
+
 var File_hwipam_node_v1_info_proto protoreflect.FileDescriptor
 
 const file_hwipam_node_v1_info_proto_rawDesc = "" +
@@ -818,7 +837,7 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\x0fpools_namespace\x18\a \x01(\tR\x0epoolsNamespace\"\x12\n" +
 	"\x10ListPoolsRequest\"C\n" +
 	"\x11ListPoolsResponse\x12.\n" +
-	"\x05pools\x18\x01 \x03(\v2\x18.hwipam.node.v1.PoolInfoR\x05pools\"\xce\x02\n" +
+	"\x05pools\x18\x01 \x03(\v2\x18.hwipam.node.v1.PoolInfoR\x05pools\"\xe2\x02\n" +
 	"\bPoolInfo\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -836,11 +855,12 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\n" +
 	"exclusions\x18\r \x03(\tR\n" +
 	"exclusions\x12\x18\n" +
-	"\aorphans\x18\x0e \x01(\x04R\aorphans\",\n" +
+	"\aorphans\x18\x0e \x01(\x04R\aorphans\x12\x12\n" +
+	"\x04rail\x18\x0f \x01(\tR\x04rail\",\n" +
 	"\x16ListAllocationsRequest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\"]\n" +
 	"\x17ListAllocationsResponse\x12B\n" +
-	"\vallocations\x18\x01 \x03(\v2 .hwipam.node.v1.AllocationRecordR\vallocations\"\xa3\x02\n" +
+	"\vallocations\x18\x01 \x03(\v2 .hwipam.node.v1.AllocationRecordR\vallocations\"\xb7\x02\n" +
 	"\x10AllocationRecord\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\tR\vcontainerId\x12\x17\n" +
@@ -853,7 +873,8 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\vcreate_time\x18\t \x01(\x03R\n" +
 	"createTime\x12\x18\n" +
 	"\anetwork\x18\n" +
-	" \x01(\tR\anetwork2\xee\x02\n" +
+	" \x01(\tR\anetwork\x12\x12\n" +
+	"\x04rail\x18\v \x01(\tR\x04rail2\xee\x02\n" +
 	"\x0fNodeInfoService\x12P\n" +
 	"\tListPools\x12 .hwipam.node.v1.ListPoolsRequest\x1a!.hwipam.node.v1.ListPoolsResponse\x12b\n" +
 	"\x0fListAllocations\x12&.hwipam.node.v1.ListAllocationsRequest\x1a'.hwipam.node.v1.ListAllocationsResponse\x12J\n" +

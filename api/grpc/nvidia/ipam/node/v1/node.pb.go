@@ -92,7 +92,16 @@ type IPAMParameters struct {
 	// of one network releases only that network's allocations. nv-ipam's plugin
 	// never sends it and nv-ipam's daemon ignores it; an allocation made without it
 	// is never released by GC.
-	NetworkName   string `protobuf:"bytes,100,opt,name=network_name,json=networkName,proto3" json:"network_name,omitempty"`
+	NetworkName string `protobuf:"bytes,100,opt,name=network_name,json=networkName,proto3" json:"network_name,omitempty"`
+	// hwipam: rail-aware allocation (docs/rails.md). With rail set, pools is empty:
+	// the daemon takes the pools labelled nic.hwipam.io/rail=<rail> ("auto": the
+	// rail of the attachment's device). nv-ipam's daemon ignores these fields.
+	Rail string `protobuf:"bytes,101,opt,name=rail,proto3" json:"rail,omitempty"`
+	// The attachment's device, besides metadata.device_id (deviceID): host-device's
+	// pciBusID, the master netdev of macvlan, ipvlan and ipoib, host-device's device.
+	PciBusId      string `protobuf:"bytes,102,opt,name=pci_bus_id,json=pciBusId,proto3" json:"pci_bus_id,omitempty"`
+	Master        string `protobuf:"bytes,103,opt,name=master,proto3" json:"master,omitempty"`
+	Device        string `protobuf:"bytes,104,opt,name=device,proto3" json:"device,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -179,6 +188,34 @@ func (x *IPAMParameters) GetFeatures() *IPAMFeatures {
 func (x *IPAMParameters) GetNetworkName() string {
 	if x != nil {
 		return x.NetworkName
+	}
+	return ""
+}
+
+func (x *IPAMParameters) GetRail() string {
+	if x != nil {
+		return x.Rail
+	}
+	return ""
+}
+
+func (x *IPAMParameters) GetPciBusId() string {
+	if x != nil {
+		return x.PciBusId
+	}
+	return ""
+}
+
+func (x *IPAMParameters) GetMaster() string {
+	if x != nil {
+		return x.Master
+	}
+	return ""
+}
+
+func (x *IPAMParameters) GetDevice() string {
+	if x != nil {
+		return x.Device
 	}
 	return ""
 }
@@ -681,7 +718,7 @@ var File_nvidia_ipam_node_v1_node_proto protoreflect.FileDescriptor
 
 const file_nvidia_ipam_node_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1envidia/ipam/node/v1/node.proto\x12\x13nvidia.ipam.node.v1\"\xf0\x02\n" +
+	"\x1envidia/ipam/node/v1/node.proto\x12\x13nvidia.ipam.node.v1\"\xd2\x03\n" +
 	"\x0eIPAMParameters\x12\x14\n" +
 	"\x05pools\x18\x01 \x03(\tR\x05pools\x12'\n" +
 	"\x0fcni_containerid\x18\x02 \x01(\tR\x0ecniContainerid\x12\x1d\n" +
@@ -691,7 +728,12 @@ const file_nvidia_ipam_node_v1_node_proto_rawDesc = "" +
 	"\tpool_type\x18\x05 \x01(\x0e2\x1d.nvidia.ipam.node.v1.PoolTypeR\bpoolType\x12#\n" +
 	"\rrequested_ips\x18\x06 \x03(\tR\frequestedIps\x12=\n" +
 	"\bfeatures\x18\a \x01(\v2!.nvidia.ipam.node.v1.IPAMFeaturesR\bfeatures\x12!\n" +
-	"\fnetwork_name\x18d \x01(\tR\vnetworkName\"\x99\x01\n" +
+	"\fnetwork_name\x18d \x01(\tR\vnetworkName\x12\x12\n" +
+	"\x04rail\x18e \x01(\tR\x04rail\x12\x1c\n" +
+	"\n" +
+	"pci_bus_id\x18f \x01(\tR\bpciBusId\x12\x16\n" +
+	"\x06master\x18g \x01(\tR\x06master\x12\x16\n" +
+	"\x06device\x18h \x01(\tR\x06device\"\x99\x01\n" +
 	"\fIPAMMetadata\x12 \n" +
 	"\fk8s_pod_name\x18\x01 \x01(\tR\n" +
 	"k8sPodName\x12*\n" +

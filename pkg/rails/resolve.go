@@ -1,0 +1,167 @@
+package rails
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/hwipam/hwipam/nicdiscovery"
+)
+
+// Device is what an attachment's network config says about its device, as
+// Multus, the SR-IOV CNI, host-device, macvlan or ipoib put it there.
+type Device struct {
+	// DeviceID is the top-level deviceID: a PCI address, or an auxiliary device
+	// (a sub-function, mlx5_core.sf.N).
+	DeviceID string
+	// PCIBusID is host-device's pciBusID.
+	PCIBusID string
+	// Master is the parent netdev of macvlan, ipvlan and ipoib.
+	Master string
+	// Netdev is host-device's device.
+	Netdev string
+}
+
+// Empty says the config names no device.
+func (d Device) Empty() bool { return d == Device{} }
+
+// String names the field that is used, as the network config spells it.
+func (d Device) String() string {
+	switch {
+	case d.DeviceID != "":
+		return fmt.Sprintf("deviceID %q", d.DeviceID)
+	case d.PCIBusID != "":
+		return fmt.Sprintf("pciBusID %q", d.PCIBusID)
+	case d.Master != "":
+		return fmt.Sprintf("master %q", d.Master)
+	case d.Netdev != "":
+		return fmt.Sprintf("device %q", d.Netdev)
+	}
+	return "no device"
+}
+
+// Resolution is where a device was found.
+type Resolution struct {
+	// Function is the device's PCI function, PF the physical function, Rail its rail.
+	Function, PF, Rail string
+}
+
+// Resolver finds the rail of a device on this node.
+type Resolver struct {
+	Locator Locator
+	// Inventory returns the node's NIC inventory; fresh is true after a device
+	// was not found in the last one, to rescan (a VF created since).
+	Inventory func(fresh bool) (*nicdiscovery.Inventory, error)
+	Rails     nicdiscovery.Rails
+}
+
+// ErrNoDevice is a network config that names no device while the rail is "auto".
+var ErrNoDevice = errors.New("the network config names no device")
+
+// Resolve finds d's rail: the first field set of deviceID, pciBusID, master and
+// device, its PCI function, that function's PF, and the PF's rail.
+func (r *Resolver) Resolve(d Device) (Resolution, error) {
+	var res Resolution
+	var err error
+	switch {
+	case d.DeviceID != "" && IsPCIAddress(d.DeviceID):
+		res.Function = d.DeviceID
+	case d.DeviceID != "":
+		res.Function, err = r.Locator.PCIOfAux(d.DeviceID)
+	case d.PCIBusID != "":
+		if !IsPCIAddress(d.PCIBusID) {
+			return res, fmt.Errorf("pciBusID %q is not a PCI address (domain:bus:device.function)", d.PCIBusID)
+		}
+		res.Function = d.PCIBusID
+	case d.Master != "":
+		res.Function, err = r.Locator.PCIOfNetdev(d.Master)
+	case d.Netdev != "":
+		res.Function, err = r.Locator.PCIOfNetdev(d.Netdev)
+	default:
+		return res, ErrNoDevice
+	}
+	if err == nil {
+		res.PF, err = r.Locator.PFOfPCI(res.Function)
+	}
+	if err != nil {
+		return res, r.notFound(d, err)
+	}
+	for _, fresh := range []bool{false, true} {
+		inv, err := r.Inventory(fresh)
+		if err != nil {
+			return res, fmt.Errorf("reading this node's NICs: %w", err)
+		}
+		if rail, ok := r.railOf(inv, res.PF); ok {
+			res.Rail = rail
+			return res, nil
+		}
+	}
+	return res, r.notFound(d, fmt.Errorf("its physical function %s is not an NVIDIA NIC port of this node", res.PF))
+}
+
+// notFound is a device the node does not have, with the rails it has.
+func (r *Resolver) notFound(d Device, err error) error {
+	rails := "none"
+	if inv, ierr := r.Inventory(false); ierr == nil {
+		if names := RailNames(inv, r.Rails); len(names) > 0 {
+			rails = strings.Join(names, ", ")
+		}
+	}
+	return fmt.Errorf("%s: %w; this node's rails: %s", d, err, rails)
+}
+
+// railOf names the rail of a PF: the rail map's rail that lists the PF (by PCI
+// address or by one of its port netdevs), else the PF's port label name (its
+// netdev, or its RDMA device where the netdev cannot be seen), as in the node's
+// nic.hwipam.io/<name> label.
+func (r *Resolver) railOf(inv *nicdiscovery.Inventory, pf string) (string, bool) {
+	rails := pfRails(inv, r.Rails)
+	rail, ok := rails[pf]
+	return rail, ok
+}
+
+// pfRails maps each PF with a labelled port to its rail.
+func pfRails(inv *nicdiscovery.Inventory, railMap nicdiscovery.Rails) map[string]string {
+	out := map[string]string{}
+	netdevs := map[string][]string{} // PF → its port netdevs
+	for _, n := range inv.NICs {
+		for _, p := range n.Ports {
+			if p.Netdev != "" {
+				netdevs[n.PCIAddress] = append(netdevs[n.PCIAddress], p.Netdev)
+			}
+		}
+	}
+	names := make([]string, 0, len(railMap))
+	for name := range railMap {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, pl := range nicdiscovery.PortLabels(inv, nil) {
+		if _, done := out[pl.PCIAddress]; done {
+			continue
+		}
+		out[pl.PCIAddress] = strings.TrimPrefix(pl.Key, nicdiscovery.LabelPrefix)
+		for _, name := range names {
+			if slices.ContainsFunc(railMap[name], func(m string) bool {
+				return m == pl.PCIAddress || slices.Contains(netdevs[pl.PCIAddress], m)
+			}) {
+				out[pl.PCIAddress] = name
+				break
+			}
+		}
+	}
+	return out
+}
+
+// RailNames lists the rails of this node's PFs, sorted.
+func RailNames(inv *nicdiscovery.Inventory, railMap nicdiscovery.Rails) []string {
+	var out []string
+	for _, rail := range pfRails(inv, railMap) {
+		if !slices.Contains(out, rail) {
+			out = append(out, rail)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
