@@ -46,7 +46,7 @@ type session struct {
 // open reads the configuration and connects to the daemon: its compact endpoint,
 // or its gRPC socket when it has none (see ipamwire.Dial). A daemon that cannot be
 // reached is reported as the call's error, with code 11 (try again later).
-func (p *Plugin) open(args *skel.CmdArgs, needPod bool) (*session, error) {
+func (p *Plugin) open(args *skel.CmdArgs, verb string, needPod bool) (*session, error) {
 	cfg, err := LoadConfig(args.StdinData, args.Args, needPod)
 	if err != nil {
 		return nil, toCNIError(err)
@@ -61,18 +61,14 @@ func (p *Plugin) open(args *skel.CmdArgs, needPod bool) (*session, error) {
 		if ipamwire.CodeOf(err) == ipamwire.InvalidArgument {
 			return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid daemonSocket", fmt.Sprintf("%s: %s", cfg.DaemonSocket, ipamwire.MessageOf(err)))
 		}
-		return nil, s.grpcError(verbOf(args), err)
+		if verb == "STATUS" {
+			return nil, types.NewError(types.ErrPluginNotAvailable, "ipam-node is not reachable",
+				fmt.Sprintf("%s: %s", cfg.DaemonSocket, ipamwire.MessageOf(err)))
+		}
+		return nil, s.grpcError(verb, err)
 	}
 	s.done = func() { cancel(); _ = s.client.Close(); s.log.close() }
 	return s, nil
-}
-
-// verbOf names the CNI command for error messages.
-func verbOf(*skel.CmdArgs) string {
-	if v := os.Getenv("CNI_COMMAND"); v != "" {
-		return v
-	}
-	return "call"
 }
 
 func (s *session) params(args *skel.CmdArgs) *ipamwire.Params {
@@ -92,7 +88,7 @@ func (s *session) params(args *skel.CmdArgs) *ipamwire.Params {
 
 // Add allocates and prints the result.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	s, err := p.open(args, true)
+	s, err := p.open(args, "ADD", true)
 	if err != nil {
 		return err
 	}
@@ -145,7 +141,7 @@ func ips(r *current.Result) string {
 
 // Del releases the interface's addresses; releasing nothing succeeds.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	s, err := p.open(args, false)
+	s, err := p.open(args, "DEL", false)
 	if err != nil {
 		return err
 	}
@@ -161,7 +157,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 // Check verifies that the daemon holds the addresses of prevResult for the
 // interface.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	s, err := p.open(args, false)
+	s, err := p.open(args, "CHECK", false)
 	if err != nil {
 		return err
 	}
@@ -239,7 +235,7 @@ func (s *session) storeKey(pool string) string {
 // (made before hwipam recorded it, imported from nv-ipam, or by a client that
 // does not send it).
 func (p *Plugin) GC(args *skel.CmdArgs) error {
-	s, err := p.open(args, false)
+	s, err := p.open(args, "GC", false)
 	if err != nil {
 		return err
 	}
@@ -284,7 +280,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 // Status reports whether ADD can succeed: the daemon answers and every pool has
 // an active block on this node (CNI code 50 otherwise).
 func (p *Plugin) Status(args *skel.CmdArgs) error {
-	s, err := p.open(args, false)
+	s, err := p.open(args, "STATUS", false)
 	if err != nil {
 		return err
 	}
