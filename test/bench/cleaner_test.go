@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
-	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -38,20 +37,8 @@ func BenchmarkCleaner(b *testing.B) {
 		interval  = 4 * time.Second
 		intervals = 3
 	)
-	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{})
 	ctx := context.Background()
-	if err := cp.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}); err != nil {
-		b.Fatal(err)
-	}
-	pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: "default"},
-		Spec: v1alpha1.IPPoolSpec{Subnet: "10.0.0.0/16", PerNodeBlockSize: 4096}}
-	if err := cp.Client.Create(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
-	pool.Status.Allocations = []v1alpha1.Allocation{{NodeName: benchNode, StartIP: "10.0.0.1", EndIP: "10.0.16.0"}}
-	if err := cp.Client.Status().Update(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
+	cp, kubeconfig := benchPool(b, "10.0.0.0/16", 4096, "10.0.0.1", "10.0.16.0")
 	// The pods fill names (benchParams: pod-<prefix>-<i>), all bound to the node.
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -72,10 +59,6 @@ func BenchmarkCleaner(b *testing.B) {
 	close(errs)
 	for err := range errs {
 		b.Fatalf("creating pods: %v", err)
-	}
-	kubeconfig, err := cp.WriteKubeconfig(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
 	}
 	b.Setenv("KUBECONFIG", kubeconfig)
 	bin := harness.BuildBinary(b, "./cmd/ipam-node")

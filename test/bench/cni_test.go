@@ -77,24 +77,8 @@ func (p *cniPlugin) exec(cmd, cid string) ([]string, error) {
 // was handed out twice or lost: the addresses printed are distinct and are exactly
 // those the daemon holds for them.
 func BenchmarkCNI(b *testing.B) {
-	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{})
 	ctx := context.Background()
-	if err := cp.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}); err != nil {
-		b.Fatal(err)
-	}
-	pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: "default"},
-		Spec: v1alpha1.IPPoolSpec{Subnet: "10.0.0.0/8", PerNodeBlockSize: 65536}}
-	if err := cp.Client.Create(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
-	pool.Status.Allocations = []v1alpha1.Allocation{{NodeName: benchNode, StartIP: "10.0.0.1", EndIP: "10.1.0.0"}}
-	if err := cp.Client.Status().Update(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
-	kubeconfig, err := cp.WriteKubeconfig(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
+	_, kubeconfig := benchPool(b, "10.0.0.0/8", 65536, "10.0.0.1", "10.1.0.0")
 	refBin := os.Getenv("HWIPAM_CNI_BIN_DIR")
 	if refBin == "" {
 		b.Fatal(harness.ErrNoCNIPlugins)
@@ -300,24 +284,8 @@ func hostLocalHeld(b *testing.B, dir, prefix string) []string {
 // endpoint; the daemon's own time in Allocate (its request histogram); and one
 // store commit (the two fsyncs of a bbolt transaction) on the same file system.
 func BenchmarkCNIExecPath(b *testing.B) {
-	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{})
 	ctx := context.Background()
-	if err := cp.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}); err != nil {
-		b.Fatal(err)
-	}
-	pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: "default"},
-		Spec: v1alpha1.IPPoolSpec{Subnet: "10.0.0.0/8", PerNodeBlockSize: 65536}}
-	if err := cp.Client.Create(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
-	pool.Status.Allocations = []v1alpha1.Allocation{{NodeName: benchNode, StartIP: "10.0.0.1", EndIP: "10.1.0.0"}}
-	if err := cp.Client.Status().Update(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
-	kubeconfig, err := cp.WriteKubeconfig(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
+	_, kubeconfig := benchPool(b, "10.0.0.0/8", 65536, "10.0.0.1", "10.1.0.0")
 	refBin := os.Getenv("HWIPAM_CNI_BIN_DIR")
 	if refBin == "" {
 		b.Fatal(harness.ErrNoCNIPlugins)
@@ -381,4 +349,30 @@ func BenchmarkCNIExecPath(b *testing.B) {
 	series := `hwipam_node_request_duration_seconds_%s{code="OK",method="/nvidia.ipam.node.v1.IPAMService/Allocate"}`
 	sum, count := scrapeSum(b, url, fmt.Sprintf(series, "sum")), scrapeSum(b, url, fmt.Sprintf(series, "count"))
 	b.ReportMetric(sum/count*1000, "daemon-Allocate-mean-ms")
+}
+
+// benchPool starts the control plane with Node benchNode and IPPool "bench" in
+// "default" (subnet, blockSize), whose block on benchNode is start-end, as the
+// controller would write it; it returns a kubeconfig for the daemon.
+func benchPool(b *testing.B, subnet string, blockSize int, start, end string) (*harness.ControlPlane, string) {
+	b.Helper()
+	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{})
+	ctx := context.Background()
+	if err := cp.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: benchNode}}); err != nil {
+		b.Fatal(err)
+	}
+	pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "bench", Namespace: "default"},
+		Spec: v1alpha1.IPPoolSpec{Subnet: subnet, PerNodeBlockSize: blockSize}}
+	if err := cp.Client.Create(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	pool.Status.Allocations = []v1alpha1.Allocation{{NodeName: benchNode, StartIP: start, EndIP: end}}
+	if err := cp.Client.Status().Update(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	kubeconfig, err := cp.WriteKubeconfig(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return cp, kubeconfig
 }
