@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,6 +35,8 @@ type cniPlugin struct {
 	// held lists the addresses the plugin's store holds for containers whose ID
 	// starts with prefix (nil: not checked).
 	held func(b *testing.B, prefix string) []string
+	// daemon is the daemon's process ID, 0 for plugins without one.
+	daemon int
 }
 
 // exec runs one CNI command and returns the addresses an ADD printed.
@@ -95,7 +98,7 @@ func BenchmarkCNI(b *testing.B) {
 		b.Cleanup(d.stop)
 		d.waitForPool(b)
 		info := infov1.NewNodeInfoServiceClient(d.conn)
-		return &cniPlugin{name: name, bin: filepath.Join(binDir, "nv-ipam"), binDir: binDir,
+		return &cniPlugin{name: name, bin: filepath.Join(binDir, "nv-ipam"), binDir: binDir, daemon: d.cmd.Process.Pid,
 			conf: []byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "nv-ipam", "confDir": %q}}`,
 				filepath.Join(dir, "conf"))),
 			fill: func(b *testing.B, n int) { fill(b, d, fmt.Sprintf("prefill%d", time.Now().UnixNano()), n) },
@@ -181,6 +184,14 @@ func BenchmarkCNI(b *testing.B) {
 				prefix := fmt.Sprintf("conc-%d-", execs)
 				var mu sync.Mutex
 				printed := map[string]string{}
+				// CPU time: the plugin processes' (children that have been waited for) and
+				// the daemon's, per ADD.
+				var before syscall.Rusage
+				_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &before)
+				daemonBefore := 0.0
+				if p.daemon != 0 {
+					daemonBefore = cpuSeconds(b, p.daemon)
+				}
 				rate := concurrently(b, execs, total, func(i int) error {
 					cid := fmt.Sprintf("%s%d", prefix, i)
 					ips, err := p.exec("ADD", cid)
@@ -194,6 +205,15 @@ func BenchmarkCNI(b *testing.B) {
 					}
 					return err
 				})
+				var after syscall.Rusage
+				_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &after)
+				cpu := func(r syscall.Rusage) float64 {
+					return float64(r.Utime.Nano()+r.Stime.Nano()) / 1e6
+				}
+				b.ReportMetric((cpu(after)-cpu(before))/total, p.name+"-exec-CPU-ms/ADD")
+				if p.daemon != 0 {
+					b.ReportMetric((cpuSeconds(b, p.daemon)-daemonBefore)*1000/total, p.name+"-daemon-CPU-ms/ADD")
+				}
 				b.ReportMetric(rate, p.name+"-ADD/s")
 				if p.name == "floor" {
 					floorRate = rate
