@@ -1,5 +1,7 @@
 package v1alpha1
 
+import "strings"
+
 // Kinds of pools, as reconcile requests, metrics and the node store name them.
 const (
 	KindIPPool   = "IPPool"
@@ -16,9 +18,19 @@ const PoolsInUseAnnotation = "ipam.hwipam.io/pools-in-use"
 // pool: the IPPool's name, or "cidrpool/<name>" (nv-ipam's store keys).
 func PoolKey(kind, name string) string {
 	if kind == KindCIDRPool {
-		return "cidrpool/" + name
+		return cidrPoolKeyPrefix + name
 	}
 	return name
+}
+
+const cidrPoolKeyPrefix = "cidrpool/"
+
+// SplitPoolKey is the inverse of PoolKey: the kind and name of a pool key.
+func SplitPoolKey(key string) (kind, name string) {
+	if n, ok := strings.CutPrefix(key, cidrPoolKeyPrefix); ok {
+		return KindCIDRPool, n
+	}
+	return KindIPPool, key
 }
 
 // HeldAnnotation is the Node annotation in which the node daemon reports, as JSON

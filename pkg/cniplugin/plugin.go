@@ -71,12 +71,16 @@ func (p *Plugin) open(args *skel.CmdArgs, verb string, needPod bool) (*session, 
 	return s, nil
 }
 
-func (s *session) params(args *skel.CmdArgs) *ipamwire.Params {
-	pt := ipamwire.PoolTypeIPPool
+// poolType is the configured pool type on the wire.
+func (s *session) poolType() ipamwire.PoolType {
 	if s.cfg.PoolType == "cidrpool" {
-		pt = ipamwire.PoolTypeCIDRPool
+		return ipamwire.PoolTypeCIDRPool
 	}
-	prm := &ipamwire.Params{Pools: s.cfg.Pools, ContainerID: args.ContainerID, IfName: args.IfName, PoolType: pt,
+	return ipamwire.PoolTypeIPPool
+}
+
+func (s *session) params(args *skel.CmdArgs) *ipamwire.Params {
+	prm := &ipamwire.Params{Pools: s.cfg.Pools, ContainerID: args.ContainerID, IfName: args.IfName, PoolType: s.poolType(),
 		NetworkName: s.cfg.Network, PodName: s.cfg.PodName, PodNamespace: s.cfg.PodNamespace,
 		PodUID: s.cfg.PodUID, DeviceID: s.cfg.DeviceID, AllocateDefaultGateway: s.cfg.Gateway, AllocateIPWithIndex: s.cfg.Index,
 		Rail: s.cfg.Rail, PCIBusID: s.cfg.PCIBusID, Master: s.cfg.Master, Device: s.cfg.Device}
@@ -219,6 +223,14 @@ func (s *session) listKeys() []string {
 	return keys
 }
 
+// splitStoreKey is storeKey's inverse: a pool's name and type.
+func splitStoreKey(key string) (string, ipamwire.PoolType) {
+	if name, ok := strings.CutPrefix(key, "cidrpool/"); ok {
+		return name, ipamwire.PoolTypeCIDRPool
+	}
+	return key, ipamwire.PoolTypeIPPool
+}
+
 // storeKey is v1alpha1.PoolKey, written out here because importing the API package
 // would pull the Kubernetes libraries into a binary that is exec'd per CNI call.
 func (s *session) storeKey(pool string) string {
@@ -258,12 +270,9 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 			if a.Network != s.cfg.Network || valid[a.ContainerID+"/"+a.IfName] {
 				continue
 			}
-			pool, cidr := strings.CutPrefix(a.Pool, "cidrpool/")
+			pool, poolType := splitStoreKey(a.Pool)
 			prm := s.params(&skel.CmdArgs{ContainerID: a.ContainerID, IfName: a.IfName})
-			prm.Pools, prm.Rail = []string{pool}, ""
-			if prm.PoolType = ipamwire.PoolTypeIPPool; cidr {
-				prm.PoolType = ipamwire.PoolTypeCIDRPool
-			}
+			prm.Pools, prm.PoolType, prm.Rail = []string{pool}, poolType, ""
 			if err := s.client.Deallocate(s.ctx, prm); err != nil {
 				errs = append(errs, err)
 				continue
@@ -294,8 +303,8 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	railActive := false
 	for _, pl := range pools {
 		active[pl.Key] = pl.Active
-		if pl.Active && pl.Rail != "" && (s.cfg.Rail == "auto" || pl.Rail == s.cfg.Rail) &&
-			strings.HasPrefix(pl.Key, "cidrpool/") == (s.cfg.PoolType == "cidrpool") {
+		if _, pt := splitStoreKey(pl.Key); pl.Active && pl.Rail != "" && (s.cfg.Rail == "auto" || pl.Rail == s.cfg.Rail) &&
+			pt == s.poolType() {
 			railActive = true
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/rails"
+	"github.com/hwipam/hwipam/pkg/store"
 )
 
 // railSelector picks a rail's pools for the node service (nodeservice.RailPools):
@@ -91,24 +93,17 @@ func (r *railSelector) Pools(kind, rail string, dev rails.Device) ([]string, str
 	return names, rail, nil
 }
 
-// Holding implements nodeservice.RailPools.
+// Holding implements nodeservice.RailPools. It reads the store one record at a
+// time: a release whose device is gone is rare, the allocations may be many.
 func (r *railSelector) Holding(kind, containerID, ifName string) []string {
 	var out []string
-	for key, list := range r.manager.Allocations("") {
-		k, name := v1alpha1.KindIPPool, key
-		if n, ok := strings.CutPrefix(key, "cidrpool/"); ok {
-			k, name = v1alpha1.KindCIDRPool, n
+	_ = r.manager.EachAllocation("", func(key string, a store.Allocation) error {
+		if k, name := v1alpha1.SplitPoolKey(key); k == kind && a.ContainerID == containerID && a.IfName == ifName &&
+			!slices.Contains(out, name) {
+			out = append(out, name)
 		}
-		if k != kind {
-			continue
-		}
-		for _, a := range list {
-			if a.ContainerID == containerID && a.IfName == ifName {
-				out = append(out, name)
-				break
-			}
-		}
-	}
+		return nil
+	})
 	return out
 }
 

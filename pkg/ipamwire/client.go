@@ -205,13 +205,20 @@ func (c *Client) Invoke(ctx context.Context, method string, req []byte) ([]byte,
 
 // Allocate calls IPAMService.Allocate.
 func (c *Client) Allocate(ctx context.Context, p *Params) ([]Allocation, error) {
-	resp, err := c.Invoke(ctx, MethodAllocate, EncodeParamsRequest(p))
+	return call(ctx, c, MethodAllocate, EncodeParamsRequest(p), "AllocateResponse", DecodeAllocateResponse)
+}
+
+// call invokes method and decodes its reply; a reply that does not decode is an
+// Internal error naming the message.
+func call[T any](ctx context.Context, c *Client, method string, req []byte, reply string, decode func([]byte) (T, error)) (T, error) {
+	var zero T
+	resp, err := c.Invoke(ctx, method, req)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
-	out, err := DecodeAllocateResponse(resp)
+	out, err := decode(resp)
 	if err != nil {
-		return nil, &Error{Code: Internal, Message: "the daemon's AllocateResponse cannot be read: " + err.Error()}
+		return zero, &Error{Code: Internal, Message: "the daemon's " + reply + " cannot be read: " + err.Error()}
 	}
 	return out, nil
 }
@@ -230,26 +237,10 @@ func (c *Client) Deallocate(ctx context.Context, p *Params) error {
 
 // ListAllocations calls NodeInfoService.ListAllocations.
 func (c *Client) ListAllocations(ctx context.Context, pool string) ([]AllocationRecord, error) {
-	resp, err := c.Invoke(ctx, MethodListAllocations, EncodeListAllocationsRequest(pool))
-	if err != nil {
-		return nil, err
-	}
-	out, err := DecodeListAllocationsResponse(resp)
-	if err != nil {
-		return nil, &Error{Code: Internal, Message: "the daemon's ListAllocationsResponse cannot be read: " + err.Error()}
-	}
-	return out, nil
+	return call(ctx, c, MethodListAllocations, EncodeListAllocationsRequest(pool), "ListAllocationsResponse", DecodeListAllocationsResponse)
 }
 
 // ListPools calls NodeInfoService.ListPools.
 func (c *Client) ListPools(ctx context.Context) ([]PoolInfo, error) {
-	resp, err := c.Invoke(ctx, MethodListPools, nil)
-	if err != nil {
-		return nil, err
-	}
-	out, err := DecodeListPoolsResponse(resp)
-	if err != nil {
-		return nil, &Error{Code: Internal, Message: "the daemon's ListPoolsResponse cannot be read: " + err.Error()}
-	}
-	return out, nil
+	return call(ctx, c, MethodListPools, nil, "ListPoolsResponse", DecodeListPoolsResponse)
 }

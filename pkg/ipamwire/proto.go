@@ -241,18 +241,29 @@ func decodeStrings(b []byte, dst map[int]*string) error {
 	})
 }
 
-// DecodeAllocateResponse decodes AllocateResponse.
-func DecodeAllocateResponse(b []byte) ([]Allocation, error) {
-	var out []Allocation
+// repeated decodes a reply whose field 1 is a repeated message (every reply the
+// plugin reads): decode turns one element's bytes into a T.
+func repeated[T any](b []byte, what string, decode func([]byte) (T, error)) ([]T, error) {
+	var out []T
 	err := fields(b, func(f field) error {
 		if f.num != 1 {
 			return nil
 		}
 		if f.wire != wireLen {
-			return fmt.Errorf("AllocateResponse.allocations: wire type %d", f.wire)
+			return fmt.Errorf("%s: wire type %d", what, f.wire)
 		}
+		v, err := decode(f.data)
+		out = append(out, v)
+		return err
+	})
+	return out, err
+}
+
+// DecodeAllocateResponse decodes AllocateResponse.
+func DecodeAllocateResponse(b []byte) ([]Allocation, error) {
+	return repeated(b, "AllocateResponse.allocations", func(data []byte) (Allocation, error) {
 		var a Allocation
-		err := fields(f.data, func(g field) error {
+		err := fields(data, func(g field) error {
 			var err error
 			switch g.num {
 			case 1:
@@ -275,42 +286,24 @@ func DecodeAllocateResponse(b []byte) ([]Allocation, error) {
 			}
 			return err
 		})
-		out = append(out, a)
-		return err
+		return a, err
 	})
-	return out, err
 }
 
 // DecodeListAllocationsResponse decodes ListAllocationsResponse.
 func DecodeListAllocationsResponse(b []byte) ([]AllocationRecord, error) {
-	var out []AllocationRecord
-	err := fields(b, func(f field) error {
-		if f.num != 1 {
-			return nil
-		}
-		if f.wire != wireLen {
-			return fmt.Errorf("ListAllocationsResponse.allocations: wire type %d", f.wire)
-		}
+	return repeated(b, "ListAllocationsResponse.allocations", func(data []byte) (AllocationRecord, error) {
 		var r AllocationRecord
-		err := decodeStrings(f.data, map[int]*string{1: &r.Pool, 2: &r.ContainerID, 3: &r.IfName, 4: &r.IP, 10: &r.Network})
-		out = append(out, r)
-		return err
+		err := decodeStrings(data, map[int]*string{1: &r.Pool, 2: &r.ContainerID, 3: &r.IfName, 4: &r.IP, 10: &r.Network})
+		return r, err
 	})
-	return out, err
 }
 
 // DecodeListPoolsResponse decodes ListPoolsResponse.
 func DecodeListPoolsResponse(b []byte) ([]PoolInfo, error) {
-	var out []PoolInfo
-	err := fields(b, func(f field) error {
-		if f.num != 1 {
-			return nil
-		}
-		if f.wire != wireLen {
-			return fmt.Errorf("ListPoolsResponse.pools: wire type %d", f.wire)
-		}
+	return repeated(b, "ListPoolsResponse.pools", func(data []byte) (PoolInfo, error) {
 		var p PoolInfo
-		err := fields(f.data, func(g field) error {
+		err := fields(data, func(g field) error {
 			var err error
 			switch g.num {
 			case 1:
@@ -324,8 +317,6 @@ func DecodeListPoolsResponse(b []byte) ([]PoolInfo, error) {
 			}
 			return err
 		})
-		out = append(out, p)
-		return err
+		return p, err
 	})
-	return out, err
 }

@@ -201,7 +201,8 @@ func (s *Service) ListPools(context.Context, *infov1.ListPoolsRequest) (*infov1.
 	out := &infov1.ListPoolsResponse{}
 	for _, p := range s.Manager.Pools() {
 		info := &infov1.PoolInfo{Key: p.Key, Active: p.Active, Allocated: p.Allocated, Orphans: p.Orphans,
-			Size: p.Size.String(), Free: p.Free.String(), Name: strings.TrimPrefix(p.Key, "cidrpool/")}
+			Size: p.Size.String(), Free: p.Free.String()}
+		_, info.Name = v1alpha1.SplitPoolKey(p.Key)
 		if c := p.Config; c != nil {
 			for _, e := range c.Exclusions {
 				if e.Overlaps(c.Block) { // the part inside the block
@@ -230,11 +231,7 @@ func (s *Service) ListPools(context.Context, *infov1.ListPoolsRequest) (*infov1.
 func (s *Service) ListAllocations(_ context.Context, in *infov1.ListAllocationsRequest) (*infov1.ListAllocationsResponse, error) {
 	out := &infov1.ListAllocationsResponse{}
 	for pool, list := range s.Manager.Allocations(in.GetPool()) {
-		kind, name := v1alpha1.KindIPPool, pool
-		if n, ok := strings.CutPrefix(pool, "cidrpool/"); ok {
-			kind, name = v1alpha1.KindCIDRPool, n
-		}
-		rail := s.railOf(kind, name)
+		rail := s.railOf(v1alpha1.SplitPoolKey(pool))
 		for i := range list {
 			a := &list[i]
 			out.Allocations = append(out.Allocations, &infov1.AllocationRecord{
