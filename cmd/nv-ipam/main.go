@@ -11,6 +11,8 @@ import (
 )
 
 func main() {
-	skel.PluginMainFuncs((&cniplugin.Plugin{Stdout: os.Stdout, Stderr: os.Stderr}).Funcs(),
+	p := &cniplugin.Plugin{Stdout: os.Stdout, Stderr: os.Stderr}
+	p.TakeOverNetNSCheck()
+	skel.PluginMainFuncs(p.Funcs(),
 		version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"), "hwipam nv-ipam CNI IPAM plugin")
 }

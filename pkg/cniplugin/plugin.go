@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	"unicode"
 
@@ -28,6 +29,41 @@ import (
 type Plugin struct {
 	Stdout io.Writer
 	Stderr io.Writer
+	// CheckNetNS makes the plugin refuse a CNI_NETNS that is its own network
+	// namespace, in skel's stead (see TakeOverNetNSCheck).
+	CheckNetNS bool
+}
+
+// TakeOverNetNSCheck is for main, before skel runs. After a successful ADD or DEL,
+// skel refuses a CNI_NETNS that is the plugin's own network namespace, unless the
+// runtime set CNI_NETNS_OVERRIDE; its check locks an OS thread, which makes the Go
+// runtime start a thread for nothing else, and costs about 0.25 ms of CPU per call.
+// The plugin makes the same check with two stat calls instead, before ADD (so that
+// a refused ADD allocates nothing) and after DEL, as skel does; and it sets
+// CNI_NETNS_OVERRIDE for skel, which then skips its own.
+func (p *Plugin) TakeOverNetNSCheck() {
+	v := os.Getenv("CNI_NETNS_OVERRIDE")
+	p.CheckNetNS = !strings.EqualFold(v, "true") && v != "1"
+	_ = os.Setenv("CNI_NETNS_OVERRIDE", "1")
+}
+
+// checkNetNS is skel's check that netns is not the plugin's own network namespace,
+// with its codes and messages: a path that cannot be read is left to the verb.
+func (p *Plugin) checkNetNS(netns string) error {
+	if !p.CheckNetNS || netns == "" {
+		return nil
+	}
+	var target, own syscall.Stat_t
+	if syscall.Stat(netns, &target) != nil {
+		return nil
+	}
+	if syscall.Stat("/proc/thread-self/ns/net", &own) != nil {
+		return types.NewError(types.ErrInvalidNetNS, "get plugin's netns failed", "")
+	}
+	if target.Dev == own.Dev && target.Ino == own.Ino {
+		return types.NewError(types.ErrInvalidNetNS, "plugin's netns and netns from CNI_NETNS should not be the same", "")
+	}
+	return nil
 }
 
 // Funcs returns the verbs for skel.
@@ -92,6 +128,9 @@ func (s *session) params(args *skel.CmdArgs) *ipamwire.Params {
 
 // Add allocates and prints the result.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
+	if err := p.checkNetNS(args.Netns); err != nil {
+		return err
+	}
 	s, err := p.open(args, "ADD", true)
 	if err != nil {
 		return err
@@ -155,7 +194,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return s.grpcError("DEL", err)
 	}
 	s.log.printf("DEL %s/%s pools %v", args.ContainerID, args.IfName, s.cfg.Pools)
-	return nil
+	return p.checkNetNS(args.Netns)
 }
 
 // Check verifies that the daemon holds the addresses of prevResult for the

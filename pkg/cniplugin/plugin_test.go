@@ -263,3 +263,58 @@ func TestImportGraphIsLean(t *testing.T) {
 		t.Errorf("cmd/nv-ipam links %d packages, want at most 120 (it had 325 with grpc-go)", len(deps))
 	}
 }
+
+// TestNetNSCheck: the plugin binary refuses a CNI_NETNS that is its own network
+// namespace with skel's code and message, but before ADD allocates anything, and
+// after DEL released the addresses (as skel does); CNI_NETNS_OVERRIDE turns the
+// check off, and another namespace passes it.
+func TestNetNSCheck(t *testing.T) {
+	socket, m := daemon(t)
+	bin := harness.BuildBinary(t, "./cmd/nv-ipam")
+	other := harness.NewNetNS(t)
+	run := func(cmd, cid, netns string, env ...string) (string, error) {
+		c := exec.Command(bin)
+		c.Env = append([]string{"CNI_COMMAND=" + cmd, "CNI_CONTAINERID=" + cid, "CNI_NETNS=" + netns, "CNI_IFNAME=net1",
+			"CNI_PATH=/nonexistent", "CNI_ARGS=" + podArgs}, env...)
+		c.Stdin = bytes.NewReader(conf("1.0.0", socket, ""))
+		out, err := c.Output()
+		return string(out), err
+	}
+	held := func(cid string) int {
+		n := 0
+		for _, a := range m.Allocations("net-a")["net-a"] {
+			if a.ContainerID == cid {
+				n++
+			}
+		}
+		return n
+	}
+	const refused = "plugin's netns and netns from CNI_NETNS should not be the same"
+	own := "/proc/self/ns/net" // the child's own, as it resolves in the child
+	out, err := run("ADD", "own", own)
+	if err == nil || !strings.Contains(out, refused) || !strings.Contains(out, `"code": 8`) {
+		t.Errorf("ADD in the plugin's own netns: %v, printed %s; want code 8 %q", err, out, refused)
+	}
+	if n := held("own"); n != 0 {
+		t.Errorf("a refused ADD left %d allocations", n)
+	}
+	if out, err := run("ADD", "own", own, "CNI_NETNS_OVERRIDE=1"); err != nil || held("own") != 1 {
+		t.Fatalf("ADD with CNI_NETNS_OVERRIDE=1: %v, printed %s, %d allocations", err, out, held("own"))
+	}
+	out, err = run("DEL", "own", own)
+	if err == nil || !strings.Contains(out, refused) {
+		t.Errorf("DEL in the plugin's own netns: %v, printed %s; want %q", err, out, refused)
+	}
+	if n := held("own"); n != 0 {
+		t.Errorf("DEL in the plugin's own netns kept %d allocations; skel releases, then refuses", n)
+	}
+	if out, err := run("ADD", "pod", other.Path); err != nil || held("pod") != 1 {
+		t.Errorf("ADD in a pod's netns: %v, printed %s", err, out)
+	}
+	if out, err := run("DEL", "pod", other.Path); err != nil || held("pod") != 0 {
+		t.Errorf("DEL in a pod's netns: %v, printed %s", err, out)
+	}
+	if out, err := run("DEL", "gone", "/nonexistent/netns"); err != nil {
+		t.Errorf("DEL with a netns that is gone: %v, printed %s", err, out)
+	}
+}
