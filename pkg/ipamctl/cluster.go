@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -333,6 +334,23 @@ func (s *clusterState) nadFindings(c *checker) {
 	if problems == 0 {
 		c.add(SeverityOK, "nad", "", fmt.Sprintf("%d nv-ipam NAD section(s) name existing pools that select their nodes", len(s.refs)), "")
 	}
+}
+
+// clusterTableWithBlocks is clusterTable followed by every pool's block on each
+// node, pool by pool, nodes in name order.
+func clusterTableWithBlocks(w io.Writer, v any) error {
+	if err := clusterTable(w, v); err != nil {
+		return err
+	}
+	r := v.(*ClusterReport)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nPOOL\tKIND\tNODE\tBLOCK")
+	for _, p := range r.Pools {
+		for _, n := range slices.Sorted(maps.Keys(p.Blocks)) {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Name, p.Kind, n, p.Blocks[n])
+		}
+	}
+	return tw.Flush()
 }
 
 func clusterTable(w io.Writer, v any) error {

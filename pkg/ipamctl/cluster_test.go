@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -118,8 +119,17 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 		t.Errorf("NADs without pool: %q", r.NADsWithoutPool)
 	}
 	table, err := run(t, "pools", "--cluster", "--kubeconfig", kubeconfig)
-	if err != nil || !strings.Contains(table, "NAD without pool: default/missing names nope") || !strings.Contains(table, "n-a,n-b,n-c") {
+	if err != nil || !strings.Contains(table, "NAD without pool: default/missing names nope") || !strings.Contains(table, "n-a,n-b,n-c") ||
+		strings.Contains(table, "NODE") {
 		t.Errorf("table (%v):\n%s", err, table)
+	}
+	// --list adds each node's block, pool by pool.
+	table, err = run(t, "pools", "--cluster", "--list", "--kubeconfig", kubeconfig)
+	if err != nil || !regexp.MustCompile(`(?m)^POOL\s+KIND\s+NODE\s+BLOCK\n^p1\s+IPPool\s+n-a\s+10\.50\.0\.1-10\.50\.0\.32$`).MatchString(table) {
+		t.Errorf("table with --list (%v):\n%s", err, table)
+	}
+	if _, err := run(t, "pools", "--list"); ipamctl.ExitCode(err) != ipamctl.ExitUsage {
+		t.Errorf("pools --list without --cluster: %v", err)
 	}
 
 	// check --cluster (no daemon here: that is one more error, ignored below).
