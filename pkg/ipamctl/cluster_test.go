@@ -94,10 +94,8 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	out, err := run(t, "pools", "--cluster", "--kubeconfig", kubeconfig, "-o", "json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := string(sameJSONAndYAML(t, "pools", "--cluster", "--kubeconfig", kubeconfig))
+	roundTrip[ipamctl.ClusterReport](t, "pools --cluster", []byte(out))
 	var r ipamctl.ClusterReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("%v\n%s", err, out)
