@@ -249,6 +249,43 @@ func TestCheckFindsEachFault(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A rail NIC the node is labelled with but does not have (a stale or hand-set
+	// label), which a pool with a block here selects.
+	missing := rail + "x"
+	node := &corev1.Node{}
+	if err := c.Get(ctx, client.ObjectKey{Name: "n1"}, node); err != nil {
+		t.Fatal(err)
+	}
+	node.Labels["nic.hwipam.io/"+missing] = "eth"
+	if err := c.Update(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	mStart, mEnd := netip.MustParseAddr("10.74.0.1"), netip.MustParseAddr("10.74.0.16")
+	mcfg := &nodealloc.PoolConfig{Name: "nonic", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.74.0.0/24"),
+		Block: iprange.Range{Start: mStart, End: mEnd}, ExclusionBase: mStart}
+	if err := m.SetPool(mcfg); err != nil {
+		t.Fatal(err)
+	}
+	nonic := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "nonic", Namespace: "pools"},
+		Spec: v1alpha1.IPPoolSpec{Subnet: "10.74.0.0/24", PerNodeBlockSize: 16, NodeSelector: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: "nic.hwipam.io/" + missing, Operator: corev1.NodeSelectorOpIn, Values: []string{"eth"}}}}}}}}
+	if err := c.Create(ctx, nonic); err != nil {
+		t.Fatal(err)
+	}
+	nonic.Status.Allocations = []v1alpha1.Allocation{{NodeName: "n1", StartIP: "10.74.0.1", EndIP: "10.74.0.16"}}
+	if err := c.Status().Update(ctx, nonic); err != nil {
+		t.Fatal(err)
+	}
+	r, code = checkRun(t, args...)
+	wantOnly(t, "rail NIC missing", r, code, "the pool selects rail NIC "+missing+", which this node does not have")
+	if err := c.Delete(ctx, nonic); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SyncPools([]*nodealloc.PoolConfig{cfg}); err != nil {
+		t.Fatal(err)
+	}
+
 	alloc("gone-0", "c1")
 	r, code = checkRun(t, args...)
 	wantOnly(t, "stale allocation", r, code, "held by pod default/gone-0, which no longer exists")

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
+	nadutils "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/utils"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -64,23 +66,29 @@ type nadRef struct {
 }
 
 // nadRefs finds the nv-ipam ipam sections of a NAD's config the way Multus
-// reads it: a single plugin config, or a plugin list ("plugins"); each plugin's
-// "ipam" of type nv-ipam names its pool(s) in poolName (comma-separated for
-// dual stack), or the network's name when poolName is absent.
+// reads it: through the NAD client's GetCNIConfigFromSpec, which names the
+// network after the NAD when the config has no name; then a single plugin
+// config, or a plugin list ("plugins"). Each plugin's "ipam" of type nv-ipam
+// names its pool(s) in poolName (comma-separated for dual stack), or the
+// network's name when poolName is absent.
 func nadRefs(nad *nadv1.NetworkAttachmentDefinition) ([]nadRef, error) {
 	if strings.TrimSpace(nad.Spec.Config) == "" {
 		return nil, nil // the config is a file on each node (Multus' confDir): not readable from here
+	}
+	config, err := nadutils.GetCNIConfigFromSpec(nad.Spec.Config, nad.Name)
+	if err != nil {
+		return nil, fmt.Errorf("config does not parse: %w", err)
 	}
 	var conf struct {
 		Name    string            `json:"name"`
 		Plugins []json.RawMessage `json:"plugins"`
 	}
-	if err := json.Unmarshal([]byte(nad.Spec.Config), &conf); err != nil {
+	if err := json.Unmarshal(config, &conf); err != nil {
 		return nil, fmt.Errorf("config does not parse: %w", err)
 	}
 	plugins := conf.Plugins
 	if len(plugins) == 0 {
-		plugins = []json.RawMessage{json.RawMessage(nad.Spec.Config)}
+		plugins = []json.RawMessage{config}
 	}
 	var out []nadRef
 	for _, raw := range plugins {
@@ -326,6 +334,23 @@ func (s *clusterState) nadFindings(c *checker) {
 	if problems == 0 {
 		c.add(SeverityOK, "nad", "", fmt.Sprintf("%d nv-ipam NAD section(s) name existing pools that select their nodes", len(s.refs)), "")
 	}
+}
+
+// clusterTableWithBlocks is clusterTable followed by every pool's block on each
+// node, pool by pool, nodes in name order.
+func clusterTableWithBlocks(w io.Writer, v any) error {
+	if err := clusterTable(w, v); err != nil {
+		return err
+	}
+	r := v.(*ClusterReport)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nPOOL\tKIND\tNODE\tBLOCK")
+	for _, p := range r.Pools {
+		for _, n := range slices.Sorted(maps.Keys(p.Blocks)) {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.Name, p.Kind, n, p.Blocks[n])
+		}
+	}
+	return tw.Flush()
 }
 
 func clusterTable(w io.Writer, v any) error {

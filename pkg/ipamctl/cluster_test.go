@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -71,6 +72,9 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 		nad("list", `{"cniVersion":"1.0.0","name":"list","plugins":[{"type":"macvlan","master":"ens9",
 			"ipam":{"type":"nv-ipam","poolName":"p1,c1"}},{"type":"tuning"}]}`),
 		nad("byname", `{"cniVersion":"1.0.0","name":"c1","type":"host-device","device":"ens9","ipam":{"type":"nv-ipam","poolType":"cidrpool"}}`),
+		// No name in the config: Multus names the network after the NAD, and the pool
+		// after the network.
+		nad("c1", `{"cniVersion":"1.0.0","type":"host-device","device":"ens9","ipam":{"type":"nv-ipam"}}`),
 		nad("missing", `{"cniVersion":"1.0.0","name":"missing","type":"macvlan","master":"ens1","ipam":{"type":"nv-ipam","poolName":"nope"}}`),
 		nad("wrongtype", `{"cniVersion":"1.0.0","name":"w","type":"macvlan","ipam":{"type":"nv-ipam","poolName":"p1","poolType":"cidrpool"}}`),
 		nad("other", `{"cniVersion":"1.0.0","name":"other","type":"macvlan","ipam":{"type":"host-local","subnet":"10.9.0.0/24"}}`),
@@ -90,10 +94,8 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	out, err := run(t, "pools", "--cluster", "--kubeconfig", kubeconfig, "-o", "json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := string(sameJSONAndYAML(t, "pools", "--cluster", "--kubeconfig", kubeconfig))
+	roundTrip[ipamctl.ClusterReport](t, "pools --cluster", []byte(out))
 	var r ipamctl.ClusterReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -106,7 +108,8 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 		p.UsableBlocks != 7 || !slices.Equal(p.NADs, []string{"default/list", "default/single"}) && !slices.Equal(p.NADs, []string{"default/single", "default/list"}) {
 		t.Errorf("p1: %+v", p)
 	}
-	if p := byName["c1"]; p.Selected != 3 || len(p.WithoutBlock) != 3 || p.UsableBlocks != 256 || len(p.NADs) != 2 {
+	if p := byName["c1"]; p.Selected != 3 || len(p.WithoutBlock) != 3 || p.UsableBlocks != 256 ||
+		!slices.Equal(slices.Sorted(slices.Values(p.NADs)), []string{"default/byname", "default/c1", "default/list"}) {
 		t.Errorf("c1: %+v", p)
 	}
 	if !slices.Contains(r.NADsWithoutPool, "default/missing names nope") || !slices.Contains(r.NADsWithoutPool, "default/wrongtype names p1") ||
@@ -114,8 +117,17 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 		t.Errorf("NADs without pool: %q", r.NADsWithoutPool)
 	}
 	table, err := run(t, "pools", "--cluster", "--kubeconfig", kubeconfig)
-	if err != nil || !strings.Contains(table, "NAD without pool: default/missing names nope") || !strings.Contains(table, "n-a,n-b,n-c") {
+	if err != nil || !strings.Contains(table, "NAD without pool: default/missing names nope") || !strings.Contains(table, "n-a,n-b,n-c") ||
+		strings.Contains(table, "NODE") {
 		t.Errorf("table (%v):\n%s", err, table)
+	}
+	// --list adds each node's block, pool by pool.
+	table, err = run(t, "pools", "--cluster", "--list", "--kubeconfig", kubeconfig)
+	if err != nil || !regexp.MustCompile(`(?m)^POOL\s+KIND\s+NODE\s+BLOCK\np1\s+IPPool\s+n-a\s+10\.50\.0\.1-10\.50\.0\.32$`).MatchString(table) {
+		t.Errorf("table with --list (%v):\n%s", err, table)
+	}
+	if _, err := run(t, "pools", "--list"); ipamctl.ExitCode(err) != ipamctl.ExitUsage {
+		t.Errorf("pools --list without --cluster: %v", err)
 	}
 
 	// check --cluster (no daemon here: that is one more error, ignored below).
@@ -139,6 +151,33 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 	}
 	if len(nads) != 4 || code != ipamctl.ExitProblems {
 		t.Errorf("check --cluster: exit %d, NAD findings %q", code, nads)
+	}
+
+	// Healthy: without the faulty NADs, and with n-b off the ens1 NAD's rail, the
+	// NAD check says only that all is well.
+	for _, name := range []string{"missing", "wrongtype", "broken"} {
+		if err := c.Delete(ctx, nad(name, "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nb := &corev1.Node{}
+	if err := c.Get(ctx, client.ObjectKey{Name: "n-b"}, nb); err != nil {
+		t.Fatal(err)
+	}
+	delete(nb.Labels, "nic.hwipam.io/ens1")
+	if err := c.Update(ctx, nb); err != nil {
+		t.Fatal(err)
+	}
+	rep, _ = checkRun(t, "--cluster", "--kubeconfig", kubeconfig, "--node-name", "n-a", "--ippools-namespace", "kube-system",
+		"--socket", "unix://"+filepath.Join(t.TempDir(), "none.sock"), "--timeout", "300ms")
+	nads = nil
+	for _, f := range rep.Findings {
+		if f.Check == "nad" {
+			nads = append(nads, f.Severity+": "+f.Message)
+		}
+	}
+	if want := "ok: 4 nv-ipam NAD section(s) name existing pools that select their nodes"; len(nads) != 1 || nads[0] != want {
+		t.Errorf("check --cluster on healthy NADs: %q, want only %q", nads, want)
 	}
 }
 

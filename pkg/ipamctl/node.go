@@ -98,13 +98,16 @@ func writeJSON(w io.Writer, m proto.Message) error {
 
 func poolsCommand() *cobra.Command {
 	var f nodeFlags
-	var cluster bool
+	var cluster, list bool
 	var kubeconfig, ns string
 	cmd := &cobra.Command{
 		Use:   "pools",
 		Short: "List the pools this node's daemon has a block in, with usage (--cluster: every pool's blocks across nodes)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if list && !cluster {
+				return usageErrorf("--list goes with --cluster (this node's blocks are in the table already)")
+			}
 			if cluster {
 				if err := checkOutput(f.output); err != nil {
 					return err
@@ -117,7 +120,11 @@ func poolsCommand() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return writeReport(cmd.OutOrStdout(), f.output, s.report(), clusterTable)
+				table := clusterTable
+				if list {
+					table = clusterTableWithBlocks
+				}
+				return writeReport(cmd.OutOrStdout(), f.output, s.report(), table)
 			}
 			return f.call(cmd.Context(), func(ctx context.Context, c infov1.NodeInfoServiceClient) error {
 				resp, err := c.ListPools(ctx, &infov1.ListPoolsRequest{})
@@ -145,6 +152,7 @@ func poolsCommand() *cobra.Command {
 	f.add(cmd)
 	cmd.Flags().BoolVar(&cluster, "cluster", false, "show every pool's blocks across nodes, selected nodes without a block, "+
 		"utilisation and the NetworkAttachmentDefinitions that use it (reads the API server)")
+	cmd.Flags().BoolVar(&list, "list", false, "with --cluster: also list every node's block of every pool (json and yaml always carry them)")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for --cluster (default: $KUBECONFIG, or in-cluster in a pod)")
 	cmd.Flags().StringVar(&ns, "ippools-namespace", "kube-system", "namespace of the pools, for --cluster")
 	return cmd
