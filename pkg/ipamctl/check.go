@@ -59,6 +59,9 @@ type CheckReport struct {
 	Findings []Finding `json:"findings"`
 	Errors   int       `json:"errors"`
 	Warnings int       `json:"warnings"`
+	// Unreachable names what check could not reach (ipam-node, the API server):
+	// the findings are then incomplete, and the exit code is 2.
+	Unreachable []string `json:"unreachable,omitempty"`
 }
 
 // ErrProblemsFound is returned by check when it found warnings or errors (exit 1).
@@ -81,7 +84,8 @@ func checkCommand() *cobra.Command {
 			"severity and what to do. The daemon tells where its store, plugin and config are; the flags override.\n" +
 			"With API access (--kubeconfig, or in a pod) it also checks that every pool selecting this node has a\n" +
 			"block here, that the rail NICs those pools select are present and up, and that each allocation's pod\n" +
-			"still exists. Exit code: 0 healthy, 1 problems found, 2 usage error.",
+			"still exists. Exit code: 0 healthy, 1 problems found, 2 usage error or ipam-node or the API server\n" +
+			"could not be reached (the findings are printed all the same).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(f.output); err != nil {
@@ -90,6 +94,10 @@ func checkCommand() *cobra.Command {
 			r := f.run(cmd.Context())
 			if err := writeReport(cmd.OutOrStdout(), f.output, r, checkTable); err != nil {
 				return err
+			}
+			if len(r.Unreachable) > 0 {
+				return &ConnectionError{fmt.Errorf("could not reach %s: %d error(s), %d warning(s)",
+					strings.Join(r.Unreachable, " and "), r.Errors, r.Warnings)}
 			}
 			if r.Errors+r.Warnings > 0 {
 				return fmt.Errorf("%w: %d error(s), %d warning(s)", ErrProblemsFound, r.Errors, r.Warnings)
@@ -125,6 +133,16 @@ func (c *checker) add(sev, check, subject, msg, fix string) {
 		c.r.Errors++
 	case SeverityWarning:
 		c.r.Warnings++
+	}
+}
+
+// apiError adds an error finding about the API server, which is also marked
+// unreachable when err carries no answer from it (not a refusal or a NotFound).
+func (c *checker) apiError(subject string, err error, msg, fix string) {
+	c.add(SeverityError, "api", subject, msg, fix)
+	var answered apierrors.APIStatus
+	if !errors.As(err, &answered) && !slices.Contains(c.r.Unreachable, "the API server") {
+		c.r.Unreachable = append(c.r.Unreachable, "the API server")
 	}
 }
 
@@ -193,6 +211,7 @@ func (f *checkFlags) checkDaemon(ctx context.Context, c *checker) *daemonState {
 	if err != nil {
 		c.add(SeverityError, "daemon", f.socket, err.Error(),
 			"CNI ADDs on this node fail until ipam-node serves: check its pod (kubectl -n <ns> get pods -o wide, kubectl logs)")
+		c.r.Unreachable = append(c.r.Unreachable, "ipam-node")
 		return nil
 	}
 	c.add(SeverityOK, "daemon", f.socket, fmt.Sprintf("ipam-node %s serves %d pool(s), %d allocation(s)",
@@ -527,23 +546,23 @@ func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, n
 	}
 	cl, err := newClusterClient(f.kubeconfig, f.timeout)
 	if err != nil {
-		c.add(SeverityError, "api", "", err.Error(), "check --kubeconfig (in a pod: the service account's RBAC)")
+		c.apiError("", err, err.Error(), "check --kubeconfig (in a pod: the service account's RBAC)")
 		return
 	}
 	var node corev1.Node
 	if err := cl.Get(ctx, client.ObjectKey{Name: c.r.Node}, &node); err != nil {
-		c.add(SeverityError, "api", "", fmt.Sprintf("reading node %s: %v", c.r.Node, err), "check --kubeconfig and --node-name")
+		c.apiError("", err, fmt.Sprintf("reading node %s: %v", c.r.Node, err), "check --kubeconfig and --node-name")
 		return
 	}
 	c.add(SeverityOK, "api", "", "node "+c.r.Node+" read", "")
 	var ipPools v1alpha1.IPPoolList
 	var cidrPools v1alpha1.CIDRPoolList
 	if err := cl.List(ctx, &ipPools, client.InNamespace(ns)); err != nil {
-		c.add(SeverityError, "api", ns, fmt.Sprintf("listing IPPools: %v", err), "")
+		c.apiError(ns, err, fmt.Sprintf("listing IPPools: %v", err), "")
 		return
 	}
 	if err := cl.List(ctx, &cidrPools, client.InNamespace(ns)); err != nil && !meta.IsNoMatchError(err) {
-		c.add(SeverityError, "api", ns, fmt.Sprintf("listing CIDRPools: %v", err), "")
+		c.apiError(ns, err, fmt.Sprintf("listing CIDRPools: %v", err), "")
 		return
 	}
 	served := map[string]*infov1.PoolInfo{}
@@ -603,7 +622,7 @@ func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, n
 	if f.cluster {
 		s, err := readCluster(ctx, cl, ns)
 		if err != nil {
-			c.add(SeverityError, "api", ns, err.Error(), "")
+			c.apiError(ns, err, err.Error(), "")
 			return
 		}
 		s.nadFindings(c)

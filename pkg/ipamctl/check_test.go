@@ -345,14 +345,15 @@ func TestCheckFindsEachFault(t *testing.T) {
 	wantOnly(t, "refused allocation", r, code, "an address for default/web-0 (net1, pool nope) was refused",
 		"the block has 16 addresses")
 
-	// No daemon: one error, and still a report; YAML carries the same.
+	// No daemon: one error, and still a report (YAML carries the same), with exit
+	// code 2: the findings are incomplete.
 	var out bytes.Buffer
 	err = ipamctl.Run(ctx, ipamctl.Options{Args: []string{"check", "--socket", "unix://" + filepath.Join(dir, "none.sock"),
 		"--timeout", "500ms", "--store-file", filepath.Join(dir, "store"), "--cni-bin-dir", binDir, "--cni-conf-dir", confDir,
 		"-o", "yaml"}, Stdout: &out, Stderr: &out})
 	var y ipamctl.CheckReport
-	if yerr := yaml.Unmarshal(out.Bytes(), &y); yerr != nil || ipamctl.ExitCode(err) != ipamctl.ExitProblems ||
-		!strings.Contains(fmt.Sprint(problems(y)), "error daemon:") {
+	if yerr := yaml.Unmarshal(out.Bytes(), &y); yerr != nil || ipamctl.ExitCode(err) != ipamctl.ExitUsage ||
+		!strings.Contains(fmt.Sprint(problems(y)), "error daemon:") || fmt.Sprint(y.Unreachable) != "[ipam-node]" {
 		t.Errorf("no daemon: exit %d (%v), %q\n%s", ipamctl.ExitCode(err), yerr, problems(y), out.String())
 	}
 }

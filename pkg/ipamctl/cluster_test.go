@@ -130,7 +130,8 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 		t.Errorf("pools --list without --cluster: %v", err)
 	}
 
-	// check --cluster (no daemon here: that is one more error, ignored below).
+	// check --cluster (no daemon here: that is one more error, ignored below, and
+	// makes the exit code 2).
 	rep, code := checkRun(t, "--cluster", "--kubeconfig", kubeconfig, "--node-name", "n-a", "--ippools-namespace", "kube-system",
 		"--socket", "unix://"+filepath.Join(t.TempDir(), "none.sock"), "--timeout", "300ms")
 	var nads []string
@@ -149,8 +150,8 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 			t.Errorf("check --cluster lacks %q: %q", want, nads)
 		}
 	}
-	if len(nads) != 4 || code != ipamctl.ExitProblems {
-		t.Errorf("check --cluster: exit %d, NAD findings %q", code, nads)
+	if len(nads) != 4 || code != ipamctl.ExitUsage || !slices.Equal(rep.Unreachable, []string{"ipam-node"}) {
+		t.Errorf("check --cluster: exit %d, unreachable %q, NAD findings %q", code, rep.Unreachable, nads)
 	}
 
 	// Healthy: without the faulty NADs, and with n-b off the ens1 NAD's rail, the
@@ -207,7 +208,7 @@ current-context: c
 	start = time.Now()
 	r, code := checkRun(t, "--kubeconfig", kubeconfig, "--node-name", "n1", "--timeout", "500ms",
 		"--socket", "unix://"+filepath.Join(t.TempDir(), "none.sock"))
-	if code != ipamctl.ExitProblems || time.Since(start) > 10*time.Second ||
+	if code != ipamctl.ExitUsage || time.Since(start) > 10*time.Second || !slices.Contains(r.Unreachable, "the API server") ||
 		!slices.ContainsFunc(r.Findings, func(f ipamctl.Finding) bool { return f.Check == "api" && f.Severity == ipamctl.SeverityError }) {
 		t.Errorf("check against a silent API server: exit %d after %s: %+v", code, time.Since(start), r.Findings)
 	}

@@ -255,13 +255,13 @@ func TestCheckWithTheRealDaemon(t *testing.T) {
 	r, code = checkRun(t, args...)
 	wantOnly(t, "unreachable gateway", r, code, "gateway 10.76.0.2 does not answer on "+rail)
 
-	// The daemon stopped: one error; the rest is still checked.
+	// The daemon stopped: one error, the rest still checked, exit code 2.
 	_ = daemon.Process.Signal(syscall.SIGTERM)
 	_ = daemon.Wait()
 	stopped = true
 	r, code = checkRun(t, append(args, "--timeout", "1s", "--node-name", "n1", "--ippools-namespace", "pools",
 		"--store-file", filepath.Join(dir, "store"), "--cni-bin-dir", binDir, "--cni-conf-dir", confDir)...)
-	if got := problems(r); code != ipamctl.ExitProblems || len(got) == 0 || !strings.HasPrefix(got[0], "error daemon:") {
+	if got := problems(r); code != ipamctl.ExitUsage || len(got) == 0 || !strings.HasPrefix(got[0], "error daemon:") {
 		t.Errorf("daemon stopped: exit %d, %q", code, got)
 	}
 }
