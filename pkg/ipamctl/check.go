@@ -176,7 +176,7 @@ func (f *checkFlags) run(ctx context.Context) *CheckReport {
 	c.r.Node = pick(f.nodeName, info.GetNodeName(), "")
 	f.checkStore(ctx, c, storeFile, d)
 	checkPlugin(c, binDir, info.GetPluginSha256())
-	checkConfig(c, confDir)
+	checkConfig(c, confDir, info.GetConfSha256())
 	if d != nil {
 		checkPools(c, d)
 		checkFailures(c, d.failures, time.Now())
@@ -325,7 +325,9 @@ func checkPlugin(c *checker, binDir, wantSum string) {
 	c.add(SeverityOK, "plugin", path, "installed, and the one this daemon installed", "")
 }
 
-func checkConfig(c *checker, confDir string) {
+// checkConfig checks nv-ipam.conf: there, parsed, the one the daemon wrote
+// (wantSum, when it says), and naming a socket that answers.
+func checkConfig(c *checker, confDir, wantSum string) {
 	path := filepath.Join(confDir, "nv-ipam.conf")
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -339,6 +341,10 @@ func checkConfig(c *checker, confDir string) {
 	if err := json.Unmarshal(b, &conf); err != nil {
 		c.add(SeverityError, "config", path, fmt.Sprintf("nv-ipam.conf does not parse: %v", err), "restart ipam-node, which rewrites it")
 		return
+	}
+	if sum := sha256.Sum256(b); wantSum != "" && hex.EncodeToString(sum[:]) != wantSum {
+		c.add(SeverityWarning, "config", path, "nv-ipam.conf is not the one this daemon wrote (edited by hand, or written by another daemon?)",
+			"restart ipam-node, which rewrites it; check that no other DaemonSet writes nv-ipam.conf into this directory")
 	}
 	sock, ok := strings.CutPrefix(conf.DaemonSocket, "unix://")
 	if conf.DaemonSocket == "" || !ok {

@@ -1,6 +1,7 @@
 package ipamctl_test
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -234,6 +235,19 @@ func TestCheckWithTheRealDaemon(t *testing.T) {
 	r, code = checkRun(t, args...)
 	wantOnly(t, "missing nv-ipam.conf", r, code, "nv-ipam.conf is missing")
 	if err := os.Rename(conf+".away", conf); err != nil {
+		t.Fatal(err)
+	}
+	// nv-ipam.conf edited by hand: still parsed and used, but not what the daemon wrote.
+	written, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(conf, bytes.Replace(written, []byte(`"logLevel": "info"`), []byte(`"logLevel": "debug"`), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, code = checkRun(t, args...)
+	wantOnly(t, "edited nv-ipam.conf", r, code, "nv-ipam.conf is not the one this daemon wrote")
+	if err := os.WriteFile(conf, written, 0o644); err != nil {
 		t.Fatal(err)
 	}
 

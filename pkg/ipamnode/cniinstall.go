@@ -30,14 +30,13 @@ type CNIOptions struct {
 // renamed over the old one, so a runtime exec'ing the plugin meanwhile runs
 // either the old or the new binary, never a partial one.
 //
-// It returns the sha256 (hex) of the plugin binary it installed, "" when it
-// installs none.
-func installCNI(o *CNIOptions) (string, error) {
-	sum := ""
+// It returns the sha256 (hex) of the plugin binary it installed and of the
+// nv-ipam.conf it wrote, each "" when it installs or writes none.
+func installCNI(o *CNIOptions) (pluginSum, confSum string, err error) {
 	if !o.SkipBinaryCopy {
 		src, err := os.Open(o.BinFile)
 		if err != nil {
-			return "", fmt.Errorf("installing the CNI plugin: %w (set --cni-nv-ipam-bin-file, or --cni-skip-nv-ipam-binary-copy)", err)
+			return "", "", fmt.Errorf("installing the CNI plugin: %w (set --cni-nv-ipam-bin-file, or --cni-skip-nv-ipam-binary-copy)", err)
 		}
 		defer src.Close()
 		h := sha256.New()
@@ -45,9 +44,9 @@ func installCNI(o *CNIOptions) (string, error) {
 			_, err := io.Copy(io.MultiWriter(w, h), src)
 			return err
 		}); err != nil {
-			return "", fmt.Errorf("installing the CNI plugin into --cni-bin-dir %s: %w", o.BinDir, err)
+			return "", "", fmt.Errorf("installing the CNI plugin into --cni-bin-dir %s: %w", o.BinDir, err)
 		}
-		sum = hex.EncodeToString(h.Sum(nil))
+		pluginSum = hex.EncodeToString(h.Sum(nil))
 	}
 	if !o.SkipConfig {
 		conf := map[string]any{
@@ -59,16 +58,19 @@ func installCNI(o *CNIOptions) (string, error) {
 		}
 		data, err := json.MarshalIndent(conf, "", "  ")
 		if err != nil {
-			return "", fmt.Errorf("encoding nv-ipam.conf: %w", err)
+			return "", "", fmt.Errorf("encoding nv-ipam.conf: %w", err)
 		}
+		data = append(data, '\n')
 		if err := writeAtomic(filepath.Join(o.ConfDir, "nv-ipam.conf"), 0o644, func(w io.Writer) error {
-			_, err := w.Write(append(data, '\n'))
+			_, err := w.Write(data)
 			return err
 		}); err != nil {
-			return "", fmt.Errorf("writing nv-ipam.conf into --cni-conf-dir %s: %w", o.ConfDir, err)
+			return "", "", fmt.Errorf("writing nv-ipam.conf into --cni-conf-dir %s: %w", o.ConfDir, err)
 		}
+		sum := sha256.Sum256(data)
+		confSum = hex.EncodeToString(sum[:])
 	}
-	return sum, nil
+	return pluginSum, confSum, nil
 }
 
 func writeAtomic(path string, mode os.FileMode, write func(io.Writer) error) error {

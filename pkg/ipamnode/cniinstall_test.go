@@ -2,7 +2,9 @@ package ipamnode
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,8 +21,14 @@ func TestInstallCNIIsAtomicAndWritesConf(t *testing.T) {
 	o := NewOptions().CNI
 	o.BinDir, o.ConfDir, o.BinFile = filepath.Join(dir, "bin"), filepath.Join(dir, "conf"), src
 	o.DaemonSocket, o.ForcePoolName = "unix:///run/x.sock", true
-	if _, err := installCNI(&o); err != nil {
+	pluginSum, confSum, err := installCNI(&o)
+	if err != nil {
 		t.Fatal(err)
+	}
+	for path, want := range map[string]string{filepath.Join(o.BinDir, "nv-ipam"): pluginSum, filepath.Join(o.ConfDir, "nv-ipam.conf"): confSum} {
+		if b, err := os.ReadFile(path); err != nil || fmt.Sprintf("%x", sha256.Sum256(b)) != want {
+			t.Errorf("installCNI's sha256 of %s: %s, the file's: %x (%v)", path, want, sha256.Sum256(b), err)
+		}
 	}
 	dst := filepath.Join(o.BinDir, "nv-ipam")
 	st, err := os.Stat(dst)
@@ -41,7 +49,7 @@ func TestInstallCNIIsAtomicAndWritesConf(t *testing.T) {
 	if err := os.WriteFile(src, []byte("#!/bin/sh\necho v2\n"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := installCNI(&o); err != nil {
+	if _, _, err := installCNI(&o); err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 64)
@@ -70,7 +78,7 @@ func TestInstallCNIIsAtomicAndWritesConf(t *testing.T) {
 		t.Errorf("temporary files left behind: %v", leftovers)
 	}
 	o.BinFile = filepath.Join(dir, "missing")
-	if _, err := installCNI(&o); err == nil || !strings.Contains(err.Error(), "--cni-skip-nv-ipam-binary-copy") {
+	if _, _, err := installCNI(&o); err == nil || !strings.Contains(err.Error(), "--cni-skip-nv-ipam-binary-copy") {
 		t.Errorf("a missing plugin binary: %v, want an error naming the flags", err)
 	}
 }

@@ -86,7 +86,7 @@ func Run(ctx context.Context, o *Options) error {
 			return err
 		}
 	}
-	pluginSum, err := installCNI(&o.CNI)
+	pluginSum, confSum, err := installCNI(&o.CNI)
 	if err != nil {
 		return err
 	}
@@ -116,7 +116,7 @@ func Run(ctx context.Context, o *Options) error {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptors...))
 	svc := &nodeservice.Service{Manager: mgrState, Info: &infov1.GetInfoResponse{Version: version.String(), NodeName: o.NodeName,
 		StoreFile: o.StoreFile, CniBinDir: o.CNI.BinDir, CniConfDir: o.CNI.ConfDir, PluginSha256: pluginSum,
-		PoolsNamespace: o.PoolsNamespace}}
+		PoolsNamespace: o.PoolsNamespace, ConfSha256: confSum}}
 	nodev1.RegisterIPAMServiceServer(srv, svc)
 	infov1.RegisterNodeInfoServiceServer(srv, svc)
 	// The plugin's compact endpoint, beside a unix gRPC socket.

@@ -256,8 +256,11 @@ type GetInfoResponse struct {
 	// when it installs none (--cni-skip-nv-ipam-binary-copy).
 	PluginSha256   string `protobuf:"bytes,6,opt,name=plugin_sha256,json=pluginSha256,proto3" json:"plugin_sha256,omitempty"`
 	PoolsNamespace string `protobuf:"bytes,7,opt,name=pools_namespace,json=poolsNamespace,proto3" json:"pools_namespace,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// sha256 (hex) of the nv-ipam.conf the daemon wrote into cni_conf_dir; empty
+	// when it writes none (--cni-skip-nv-ipam-config-creation).
+	ConfSha256    string `protobuf:"bytes,8,opt,name=conf_sha256,json=confSha256,proto3" json:"conf_sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetInfoResponse) Reset() {
@@ -335,6 +338,13 @@ func (x *GetInfoResponse) GetPluginSha256() string {
 func (x *GetInfoResponse) GetPoolsNamespace() string {
 	if x != nil {
 		return x.PoolsNamespace
+	}
+	return ""
+}
+
+func (x *GetInfoResponse) GetConfSha256() string {
+	if x != nil {
+		return x.ConfSha256
 	}
 	return ""
 }
@@ -824,7 +834,7 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\x05pools\x18\x06 \x03(\tR\x05pools\x12\x12\n" +
 	"\x04code\x18\a \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\b \x01(\tR\amessage\"\x10\n" +
-	"\x0eGetInfoRequest\"\xf7\x01\n" +
+	"\x0eGetInfoRequest\"\x98\x02\n" +
 	"\x0fGetInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\x1d\n" +
@@ -834,7 +844,9 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\fcni_conf_dir\x18\x05 \x01(\tR\n" +
 	"cniConfDir\x12#\n" +
 	"\rplugin_sha256\x18\x06 \x01(\tR\fpluginSha256\x12'\n" +
-	"\x0fpools_namespace\x18\a \x01(\tR\x0epoolsNamespace\"\x12\n" +
+	"\x0fpools_namespace\x18\a \x01(\tR\x0epoolsNamespace\x12\x1f\n" +
+	"\vconf_sha256\x18\b \x01(\tR\n" +
+	"confSha256\"\x12\n" +
 	"\x10ListPoolsRequest\"C\n" +
 	"\x11ListPoolsResponse\x12.\n" +
 	"\x05pools\x18\x01 \x03(\v2\x18.hwipam.node.v1.PoolInfoR\x05pools\"\xe2\x02\n" +
