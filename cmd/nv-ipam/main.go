@@ -1,4 +1,5 @@
-// Command nv-ipam is the CNI IPAM plugin: one skel call.
+// Command nv-ipam is the CNI IPAM plugin: ADD and DEL on the plugin's fast path
+// when it takes them, everything else through skel.
 package main
 
 import (
@@ -13,6 +14,8 @@ import (
 func main() {
 	p := &cniplugin.Plugin{Stdout: os.Stdout, Stderr: os.Stderr}
 	p.TakeOverNetNSCheck()
-	skel.PluginMainFuncs(p.Funcs(),
-		version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"), "hwipam nv-ipam CNI IPAM plugin")
+	if code, done := p.Fast(os.Getenv); done {
+		os.Exit(code)
+	}
+	skel.PluginMainFuncs(p.Funcs(), version.PluginSupports(cniplugin.SupportedVersions...), "hwipam nv-ipam CNI IPAM plugin")
 }

@@ -119,6 +119,13 @@ func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
 	if err := json.Unmarshal(stdin, &nc); err != nil {
 		return nil, configErr("network configuration is not valid JSON: %v", err)
 	}
+	return resolveConfig(&nc, envArgs, needPod, os.ReadFile, func(data []byte, fc *FileConfig) error { return json.Unmarshal(data, fc) })
+}
+
+// resolveConfig merges a decoded network config with nv-ipam.conf (read with
+// readFile, decoded with decodeFile) and CNI_ARGS, and checks the result.
+func resolveConfig(nc *netConf, envArgs string, needPod bool, readFile func(string) ([]byte, error),
+	decodeFile func([]byte, *FileConfig) error) (*Config, error) {
 	if nc.IPAM == nil {
 		return nil, configErr("no \"ipam\" section")
 	}
@@ -127,9 +134,9 @@ func LoadConfig(stdin []byte, envArgs string, needPod bool) (*Config, error) {
 	if confDir == "" {
 		confDir = DefaultConfDir
 	}
-	if data, err := os.ReadFile(filepath.Join(confDir, ConfFileName)); err == nil {
+	if data, err := readFile(filepath.Join(confDir, ConfFileName)); err == nil {
 		var fc FileConfig
-		if err := json.Unmarshal(data, &fc); err != nil {
+		if err := decodeFile(data, &fc); err != nil {
 			return nil, configErr("%s is not valid JSON: %v", filepath.Join(confDir, ConfFileName), err)
 		}
 		fill(&ipam.DaemonSocket, fc.DaemonSocket)

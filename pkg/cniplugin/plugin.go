@@ -87,6 +87,12 @@ func (p *Plugin) open(args *skel.CmdArgs, verb string, needPod bool) (*session, 
 	if err != nil {
 		return nil, toCNIError(err)
 	}
+	return p.connect(cfg, verb)
+}
+
+// connect opens the session of a call whose configuration is cfg.
+func (p *Plugin) connect(cfg *Config, verb string) (*session, error) {
+	var err error
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 	s := &session{cfg: cfg, ctx: ctx, log: newLogger(cfg, p.Stderr)}
 	deadline, _ := ctx.Deadline()
@@ -135,6 +141,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	return p.add(s, args, printResult)
+}
+
+// add makes the Allocate call of an ADD and prints its result with print.
+func (p *Plugin) add(s *session, args *skel.CmdArgs, print func(w io.Writer, res *current.Result, cniVersion string) error) error {
 	defer s.done()
 	allocs, err := s.client.Allocate(s.ctx, s.params(args))
 	if err != nil {
@@ -164,11 +175,16 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		}
 	}
 	s.log.printf("ADD %s/%s pools %v: %v", args.ContainerID, args.IfName, s.cfg.Pools, ips(res))
-	out, err := res.GetAsVersion(s.cfg.CNIVersion)
+	return print(p.Stdout, res, s.cfg.CNIVersion)
+}
+
+// printResult writes res in the config's CNI version, with the CNI library.
+func printResult(w io.Writer, res *current.Result, cniVersion string) error {
+	out, err := res.GetAsVersion(cniVersion)
 	if err != nil {
 		return types.NewError(types.ErrIncompatibleCNIVersion, "cannot express the result in the requested version", err.Error())
 	}
-	if err := out.PrintTo(p.Stdout); err != nil {
+	if err := out.PrintTo(w); err != nil {
 		return types.NewError(types.ErrIOFailure, "writing the result", err.Error())
 	}
 	return nil
@@ -188,6 +204,11 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	return p.del(s, args)
+}
+
+// del makes the Deallocate call of a DEL.
+func (p *Plugin) del(s *session, args *skel.CmdArgs) error {
 	defer s.done()
 	if err := s.client.Deallocate(s.ctx, s.params(args)); err != nil {
 		s.log.printf("DEL %s/%s: %v", args.ContainerID, args.IfName, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -99,11 +100,18 @@ const (
 // Client makes calls to one daemon over one connection; it is not safe for
 // concurrent use (a plugin makes its calls one after the other).
 type Client struct {
-	conn      net.Conn
+	conn      conn
 	transport Transport
 	target    string
 	deadline  time.Time
 	h2        *h2conn
+}
+
+// conn is a connection to the daemon: an fdConn to the compact endpoint, a
+// net.Conn for gRPC.
+type conn interface {
+	io.ReadWriteCloser
+	SetDeadline(time.Time) error
 }
 
 // Dial connects to the daemon at target (nv-ipam's daemonSocket: "unix:///path" or
@@ -115,17 +123,16 @@ func Dial(target string, deadline time.Time) (*Client, error) {
 	if err != nil {
 		return nil, &Error{Code: InvalidArgument, Message: err.Error()}
 	}
-	d := net.Dialer{Deadline: deadline}
 	if network == "unix" {
-		conn, err := d.Dial("unix", FastSocketPath(addr))
+		fc, err := dialUnixBlocking(FastSocketPath(addr), deadline)
 		if err == nil {
-			_ = conn.SetDeadline(deadline)
-			return &Client{conn: conn, transport: TransportFast, target: target, deadline: deadline}, nil
+			return &Client{conn: fc, transport: TransportFast, target: target, deadline: deadline}, nil
 		}
 		if !noListener(err) {
 			return nil, dialError(target, err)
 		}
 	}
+	d := net.Dialer{Deadline: deadline}
 	conn, err := d.Dial(network, addr)
 	if err != nil {
 		return nil, dialError(target, err)
