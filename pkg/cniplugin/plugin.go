@@ -144,8 +144,8 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	return p.add(s, args, printResult)
 }
 
-// add makes the Allocate call of an ADD and prints its result with print.
-func (p *Plugin) add(s *session, args *skel.CmdArgs, print func(w io.Writer, res *current.Result, cniVersion string) error) error {
+// add makes the Allocate call of an ADD and prints its result with write.
+func (p *Plugin) add(s *session, args *skel.CmdArgs, write func(w io.Writer, res *current.Result, cniVersion string) error) error {
 	defer s.done()
 	allocs, err := s.client.Allocate(s.ctx, s.params(args))
 	if err != nil {
@@ -175,7 +175,7 @@ func (p *Plugin) add(s *session, args *skel.CmdArgs, print func(w io.Writer, res
 		}
 	}
 	s.log.printf("ADD %s/%s pools %v: %v", args.ContainerID, args.IfName, s.cfg.Pools, ips(res))
-	return print(p.Stdout, res, s.cfg.CNIVersion)
+	return write(p.Stdout, res, s.cfg.CNIVersion)
 }
 
 // printResult writes res in the config's CNI version, with the CNI library.

@@ -3,8 +3,6 @@ package ipamwire_test
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -12,22 +10,10 @@ import (
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/pkg/ipamwire"
+	"github.com/hwipam/hwipam/test/harness"
 )
 
-// seed returns the seed of a randomised test: HWIPAM_SEED when set (to replay a
-// failure), else a fresh one; it is logged either way.
-func seed(t *testing.T) *rand.Rand {
-	t.Helper()
-	s := rand.Uint64()
-	if v := os.Getenv("HWIPAM_SEED"); v != "" {
-		var err error
-		if s, err = strconv.ParseUint(v, 10, 64); err != nil {
-			t.Fatalf("HWIPAM_SEED=%q: %v", v, err)
-		}
-	}
-	t.Logf("seed %d (replay with HWIPAM_SEED=%d)", s, s)
-	return rand.New(rand.NewPCG(s, s))
-}
+func seed(t *testing.T) *rand.Rand { return harness.Rand(t) }
 
 // str returns a random string, empty a quarter of the time, with any UTF-8.
 func str(r *rand.Rand) string {
