@@ -101,32 +101,7 @@ func TestCheckFindsEachFault(t *testing.T) {
 	sum := sha256.Sum256(plugin)
 
 	// The rail: a veth whose peer, in the gateway's netns, holds the gateway.
-	tag := os.Getpid() % 100000
-	rail, gwns := fmt.Sprintf("hwc%d", tag), fmt.Sprintf("hwcgw%d", tag)
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v\n%s", args, err, out)
-		}
-	}
-	run("ip", "netns", "add", gwns)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", gwns).Run() })
-	run("ip", "link", "add", rail, "type", "veth", "peer", "name", rail+"p")
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", rail).Run() })
-	run("ip", "link", "set", rail+"p", "netns", gwns)
-	run("ip", "-n", gwns, "addr", "add", "10.77.0.1/24", "dev", rail+"p")
-	run("ip", "-n", gwns, "link", "set", rail+"p", "up")
-	run("ip", "addr", "add", "10.77.0.10/24", "dev", rail)
-	run("ip", "link", "set", rail, "up")
-	tree, err := fakesysfs.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tree.Add(fakesysfs.Function{Address: "0000:3b:00.0", Vendor: fakesysfs.VendorNVIDIA, Device: fakesysfs.DeviceCX6Dx,
-		Class: fakesysfs.ClassEthernet, Driver: "mlx5_core", NUMA: 0, TotalVFs: 8, NumVFs: 4,
-		Netdevs: []fakesysfs.Netdev{{Name: rail, Type: 1, Speed: 100000, OperState: "up", MTU: 1500}}}); err != nil {
-		t.Fatal(err)
-	}
+	rail, tree, run := railWithGateway(t, "hwc", "10.77.0")
 
 	// The daemon: pool rail0 (10.77.0.16-10.77.0.31, gateway .1) served from its block.
 	start, end := netip.MustParseAddr("10.77.0.16"), netip.MustParseAddr("10.77.0.31")
@@ -356,4 +331,39 @@ func TestCheckFindsEachFault(t *testing.T) {
 		!strings.Contains(fmt.Sprint(problems(y)), "error daemon:") || fmt.Sprint(y.Unreachable) != "[ipam-node]" {
 		t.Errorf("no daemon: exit %d (%v), %q\n%s", ipamctl.ExitCode(err), yerr, problems(y), out.String())
 	}
+}
+
+// railWithGateway makes a check test's rail: veth <prefix><pid>, up, holding
+// <subnet>.10/24, whose peer in a netns of its own holds the gateway <subnet>.1;
+// and a sysfs tree where it is the netdev of a ConnectX-6 Dx PF with 4 of its 8
+// VFs. run runs a command, failing the test when it fails.
+func railWithGateway(t *testing.T, prefix, subnet string) (rail string, tree *fakesysfs.Tree, run func(args ...string)) {
+	t.Helper()
+	run = func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	tag := os.Getpid() % 100000
+	rail, gwns := fmt.Sprintf("%s%d", prefix, tag), fmt.Sprintf("%sgw%d", prefix, tag)
+	run("ip", "netns", "add", gwns)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", gwns).Run() })
+	run("ip", "link", "add", rail, "type", "veth", "peer", "name", rail+"p")
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", rail).Run() })
+	run("ip", "link", "set", rail+"p", "netns", gwns)
+	run("ip", "-n", gwns, "addr", "add", subnet+".1/24", "dev", rail+"p")
+	run("ip", "-n", gwns, "link", "set", rail+"p", "up")
+	run("ip", "addr", "add", subnet+".10/24", "dev", rail)
+	run("ip", "link", "set", rail, "up")
+	tree, err := fakesysfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tree.Add(fakesysfs.Function{Address: "0000:3b:00.0", Vendor: fakesysfs.VendorNVIDIA, Device: fakesysfs.DeviceCX6Dx,
+		Class: fakesysfs.ClassEthernet, Driver: "mlx5_core", NUMA: 0, TotalVFs: 8, NumVFs: 4,
+		Netdevs: []fakesysfs.Netdev{{Name: rail, Type: 1, Speed: 100000, OperState: "up", MTU: 1500}}}); err != nil {
+		t.Fatal(err)
+	}
+	return rail, tree, run
 }

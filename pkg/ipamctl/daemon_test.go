@@ -20,7 +20,6 @@ import (
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
-	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/ipamctl"
 	"github.com/hwipam/hwipam/test/harness"
 )
@@ -42,32 +41,7 @@ func TestCheckWithTheRealDaemon(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v\n%s", args, err, out)
-		}
-	}
-	tag := os.Getpid() % 100000
-	rail, gwns := fmt.Sprintf("hwd%d", tag), fmt.Sprintf("hwdgw%d", tag)
-	run("ip", "netns", "add", gwns)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", gwns).Run() })
-	run("ip", "link", "add", rail, "type", "veth", "peer", "name", rail+"p")
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", rail).Run() })
-	run("ip", "link", "set", rail+"p", "netns", gwns)
-	run("ip", "-n", gwns, "addr", "add", "10.76.0.1/24", "dev", rail+"p")
-	run("ip", "-n", gwns, "link", "set", rail+"p", "up")
-	run("ip", "addr", "add", "10.76.0.10/24", "dev", rail)
-	run("ip", "link", "set", rail, "up")
-	tree, err := fakesysfs.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tree.Add(fakesysfs.Function{Address: "0000:3b:00.0", Vendor: fakesysfs.VendorNVIDIA, Device: fakesysfs.DeviceCX6Dx,
-		Class: fakesysfs.ClassEthernet, Driver: "mlx5_core", NUMA: 0, TotalVFs: 8, NumVFs: 4,
-		Netdevs: []fakesysfs.Netdev{{Name: rail, Type: 1, Speed: 100000, OperState: "up", MTU: 1500}}}); err != nil {
-		t.Fatal(err)
-	}
+	rail, tree, run := railWithGateway(t, "hwd", "10.76.0")
 
 	// The cluster: node n1, the pod, and pool rail0 selecting the nodes the daemon
 	// labels with the rail NIC, with n1's block.
