@@ -118,26 +118,11 @@ var accessKinds = map[string]bool{
 // nfdCRDFile is NFD's CRD manifest in the module that hack/node/nfd pins.
 func nfdCRDFile(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(harness.RepoRoot(), "hack", "node", "nfd")
-	list := func() (string, error) {
-		cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/node-feature-discovery")
-		cmd.Dir = dir
-		out, err := cmd.Output()
-		return strings.TrimSpace(string(out)), err
+	f, err := harness.NFDCRDFile()
+	if err != nil {
+		t.Fatal(err)
 	}
-	mod, err := list()
-	if err == nil && mod == "" {
-		dl := exec.Command("go", "mod", "download", "sigs.k8s.io/node-feature-discovery")
-		dl.Dir = dir
-		if out, err := dl.CombinedOutput(); err != nil {
-			t.Fatalf("downloading NFD's module: %v\n%s", err, out)
-		}
-		mod, err = list()
-	}
-	if err != nil || mod == "" {
-		t.Fatalf("finding NFD's module from hack/node/nfd: %q %v", mod, err)
-	}
-	return filepath.Join(mod, "deployment", "base", "nfd-crds", "nfd-api-crds.yaml")
+	return f
 }
 
 // env is a real control plane with deploy/base's service accounts, RBAC and

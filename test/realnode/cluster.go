@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -236,6 +237,25 @@ func (c *Cluster) start(name, bin string, args []string, env ...string) (*exec.C
 		_ = cmd.Process.Release()
 	}
 	return cmd, c.state.save()
+}
+
+// StartHostProcess runs bin on the host beside the node's own components (a
+// controller a test adds, such as NFD's nfd-master), started and recorded like them:
+// its output in logs/<name>.log, its PID in state.json, so that Teardown stops it
+// too. The returned function stops it sooner and forgets it.
+func (c *Cluster) StartHostProcess(name, bin string, args []string, env ...string) (stop func() error, err error) {
+	if _, err := c.start(name, bin, args, env...); err != nil {
+		return nil, err
+	}
+	return func() error {
+		i := slices.IndexFunc(c.state.Processes, func(p Process) bool { return p.Name == name })
+		if i < 0 {
+			return nil
+		}
+		c.state.Processes[i].stop(5 * time.Second)
+		c.state.Processes = slices.Delete(c.state.Processes, i, i+1)
+		return c.state.save()
+	}, nil
 }
 
 // waitFor polls check until it returns nil, the timeout passes, or the named process

@@ -30,8 +30,12 @@ import (
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -293,6 +297,63 @@ var _ = Describe("NicClusterPolicy's nv-ipam rendering with the hwipam image", L
 			ContainSubstring(`hwipam_node_feature_forbidden{feature="nic-labels"} 0`),
 			ContainSubstring(`hwipam_node_feature_forbidden{feature="node-annotations"} 0`)))
 		Expect(daemonLogs(ctx)).To(ContainSubstring("published the NIC labels"))
+	})
+
+	It("with deploy/policy applied as docs/nicclusterpolicy.md says, confines nv-ipam-node to its node's nic.hwipam.io/ labels and pool annotations", func(ctx SpecContext) {
+		_, err := node.Kubectl(ctx, "apply", "-k", filepath.Join(harness.RepoRoot(), "deploy", "policy"))
+		Expect(err).NotTo(HaveOccurred())
+		// deploy/base, which comes back at the end, brings them again.
+		DeferCleanup(func(ctx SpecContext) {
+			_, err := node.Kubectl(ctx, "delete", "--ignore-not-found", "-k", filepath.Join(harness.RepoRoot(), "deploy", "policy"))
+			Expect(err).NotTo(HaveOccurred())
+		})
+		// A token of the operator's service account bound to the daemon's pod, as the
+		// kubelet gives the pod: it carries the pod's node.
+		pod := daemonPod(ctx)
+		tok, err := node.Clientset.CoreV1().ServiceAccounts(operatorNS).CreateToken(ctx, "nv-ipam-node", &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: &authenticationv1.BoundObjectReference{
+				Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}},
+		}, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		cfg := rest.AnonymousClientConfig(node.Config)
+		cfg.BearerToken = tok.Status.Token
+		asDaemon, err := kubernetes.NewForConfig(cfg)
+		Expect(err).NotTo(HaveOccurred())
+		// Dry runs: admission runs, nothing changes on the node.
+		patch := func(ctx context.Context, p string) error {
+			_, err := asDaemon.CoreV1().Nodes().Patch(ctx, node.NodeName, types.MergePatchType, []byte(p),
+				metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}
+		Eventually(ctx, func() error { return patch(ctx, `{"metadata":{"labels":{"team":"x"}}}`) }).
+			WithTimeout(30 * time.Second).WithPolling(time.Second).
+			Should(MatchError(And(ContainSubstring("hwipam-node-own-node"),
+				ContainSubstring("may change only the labels under nic.hwipam.io/ on its Node, not team"))))
+		Expect(patch(ctx, `{"metadata":{"annotations":{"ops.example.com/owner":"me"}}}`)).To(
+			MatchError(ContainSubstring("may change only the annotations ipam.hwipam.io/pools-in-use and")))
+		Expect(patch(ctx, `{"spec":{"unschedulable":true}}`)).To(MatchError(ContainSubstring("may not change a Node's spec")))
+		Expect(patch(ctx, `{"metadata":{"labels":{"nic.hwipam.io/dry-run":"x"},"annotations":{"`+
+			v1alpha1.PoolsInUseAnnotation+`":"ncp-a"}}}`)).To(Succeed())
+		// The daemon itself, under the policy with its kubelet-issued token: with a
+		// label and an annotation of its taken away, a new pod writes both back
+		// (it writes only what differs), and nothing is refused.
+		_, err = node.Kubectl(ctx, "label", "node", node.NodeName, "nic.hwipam.io/present-")
+		Expect(err).NotTo(HaveOccurred())
+		_, err = node.Kubectl(ctx, "annotate", "node", node.NodeName, v1alpha1.PoolsInUseAnnotation+"-")
+		Expect(err).NotTo(HaveOccurred())
+		_, err = node.Kubectl(ctx, "-n", operatorNS, "delete", "pod", pod.Name, "--wait=true")
+		Expect(err).NotTo(HaveOccurred())
+		_, err = node.Kubectl(ctx, "-n", operatorNS, "rollout", "status", "daemonset/nv-ipam-node", "--timeout=2m")
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(ctx, func(g Gomega) {
+			n, err := node.Clientset.CoreV1().Nodes().Get(ctx, node.NodeName, metav1.GetOptions{})
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(n.Labels).To(HaveKeyWithValue("nic.hwipam.io/present", "true"))
+			g.Expect(n.Annotations).To(HaveKeyWithValue(v1alpha1.PoolsInUseAnnotation, "cidrpool/ncp-c,ncp-a"))
+		}).WithTimeout(60 * time.Second).WithPolling(time.Second).Should(Succeed())
+		logs := daemonLogs(ctx)
+		Expect(logs).To(ContainSubstring("published the NIC labels"))
+		Expect(logs).NotTo(ContainSubstring("forbidden"), harness.LastLines(logs, 20))
 	})
 })
 

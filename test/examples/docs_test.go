@@ -1,0 +1,109 @@
+package examples
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/nicdiscovery"
+	"github.com/hwipam/hwipam/test/harness"
+)
+
+// docYAMLBlocks returns the fenced yaml blocks of a document of the repository.
+func docYAMLBlocks(t *testing.T, doc string) []string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(harness.RepoRoot(), doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []string
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(data), -1) {
+		blocks = append(blocks, m[1])
+	}
+	return blocks
+}
+
+// exampleObject reads one object of deploy/examples into obj.
+func exampleObject(t *testing.T, file string, obj any) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "deploy", "examples", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(data, obj); err != nil {
+		t.Fatalf("deploy/examples/%s: %v", file, err)
+	}
+}
+
+// TestNICsDocYAML takes the two fragments of docs/nics.md where ipam-node and the
+// API server take them: the rail map is loaded by ipam-node's own loader
+// (--rail-config) and is the start of deploy/examples/rail-config.yaml's map; the
+// pool spec, in an IPPool, is applied to a real API server, passes the webhook's
+// validation, and says what deploy/examples/ippool-rail.yaml (which the text
+// names) says.
+func TestNICsDocYAML(t *testing.T) {
+	blocks := docYAMLBlocks(t, "docs/nics.md")
+	if len(blocks) != 2 {
+		t.Fatalf("docs/nics.md has %d yaml blocks, want the rail map and the pool spec", len(blocks))
+	}
+
+	t.Run("the rail map", func(t *testing.T) {
+		file := filepath.Join(t.TempDir(), "rails.yaml")
+		if err := os.WriteFile(file, []byte(blocks[0]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		rails, err := nicdiscovery.LoadRails(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cm corev1.ConfigMap
+		exampleObject(t, "rail-config.yaml", &cm)
+		var example nicdiscovery.Rails
+		if err := yaml.UnmarshalStrict([]byte(cm.Data["rails.yaml"]), &example); err != nil {
+			t.Fatal(err)
+		}
+		if len(rails) == 0 {
+			t.Fatal("the rail map is empty")
+		}
+		for name, members := range rails {
+			if !equality.Semantic.DeepEqual(members, example[name]) {
+				t.Errorf("rail %s is %q in docs/nics.md, %q in deploy/examples/rail-config.yaml", name, members, example[name])
+			}
+		}
+	})
+
+	t.Run("the pool spec", func(t *testing.T) {
+		var spec v1alpha1.IPPoolSpec
+		var doc struct {
+			Spec *v1alpha1.IPPoolSpec `json:"spec"`
+		}
+		doc.Spec = &spec
+		if err := yaml.UnmarshalStrict([]byte(blocks[1]), &doc); err != nil {
+			t.Fatalf("docs/nics.md's pool: %v\n%s", err, blocks[1])
+		}
+		var example v1alpha1.IPPool
+		exampleObject(t, "ippool-rail.yaml", &example)
+		want := example.Spec
+		// The document shows the selecting part of the example: its other fields
+		// (gateway, exclusions, routes) are left out.
+		want.Gateway, want.Exclusions, want.PerNodeExclusions, want.Routes = "", nil, nil, nil
+		if !equality.Semantic.DeepEqual(spec, want) {
+			t.Errorf("docs/nics.md's pool spec\n%+v\ndiffers from deploy/examples/ippool-rail.yaml's\n%+v", spec, want)
+		}
+		pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "nics-doc", Namespace: "kube-system"}, Spec: spec}
+		if errs := pool.Validate(); len(errs) > 0 {
+			t.Fatalf("docs/nics.md's pool is invalid: %v", errs)
+		}
+		cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
+		if err := cp.Client.Create(t.Context(), pool); err != nil {
+			t.Fatalf("applying docs/nics.md's pool: %v", err)
+		}
+	})
+}
