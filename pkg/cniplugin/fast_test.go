@@ -494,3 +494,32 @@ func TestFastMatchesTheFullPath(t *testing.T) {
 		t.Errorf("Fast took %d calls and left %d: the generator tests too little of one side", taken, full)
 	}
 }
+
+// FuzzJSONLite: whatever jsonlite reads, encoding/json reads the same; whatever
+// valid JSON it refuses is one of its documented refusals.
+func FuzzJSONLite(f *testing.F) {
+	for _, s := range []string{`{"cniVersion": "1.0.0", "name": "a", "ipam": {"type": "nv-ipam"}}`, `[1, -0.5e3, "\u00e9\ud83d\ude00"]`,
+		`{"a": {"b": [true, false, null]}, "a": 1}`, `"\u002f\/"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		v, err := parseJSONLite(doc)
+		valid := json.Valid(doc)
+		if err != nil {
+			if valid && !mayRefuse(doc) && strings.Count(string(doc), "[")+strings.Count(string(doc), "{") <= jsonMaxDepth {
+				t.Fatalf("jsonlite refused valid JSON %q", doc)
+			}
+			return
+		}
+		if !valid {
+			t.Fatalf("jsonlite read what encoding/json refuses: %q", doc)
+		}
+		var want any
+		if json.Unmarshal(doc, &want) != nil {
+			return // a number beyond float64: jsonlite keeps its text, and its typed reads refuse it
+		}
+		if got := v.toAny(); !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q: jsonlite read %#v, encoding/json %#v", doc, got, want)
+		}
+	})
+}
