@@ -54,11 +54,6 @@ func (p *Plugin) Fast(getenv func(string) string) (exitCode int, done bool) {
 		}
 		return 0, false
 	}
-	if verb == "ADD" {
-		if err := p.checkNetNS(args.Netns); err != nil {
-			return p.printError(err), true
-		}
-	}
 	s, err := p.connect(cfg, verb)
 	if err == nil {
 		if verb == "ADD" {

@@ -38,8 +38,9 @@ type Plugin struct {
 // skel refuses a CNI_NETNS that is the plugin's own network namespace, unless the
 // runtime set CNI_NETNS_OVERRIDE; its check locks an OS thread, which makes the Go
 // runtime start a thread for nothing else, and costs about 0.25 ms of CPU per call.
-// The plugin makes the same check with two stat calls instead, before ADD (so that
-// a refused ADD allocates nothing) and after DEL, as skel does; and it sets
+// The plugin makes the same check with two stat calls instead: for ADD once the
+// configuration is read and the daemon reached, before the allocation (so that a
+// refused ADD allocates nothing), and after DEL, as skel does; and it sets
 // CNI_NETNS_OVERRIDE for skel, which then skips its own.
 func (p *Plugin) TakeOverNetNSCheck() {
 	v := os.Getenv("CNI_NETNS_OVERRIDE")
@@ -134,9 +135,6 @@ func (s *session) params(args *skel.CmdArgs) *ipamwire.Params {
 
 // Add allocates and prints the result.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	if err := p.checkNetNS(args.Netns); err != nil {
-		return err
-	}
 	s, err := p.open(args, "ADD", true)
 	if err != nil {
 		return err
@@ -144,9 +142,15 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	return p.add(s, args, printResult)
 }
 
-// add makes the Allocate call of an ADD and prints its result with write.
+// add makes the Allocate call of an ADD and prints its result with write. The
+// network namespace is checked first: the failures skel reports before its own
+// check (configuration, daemon unreachable) come first as they do with skel, but
+// an ADD into the plugin's own namespace allocates nothing.
 func (p *Plugin) add(s *session, args *skel.CmdArgs, write func(w io.Writer, res *current.Result, cniVersion string) error) error {
 	defer s.done()
+	if err := p.checkNetNS(args.Netns); err != nil {
+		return err
+	}
 	allocs, err := s.client.Allocate(s.ctx, s.params(args))
 	if err != nil {
 		s.log.printf("ADD %s/%s pools %v: %v", args.ContainerID, args.IfName, s.cfg.Pools, err)
