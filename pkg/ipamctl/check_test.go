@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vishvananda/netlink"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -366,4 +367,61 @@ func railWithGateway(t *testing.T, prefix, subnet string) (rail string, tree *fa
 		t.Fatal(err)
 	}
 	return rail, tree, run
+}
+
+// check --probe resolves a pool's gateway only inside the pool's own subnet: a
+// gateway outside it is not this node's neighbour to ask for, even where a route
+// would send the ARP request out of the rail. Two pools share the rail's subnet:
+// one whose gateway is in it (probed, and answering: probing works here), one
+// whose gateway lies outside it and outside every subnet of the node, behind a
+// link route on the rail. No finding names the second, and no neighbour entry is
+// made for its gateway on any link.
+func TestCheckDoesNotProbeGatewayOutsideSubnet(t *testing.T) {
+	harness.RequireRoot(t)
+	t.Setenv("KUBECONFIG", "") // no API checks: only the daemon's pools matter here
+	rail, _, run := railWithGateway(t, "hwo", "10.73.0")
+	outside := netip.MustParseAddr("10.72.0.1")
+	run("ip", "route", "add", "10.72.0.0/24", "dev", rail) // gone with the rail
+	neighOf := func(a netip.Addr) []string {
+		t.Helper()
+		neighs, err := netlink.NeighList(0, netlink.FAMILY_V4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, n := range neighs {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == a {
+				out = append(out, fmt.Sprintf("link %d state %#x", n.LinkIndex, n.State))
+			}
+		}
+		return out
+	}
+	if got := neighOf(outside); len(got) > 0 {
+		t.Fatalf("before the check, %s already has neighbour entries: %v", outside, got)
+	}
+
+	subnet := netip.MustParsePrefix("10.73.0.0/24")
+	pool := func(name, start, end, gw string) *nodealloc.PoolConfig {
+		s := netip.MustParseAddr(start)
+		return &nodealloc.PoolConfig{Name: name, Kind: v1alpha1.KindIPPool, Prefix: subnet,
+			Block: iprange.Range{Start: s, End: netip.MustParseAddr(end)}, ExclusionBase: s, Gateway: netip.MustParseAddr(gw)}
+	}
+	dir := t.TempDir()
+	sock, _ := harness.ServeNodeIn(t, dir, nil, pool("inside", "10.73.0.16", "10.73.0.31", "10.73.0.1"),
+		pool("outside", "10.73.0.32", "10.73.0.47", outside.String()))
+	r, _ := checkRun(t, "--socket", sock, "--store-file", filepath.Join(dir, "store"), "--cni-bin-dir", dir,
+		"--cni-conf-dir", dir, "--probe")
+
+	var gateways []string
+	for _, f := range r.Findings {
+		if f.Check == "gateway" {
+			gateways = append(gateways, f.Subject+": "+f.Message)
+		}
+	}
+	if want := "inside: gateway 10.73.0.1 answers on " + rail; len(gateways) != 1 || !strings.HasPrefix(gateways[0], want) {
+		t.Errorf("gateway findings %q, want only one starting %q", gateways, want)
+	}
+	if got := neighOf(outside); len(got) > 0 {
+		t.Errorf("check --probe made neighbour entries for %s, outside pool outside's subnet %s: %v", outside, subnet, got)
+	}
 }
