@@ -1,9 +1,11 @@
 package ipamctl_test
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"reflect"
 	"strconv"
@@ -19,7 +21,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/allocator"
 	"github.com/hwipam/hwipam/pkg/ipamctl"
+	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/poolcontroller"
 	"github.com/hwipam/hwipam/test/harness"
 )
@@ -126,10 +131,13 @@ func TestPlanUsageErrors(t *testing.T) {
 	}
 }
 
-// plan lays pools out as the controller does: random IPPools and CIDRPools, the
-// nodes plan names created on a real API server, the real reconciler run; status
-// must list exactly the plan's blocks, and the object's size match the plan's.
-// HWIPAM_PLAN_SEED replays a run.
+// plan lays pools out as the controller does: random IPPools and CIDRPools, with
+// and without a gateway (a CIDRPool's at any index), exclusions and per-node
+// exclusions, the nodes plan names created on a real API server, the real
+// reconciler run; status must list exactly the plan's blocks, the plan's figures
+// (usable per node, in total, lost to the gateway, exclusions, network and
+// broadcast) match those counted from the stored pool, and the object's size
+// match the plan's. HWIPAM_PLAN_SEED replays a run.
 func TestPlanAgreesWithController(t *testing.T) {
 	cp, err := harness.NewControlPlane(harness.ControlPlaneOptions{})
 	if err != nil {
@@ -175,19 +183,53 @@ func TestPlanAgreesWithController(t *testing.T) {
 				spec.Exclusions = append(spec.Exclusions, e)
 				args = append(args, "--exclude", e.StartIP+"-"+e.EndIP)
 			}
-			obj = &v1alpha1.IPPool{ObjectMeta: meta, Spec: spec}
+			for range rng.IntN(3) {
+				e := randIndexRange(rng, size)
+				spec.PerNodeExclusions = append(spec.PerNodeExclusions, e)
+				args = append(args, "--per-node-exclude", fmt.Sprintf("%d-%d", e.StartIndex, e.EndIndex))
+			}
+			p := &v1alpha1.IPPool{ObjectMeta: meta, Spec: spec}
+			if errs := p.Validate(); len(errs) > 0 {
+				t.Fatalf("case %d: generated an invalid IPPool %v: %v", i, args, errs)
+			}
+			obj = p
 		} else {
 			kind = v1alpha1.KindCIDRPool
 			prefix := 16 + rng.IntN(6)
 			per := int32(min(prefix+2+rng.IntN(8), 30))
-			spec := v1alpha1.CIDRPoolSpec{CIDR: fmt.Sprintf("10.%d.0.0/%d", 128+i*8, prefix), PerNodeNetworkPrefix: per, NodeSelector: sel}
+			base := netip.AddrFrom4([4]byte{10, byte(128 + i*8), 0, 0})
+			spec := v1alpha1.CIDRPoolSpec{CIDR: fmt.Sprintf("%s/%d", base, prefix), PerNodeNetworkPrefix: per, NodeSelector: sel}
 			args = append(args, "--cidr", spec.CIDR, "--per-node-prefix", strconv.Itoa(int(per)))
-			if rng.IntN(2) == 0 {
-				gi := int32(1)
+			cidrSize, perSize := 1<<(32-prefix), 1<<(32-per)
+			if rng.IntN(2) == 0 { // any host index of a node's prefix
+				gi := int32(1 + rng.IntN(perSize-2))
 				spec.GatewayIndex = &gi
-				args = append(args, "--gateway-index", "1")
+				args = append(args, "--gateway-index", strconv.Itoa(int(gi)))
 			}
-			obj = &v1alpha1.CIDRPool{ObjectMeta: meta, Spec: spec}
+			// Exclusions where the planned nodes' prefixes lie: a few addresses, or
+			// up to three prefixes' worth, which covers whole prefixes the
+			// controller then skips.
+			span := min(cidrSize, (nodes+2)*perSize)
+			for range rng.IntN(3) {
+				a, n := rng.IntN(span), 1+rng.IntN(8)
+				if rng.IntN(2) == 0 {
+					n = 1 + rng.IntN(3*perSize)
+				}
+				b := min(a+n-1, cidrSize-1)
+				e := v1alpha1.ExcludeRange{StartIP: addr4(base, a).String(), EndIP: addr4(base, b).String()}
+				spec.Exclusions = append(spec.Exclusions, e)
+				args = append(args, "--exclude", e.StartIP+"-"+e.EndIP)
+			}
+			for range rng.IntN(3) {
+				e := randIndexRange(rng, perSize)
+				spec.PerNodeExclusions = append(spec.PerNodeExclusions, e)
+				args = append(args, "--per-node-exclude", fmt.Sprintf("%d-%d", e.StartIndex, e.EndIndex))
+			}
+			p := &v1alpha1.CIDRPool{ObjectMeta: meta, Spec: spec}
+			if errs := p.Validate(); len(errs) > 0 {
+				t.Fatalf("case %d: generated an invalid CIDRPool %v: %v", i, args, errs)
+			}
+			obj = p
 		}
 		plan := planReport(t, args...)
 		for _, a := range plan.Assignments { // every planned node, with a block or not
@@ -207,15 +249,18 @@ func TestPlanAgreesWithController(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := map[string]string{}
+		var fig *planFigures
 		switch p := obj.(type) {
 		case *v1alpha1.IPPool:
 			for _, a := range p.Status.Allocations {
 				got[a.NodeName] = a.StartIP + "-" + a.EndIP
 			}
+			fig = ipPoolFigures(t, p)
 		case *v1alpha1.CIDRPool:
 			for _, a := range p.Status.Allocations {
 				got[a.NodeName] = a.Prefix
 			}
+			fig = cidrPoolFigures(t, p)
 		}
 		want := map[string]string{}
 		for _, a := range plan.Assignments {
@@ -230,6 +275,21 @@ func TestPlanAgreesWithController(t *testing.T) {
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("case %d (%s %v): the controller assigned\n%v\nplan said\n%v", i, kind, args, got, want)
 		}
+		// The figures: what the assigned blocks give and lose, counted address by
+		// address from the stored pool, against the plan's.
+		usable := map[string]string{}
+		for _, a := range plan.Assignments {
+			usable[a.Node] = a.Usable
+		}
+		if wantUsable := fig.usableByNode(plan.Assignments); !reflect.DeepEqual(usable, wantUsable) {
+			t.Errorf("case %d (%s %v): usable addresses per node\nplan said %v\n  counted %v", i, kind, args, usable, wantUsable)
+		}
+		gotFig := [...]string{plan.UsablePerNodeMin, plan.UsablePerNodeMax, plan.UsableTotal, plan.LostToGateway,
+			plan.LostToExclusions, plan.LostToNetworkAndBroadcast}
+		if wantFig := fig.summary(); gotFig != wantFig {
+			t.Errorf("case %d (%s %v): usable per node min, max, total; lost to the gateway, exclusions, network/broadcast:\n"+
+				"plan said %q\n  counted %q", i, kind, args, gotFig, wantFig)
+		}
 		raw, err := cp.Clientset.CoreV1().RESTClient().Get().AbsPath("/apis/nv-ipam.nvidia.com/v1alpha1/namespaces", ns,
 			strings.ToLower(kind)+"s", label).DoRaw(ctx)
 		if err != nil {
@@ -240,6 +300,151 @@ func TestPlanAgreesWithController(t *testing.T) {
 		if diff := plan.StatusBytes - len(raw); diff < -300 || diff > 600 {
 			t.Errorf("case %d: plan says the object has %d bytes, the API server returns %d", i, plan.StatusBytes, len(raw))
 		}
+	}
+}
+
+// randIndexRange is a perNodeExclusions entry for blocks of size addresses:
+// now and then the whole block, else a stretch of up to a quarter of it.
+func randIndexRange(rng *rand.Rand, size int) v1alpha1.ExcludeIndexRange {
+	if rng.IntN(8) == 0 {
+		return v1alpha1.ExcludeIndexRange{StartIndex: 0, EndIndex: size - 1}
+	}
+	s := rng.IntN(size)
+	return v1alpha1.ExcludeIndexRange{StartIndex: s, EndIndex: min(s+rng.IntN(max(size/4, 1)), size-1)}
+}
+
+func v4(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.BigEndian.Uint32(b[:])
+}
+
+// addr4 is the IPv4 address off addresses past base.
+func addr4(base netip.Addr, off int) netip.Addr {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], v4(base)+uint32(off))
+	return netip.AddrFrom4(b)
+}
+
+// planFigures are the figures a stored IPv4 pool's status implies, counted
+// address by address: the trivial model plan's figures are checked against.
+type planFigures struct {
+	usable                                 map[string]uint64 // by node with a block
+	min, max                               uint64
+	total, gateway, excluded, netBroadcast uint64
+}
+
+// addBlock counts node's block, addresses start to end whose per-node indexes
+// count from base: an address in an exclusion or at an excluded index is lost to
+// exclusions (the gateway too, then), else the gateway is lost to the gateway.
+func (f *planFigures) addBlock(node string, start, end, base uint32, gw netip.Addr, excl []v1alpha1.ExcludeRange,
+	perNode []v1alpha1.ExcludeIndexRange) {
+	var ranges [][2]uint32
+	for _, e := range excl {
+		ranges = append(ranges, [2]uint32{v4(netip.MustParseAddr(e.StartIP)), v4(netip.MustParseAddr(e.EndIP))})
+	}
+	for _, e := range perNode {
+		ranges = append(ranges, [2]uint32{base + uint32(e.StartIndex), base + uint32(e.EndIndex)})
+	}
+	free := uint64(0)
+	for a := start; a <= end; a++ {
+		excluded := false
+		for _, r := range ranges {
+			excluded = excluded || r[0] <= a && a <= r[1]
+		}
+		switch {
+		case excluded:
+			f.excluded++
+		case gw.IsValid() && a == v4(gw):
+			f.gateway++
+		default:
+			free++
+		}
+	}
+	if len(f.usable) == 0 || free < f.min {
+		f.min = free
+	}
+	f.max = max(f.max, free)
+	if f.usable == nil {
+		f.usable = map[string]uint64{}
+	}
+	f.usable[node] = free
+	f.total += free
+}
+
+// usableByNode is each planned node's usable addresses, as plan lists them:
+// "0" for a node without a block.
+func (f *planFigures) usableByNode(planned []ipamctl.PlanBlock) map[string]string {
+	out := map[string]string{}
+	for _, a := range planned {
+		out[a.Node] = strconv.FormatUint(f.usable[a.Node], 10)
+	}
+	return out
+}
+
+// summary is what plan reports as usablePerNodeMin, usablePerNodeMax,
+// usableTotal, lostToGateway, lostToExclusions and lostToNetworkAndBroadcast.
+func (f *planFigures) summary() [6]string {
+	s := [6]string{"", "", strconv.FormatUint(f.total, 10), strconv.FormatUint(f.gateway, 10),
+		strconv.FormatUint(f.excluded, 10), strconv.FormatUint(f.netBroadcast, 10)}
+	if len(f.usable) > 0 {
+		s[0], s[1] = strconv.FormatUint(f.min, 10), strconv.FormatUint(f.max, 10)
+	}
+	return s
+}
+
+// ipPoolFigures counts a stored IPPool, whose subnet (IPv4, /30 or shorter)
+// loses its network and broadcast addresses, and checks each block's count
+// against what the node's daemon makes of it.
+func ipPoolFigures(t *testing.T, p *v1alpha1.IPPool) *planFigures {
+	t.Helper()
+	f := &planFigures{netBroadcast: 2}
+	var gw netip.Addr
+	if p.Spec.Gateway != "" {
+		gw = netip.MustParseAddr(p.Spec.Gateway)
+	}
+	for _, a := range p.Status.Allocations {
+		start := v4(netip.MustParseAddr(a.StartIP))
+		f.addBlock(a.NodeName, start, v4(netip.MustParseAddr(a.EndIP)), start, gw, p.Spec.Exclusions, p.Spec.PerNodeExclusions)
+		c, err := nodealloc.FromIPPool(p, a.NodeName)
+		daemonAgrees(t, a.NodeName, c, err, f.usable[a.NodeName])
+	}
+	return f
+}
+
+// cidrPoolFigures counts a stored IPv4 CIDRPool, each node's prefix (/30 or
+// shorter) losing its network and broadcast addresses, its per-node indexes
+// counting from the network address.
+func cidrPoolFigures(t *testing.T, p *v1alpha1.CIDRPool) *planFigures {
+	t.Helper()
+	f := &planFigures{}
+	for _, a := range p.Status.Allocations {
+		prefix := netip.MustParsePrefix(a.Prefix)
+		base, size := v4(prefix.Addr()), uint32(1)<<(32-prefix.Bits())
+		var gw netip.Addr
+		if a.Gateway != "" {
+			gw = netip.MustParseAddr(a.Gateway)
+		}
+		f.addBlock(a.NodeName, base+1, base+size-2, base, gw, p.Spec.Exclusions, p.Spec.PerNodeExclusions)
+		f.netBroadcast += 2
+		c, err := nodealloc.FromCIDRPool(p, a.NodeName)
+		daemonAgrees(t, a.NodeName, c, err, f.usable[a.NodeName])
+	}
+	return f
+}
+
+// daemonAgrees checks that the node's daemon, given its block c of the stored
+// pool, has as many addresses to hand out as counted: the model is the daemon's.
+func daemonAgrees(t *testing.T, node string, c *nodealloc.PoolConfig, err error, counted uint64) {
+	t.Helper()
+	if err != nil || c == nil {
+		t.Fatalf("node %s: the daemon's block: %v", node, err)
+	}
+	b, err := allocator.New(allocator.Config{Range: c.Block, Gateway: c.Gateway, Exclusions: c.Exclusions})
+	if err != nil {
+		t.Fatalf("node %s: %v", node, err)
+	}
+	if free := b.Free(); free != iprange.U64(counted) {
+		t.Errorf("node %s: the daemon has %s addresses to hand out in %s, counted %d", node, free, c.Block, counted)
 	}
 }
 
