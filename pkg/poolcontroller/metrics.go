@@ -24,6 +24,10 @@ var (
 		Name: "hwipam_pool_selected_nodes_without_block",
 		Help: "Nodes that match the pool's nodeSelector but have no block because the pool is exhausted.",
 	}, poolLabels)
+	statusTooLarge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "hwipam_pool_status_too_large",
+		Help: "1 while the API server refuses the pool's status as too large to store (etcd's --max-request-bytes), else 0.",
+	}, poolLabels)
 	reconcileDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "hwipam_pool_reconcile_duration_seconds",
 		Help:    "Time to reconcile one pool.",
@@ -40,7 +44,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(blocksTotal, blocksAssigned, nodesWithoutBlock,
+	metrics.Registry.MustRegister(blocksTotal, blocksAssigned, nodesWithoutBlock, statusTooLarge,
 		reconcileDuration, reconcileErrors, statusWrites)
 }
 
@@ -52,7 +56,7 @@ func updateMetrics(kind string, obj client.Object, l blocks.Layout, assigned, wi
 }
 
 func forgetMetrics(kind, namespace, name string) {
-	for _, g := range []*prometheus.GaugeVec{blocksTotal, blocksAssigned, nodesWithoutBlock} {
+	for _, g := range []*prometheus.GaugeVec{blocksTotal, blocksAssigned, nodesWithoutBlock, statusTooLarge} {
 		g.DeleteLabelValues(kind, namespace, name)
 	}
 }

@@ -62,7 +62,7 @@ type poolState struct {
 	uid types.UID
 	// departed: node -> when its block first became releasable.
 	departed map[string]time.Time
-	// lastSent is the status last written (see writeStatus).
+	// lastSent is the status last written (see sendStatus).
 	lastSent pool
 	// exhausted is the number of nodes without a block last reported in an event.
 	exhausted int
@@ -77,6 +77,10 @@ type poolState struct {
 	// Kept only until the cache catches up.
 	written     pool
 	writtenFrom string
+	// tooLarge is set while the API server refuses the pool's status as too large,
+	// tooLargeEvent is when the last StatusTooLarge event was emitted.
+	tooLarge      bool
+	tooLargeEvent time.Time
 }
 
 func (r *Reconciler) now() time.Time {
@@ -296,12 +300,25 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	return in, rep.orphans, until, nil
 }
 
-// writeStatus writes the desired status unless it is already stored. When the
+// writeStatus writes the desired status unless it is already stored (see
+// sendStatus) and tells the operator when the pool has grown too large to store.
+func (r *Reconciler) writeStatus(ctx context.Context, st *poolState, current, desired pool) error {
+	err := r.sendStatus(ctx, st, current, desired)
+	switch {
+	case err == nil:
+		r.statusFits(st, desired)
+	case isTooLarge(err):
+		r.statusTooLarge(st, desired, err)
+	}
+	return err
+}
+
+// sendStatus writes the desired status unless it is already stored. When the
 // CRD in the cluster lacks hwipam's status fields (nv-ipam's own CRD), the API
 // server prunes them: then the stored status has allocations only, and the pool is
 // not rewritten as long as those are right and what would be sent is what was
 // last sent.
-func (r *Reconciler) writeStatus(ctx context.Context, st *poolState, current, desired pool) error {
+func (r *Reconciler) sendStatus(ctx context.Context, st *poolState, current, desired pool) error {
 	if current.statusEqual(desired) {
 		if st.writtenVersion == "" || current.object().GetResourceVersion() == st.writtenVersion {
 			return nil
@@ -348,7 +365,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, st *poolState, current, de
 
 // updateStatus sends obj's status and leaves in obj its new resourceVersion. With
 // a StatusWriter, obj is otherwise what was sent (the server may have pruned fields
-// its CRD lacks, which writeStatus allows for).
+// its CRD lacks, which sendStatus allows for).
 func (r *Reconciler) updateStatus(ctx context.Context, obj client.Object) error {
 	if r.StatusWriter == nil {
 		return r.Client.Status().Update(ctx, obj)

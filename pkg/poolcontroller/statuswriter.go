@@ -54,8 +54,15 @@ func (w metadataStatusWriter) UpdateStatus(ctx context.Context, pool client.Obje
 	default:
 		return "", fmt.Errorf("status of %T: not a pool", pool)
 	}
-	raw, err := w.rc.Put().Namespace(pool.GetNamespace()).Resource(poolResources[kind]).Name(pool.GetName()).
-		SubResource("status").SetHeader("Accept", metadataAccept).Body(pool).Do(ctx).Raw()
+	res := w.rc.Put().Namespace(pool.GetNamespace()).Resource(poolResources[kind]).Name(pool.GetName()).
+		SubResource("status").SetHeader("Accept", metadataAccept).Body(pool).Do(ctx)
+	// Error, not Raw: Error decodes the server's Status, whose message says what
+	// went wrong ("etcdserver: request is too large"); Raw's error is only
+	// "an error on the server ("unknown")".
+	if err := res.Error(); err != nil {
+		return "", err
+	}
+	raw, err := res.Raw()
 	if err != nil {
 		return "", err
 	}

@@ -1,6 +1,7 @@
 package poolcontroller_test
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,8 +27,11 @@ func TestStatusWriter(t *testing.T) {
 		t.Errorf("resourceVersion %s returned, stored %s, sent %s", rv, stored.ResourceVersion, p.ResourceVersion)
 	}
 	wantStrings(t, "stored blocks", f.blocksOf(stored), []string{"a=10.97.0.1-10.97.0.8"})
-	if _, err := sw.UpdateStatus(t.Context(), p); !apierrors.IsConflict(err) {
-		t.Errorf("a write over a stale resourceVersion = %v, want a conflict", err)
+	// The server's own message survives (it says why, e.g. that etcd refused the
+	// object as too large), not client-go's "an error on the server".
+	if _, err := sw.UpdateStatus(t.Context(), p); !apierrors.IsConflict(err) ||
+		!strings.Contains(err.Error(), "the object has been modified") {
+		t.Errorf("a write over a stale resourceVersion = %v, want the server's conflict", err)
 	}
 	if _, err := sw.UpdateStatus(t.Context(), &corev1.Node{}); err == nil {
 		t.Error("the status of a Node was written")

@@ -1,0 +1,236 @@
+package poolcontroller_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/poolcontroller"
+	"github.com/hwipam/hwipam/test/harness"
+)
+
+// A pool whose status outgrows etcd's request limit cannot be written. The
+// controller says so on the pool (a Warning event, once an episode, again after
+// an hour) and in a metric, keeps failing the reconcile so that it is retried, and
+// recovers once the nodeSelector is narrowed. etcd runs with a 64 KiB limit here,
+// so that 400 nodes with long names do what 20,000 do at the default 1.5 MiB.
+func TestStatusTooLargeEvent(t *testing.T) {
+	tcp := harness.StartControlPlane(t, harness.ControlPlaneOptions{EtcdMaxRequestBytes: 64 << 10})
+	ctx := t.Context()
+	const ns, name, nodes, narrow = "toolarge", "big", 400, 10
+	if err := tcp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	// 197-character names: some 100 kB of status, past 64 KiB, and not past it
+	// with `narrow` nodes.
+	long := strings.Repeat("x", 60) + "." + strings.Repeat("y", 60) + "." + strings.Repeat("z", 60)
+	for i := range nodes {
+		labels := map[string]string{testLabel: "all"}
+		if i < narrow {
+			labels[testLabel+"-rail"] = "0"
+		}
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%04d.%s", i, long), Labels: labels}}
+		if err := tcp.Client.Create(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	selector := func(key, value string) *corev1.NodeSelector {
+		return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+			{Key: key, Operator: corev1.NodeSelectorOpIn, Values: []string{value}}}}}}
+	}
+	p := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: v1alpha1.IPPoolSpec{Subnet: "10.0.0.0/8", PerNodeBlockSize: 16, NodeSelector: selector(testLabel, "all")}}
+	if err := tcp.Client.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+
+	// The recorder ipam-controller uses (events.k8s.io), counted on the way.
+	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: tcp.Clientset.EventsV1()})
+	if err := broadcaster.StartRecordingToSinkWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(broadcaster.Shutdown)
+	rec := &countingRecorder{EventRecorder: broadcaster.NewRecorder(tcp.Client.Scheme(), "ipam-controller")}
+	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	r := &poolcontroller.Reconciler{Client: tcp.Client, StatusWriter: newStatusWriter(t, tcp), Recorder: rec,
+		Kind: v1alpha1.KindIPPool, Now: clock.Now}
+	req := ctrl.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: name}}
+
+	// Every reconcile fails (and is retried with backoff); one event only.
+	for range 3 {
+		_, err := r.Reconcile(ctx, req)
+		if err == nil || !strings.Contains(err.Error(), "etcdserver: request is too large") {
+			t.Fatalf("reconcile of a pool too large to store = %v, want etcd's \"request is too large\"", err)
+		}
+		clock.Advance(time.Minute)
+	}
+	if got := rec.count(poolcontroller.ReasonStatusTooLarge); got != 1 {
+		t.Errorf("%d StatusTooLarge events after 3 failed writes, want 1", got)
+	}
+	wantTooLargeMetric(t, ns, name, 1)
+	ev := waitEvent(t, tcp, ns, poolcontroller.ReasonStatusTooLarge)
+	t.Logf("%s %s: %s", ev.Type, ev.Reason, ev.Note)
+	if ev.Type != corev1.EventTypeWarning || ev.Regarding.Kind != v1alpha1.KindIPPool || ev.Regarding.Name != name {
+		t.Errorf("event %s about %s %s, want a Warning about IPPool %s", ev.Type, ev.Regarding.Kind, ev.Regarding.Name, name)
+	}
+	for _, part := range []string{"selects 400 node(s)", "--max-request-bytes", "Split the pool", "narrow its nodeSelector",
+		"perNodeBlockSize does not help", "Refused with: etcdserver: request is too large"} {
+		if !strings.Contains(ev.Note, part) {
+			t.Errorf("event note %q lacks %q", ev.Note, part)
+		}
+	}
+	if stored := getIPPool(t, tcp, ns, name); len(stored.Status.Allocations) != 0 {
+		t.Errorf("%d allocations stored, want none", len(stored.Status.Allocations))
+	}
+
+	// Still too large an hour later: the event again, so that it outlives the API
+	// server's event TTL.
+	clock.Advance(time.Hour)
+	if _, err := r.Reconcile(ctx, req); err == nil {
+		t.Fatal("reconcile of a pool too large to store succeeded")
+	}
+	if got := rec.count(poolcontroller.ReasonStatusTooLarge); got != 2 {
+		t.Errorf("%d StatusTooLarge events after an hour, want 2", got)
+	}
+
+	// Narrowed: the status is written, the metric drops, a Normal event says so.
+	p = getIPPool(t, tcp, ns, name)
+	p.Spec.NodeSelector = selector(testLabel+"-rail", "0")
+	if err := tcp.Client.Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatalf("reconcile after narrowing the nodeSelector: %v", err)
+	}
+	if stored := getIPPool(t, tcp, ns, name); len(stored.Status.Allocations) != narrow {
+		t.Errorf("%d allocations stored, want %d", len(stored.Status.Allocations), narrow)
+	}
+	wantTooLargeMetric(t, ns, name, 0)
+	if got := rec.count(poolcontroller.ReasonStatusFits); got != 1 {
+		t.Errorf("%d StatusFits events, want 1", got)
+	}
+	waitEvent(t, tcp, ns, poolcontroller.ReasonStatusFits)
+}
+
+// A 413 from the API server's own limit on a request body (3 MiB, which 40,000
+// nodes would be needed to reach) counts as too large too.
+func TestStatusTooLargeRequestEntity(t *testing.T) {
+	f := newFixture(t, 0)
+	f.node("a", true, nil)
+	f.newIPPool("p", "10.98.0.0/24", 8, nil)
+	serverWriter := f.ip.StatusWriter
+	f.ip.StatusWriter = refusingWriter{apierrors.NewRequestEntityTooLargeError("limit is 3145728")}
+	if _, err := f.ip.Reconcile(t.Context(), ctrl.Request{NamespacedName: client.ObjectKey{Namespace: f.ns, Name: "p"}}); err == nil {
+		t.Fatal("reconcile succeeded with a status writer that refuses every write")
+	}
+	wantTooLargeMetric(t, f.ns, "p", 1)
+	f.ip.StatusWriter = serverWriter
+	f.reconcile(f.ip, "p")
+	wantTooLargeMetric(t, f.ns, "p", 0)
+	got := f.events()
+	if len(got) != 2 || !strings.HasPrefix(got[0], "Warning StatusTooLarge the pool's status could not be written: "+
+		"the pool selects 1 node(s)") || !strings.Contains(got[0], "Refused with: Request entity too large: limit is 3145728") ||
+		!strings.HasPrefix(got[1], "Normal StatusFits ") {
+		t.Errorf("events %q, want StatusTooLarge with the 413's message, then StatusFits", got)
+	}
+}
+
+type refusingWriter struct{ err error }
+
+func (w refusingWriter) UpdateStatus(context.Context, client.Object) (string, error) {
+	return "", w.err
+}
+
+// countingRecorder counts events by reason and passes them on.
+type countingRecorder struct {
+	events.EventRecorder
+	mu       sync.Mutex
+	byReason map[string]int
+}
+
+func (r *countingRecorder) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...any) {
+	r.mu.Lock()
+	if r.byReason == nil {
+		r.byReason = map[string]int{}
+	}
+	r.byReason[reason]++
+	r.mu.Unlock()
+	r.EventRecorder.Eventf(regarding, related, eventtype, reason, action, note, args...)
+}
+
+func (r *countingRecorder) count(reason string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.byReason[reason]
+}
+
+func getIPPool(t *testing.T, tcp *harness.ControlPlane, ns, name string) *v1alpha1.IPPool {
+	t.Helper()
+	var p v1alpha1.IPPool
+	if err := tcp.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
+		t.Fatal(err)
+	}
+	return &p
+}
+
+// waitEvent waits for the events.k8s.io Event of a reason in a namespace.
+func waitEvent(t *testing.T, tcp *harness.ControlPlane, ns, reason string) eventsv1.Event {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		list, err := tcp.Clientset.EventsV1().Events(ns).List(t.Context(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range list.Items {
+			if e.Reason == reason {
+				return e
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s event in namespace %s after 30s (%d events)", reason, ns, len(list.Items))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// wantTooLargeMetric checks hwipam_pool_status_too_large of an IPPool.
+func wantTooLargeMetric(t *testing.T, ns, name string, want float64) {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range families {
+		if mf.GetName() != "hwipam_pool_status_too_large" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["kind"] == v1alpha1.KindIPPool && labels["namespace"] == ns && labels["pool"] == name {
+				if got := m.GetGauge().GetValue(); got != want {
+					t.Errorf("hwipam_pool_status_too_large{namespace=%q,pool=%q} = %v, want %v", ns, name, got, want)
+				}
+				return
+			}
+		}
+	}
+	t.Errorf("no hwipam_pool_status_too_large{namespace=%q,pool=%q}", ns, name)
+}
