@@ -81,6 +81,9 @@ type poolState struct {
 	// tooLargeEvent is when the last StatusTooLarge event was emitted.
 	tooLarge      bool
 	tooLargeEvent time.Time
+	// refused is the last status write refused as too large, nil once a status is
+	// stored (see holdTooLarge).
+	refused *refusal
 }
 
 func (r *Reconciler) now() time.Time {
@@ -345,12 +348,19 @@ func (r *Reconciler) sendStatus(ctx context.Context, st *poolState, current, des
 		extensionsPruned(current.common()) {
 		return nil
 	}
-	sent := desired.withStatus(nil, nil, true, cloneCommon(desired.common()))
 	obj := desired.object()
+	if err := r.holdTooLarge(st, obj); err != nil {
+		return err
+	}
+	sent := desired.withStatus(nil, nil, true, cloneCommon(desired.common()))
 	from := obj.GetResourceVersion()
 	start := time.Now()
 	if err := r.updateStatus(ctx, obj); err != nil {
-		return fmt.Errorf("writing status of %s %s: %w", r.Kind, obj.GetName(), err)
+		err = fmt.Errorf("writing status of %s %s: %w", r.Kind, obj.GetName(), err)
+		if isTooLarge(err) {
+			r.refusedTooLarge(st, obj, err)
+		}
+		return err
 	}
 	log.FromContext(ctx).V(1).Info("wrote status", "pool", obj.GetName(), "kind", r.Kind,
 		"allocations", desired.allocationCount(), "took", time.Since(start))

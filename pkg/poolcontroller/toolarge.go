@@ -3,12 +3,15 @@ package poolcontroller
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // Event reasons about a pool whose status is too large to store.
@@ -24,6 +27,30 @@ const (
 // pool stays too large: the API server keeps events for an hour (--event-ttl), and
 // a pool that cannot be fixed in minutes should not drop out of `kubectl describe`.
 const tooLargeRepeat = time.Hour
+
+// A status refused as too large is not sent again before a backoff has passed
+// unless it is smaller than every one refused: a Node event starts a reconcile at
+// once, whatever the controller's backoff, and with node churn each would send a
+// status of some 1.5 MiB only to be refused again. The backoff doubles with every
+// refusal, from tooLargeRetryMin to tooLargeRetryMax: a pool that stays too large
+// is sent at most every five minutes, and is still written within minutes of
+// etcd's limit being raised while node events come.
+const (
+	tooLargeRetryMin = time.Second
+	tooLargeRetryMax = 5 * time.Minute
+)
+
+// refusal is what holdTooLarge needs of the status writes refused as too large
+// since the pool's status was last stored.
+type refusal struct {
+	// err is the last refused write's error.
+	err error
+	// size is the JSON size of the smallest pool refused.
+	size int
+	// backoff is how long the last refusal holds writes; until is when it ends.
+	backoff time.Duration
+	until   time.Time
+}
 
 // isTooLarge reports whether a status update failed because the pool object is too
 // large to store. The API server reports it in one of three ways:
@@ -43,10 +70,47 @@ func isTooLarge(err error) bool {
 		strings.Contains(msg, "trying to send message larger than max")
 }
 
+// holdTooLarge returns an error, wrapping the last refusal's, when obj is not to be
+// sent: a status was refused as too large less than its backoff ago and obj is no
+// smaller than any refused. A smaller one (the nodeSelector was narrowed, nodes
+// left) may fit, and is sent at once.
+func (r *Reconciler) holdTooLarge(st *poolState, obj client.Object) error {
+	f := st.refused
+	if f == nil || !r.now().Before(f.until) || jsonSize(obj) < f.size {
+		return nil
+	}
+	return fmt.Errorf("not sending the status of %s %s again before %s: one no smaller was refused: %w",
+		r.Kind, obj.GetName(), f.until.Format(time.RFC3339), f.err)
+}
+
+// refusedTooLarge remembers, for holdTooLarge, that the write of obj was refused
+// as too large with err, and doubles the backoff.
+func (r *Reconciler) refusedTooLarge(st *poolState, obj client.Object, err error) {
+	if st.refused == nil {
+		st.refused = &refusal{size: math.MaxInt}
+	}
+	f := st.refused
+	f.err = err
+	f.size = min(f.size, jsonSize(obj))
+	f.backoff = min(max(2*f.backoff, tooLargeRetryMin), tooLargeRetryMax)
+	f.until = r.now().Add(f.backoff)
+}
+
+// jsonSize is the size of obj in JSON, 0 when it cannot be encoded: such a pool
+// is never held, and its refusal holds every write for the backoff.
+func jsonSize(obj client.Object) int {
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return 0
+	}
+	return len(raw)
+}
+
 // statusTooLarge records that desired's status was refused as too large: the
 // metric, and a Warning event when the pool was not too large before or the last
-// event is older than tooLargeRepeat. Every reconcile retries the write, with the
-// controller's backoff, as with any failed write.
+// event is older than tooLargeRepeat. Every reconcile fails, so that the
+// controller retries it with its backoff as after any failed write; holdTooLarge
+// decides whether the retry sends the status again.
 func (r *Reconciler) statusTooLarge(st *poolState, desired pool, err error) {
 	obj := desired.object()
 	statusTooLarge.WithLabelValues(r.Kind, obj.GetNamespace(), obj.GetName()).Set(1)
@@ -80,6 +144,7 @@ func (r *Reconciler) statusTooLarge(st *poolState, desired pool, err error) {
 func (r *Reconciler) statusFits(st *poolState, desired pool) {
 	obj := desired.object()
 	statusTooLarge.WithLabelValues(r.Kind, obj.GetNamespace(), obj.GetName()).Set(0)
+	st.refused = nil
 	if !st.tooLarge {
 		return
 	}
