@@ -2,6 +2,7 @@ package ipamctl_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -206,24 +207,7 @@ func TestCheckFindsEachFault(t *testing.T) {
 	}
 
 	// Each fault, one at a time.
-	run("ip", "link", "set", rail, "down")
-	r, code = checkRun(t, args...)
-	// The gateway is then unreachable too: the rail's address is on a link that is down.
-	if got := problems(r); code != ipamctl.ExitProblems || !strings.Contains(fmt.Sprint(got), "rail NIC "+rail+" (0000:3b:00.0) is down") {
-		t.Errorf("link down: exit %d, %q", code, got)
-	}
-	run("ip", "link", "set", rail, "up")
-
-	nobl := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "nobl", Namespace: "pools"},
-		Spec: v1alpha1.IPPoolSpec{Subnet: "10.78.0.0/24", PerNodeBlockSize: 16}}
-	if err := c.Create(ctx, nobl); err != nil {
-		t.Fatal(err)
-	}
-	r, code = checkRun(t, args...)
-	wantOnly(t, "pool without block", r, code, "IPPool pools/nobl selects this node but gives it no block")
-	if err := c.Delete(ctx, nobl); err != nil {
-		t.Fatal(err)
-	}
+	linkDownAndPoolWithoutBlock(ctx, t, c, run, rail, "10.78.0.0/24", args)
 
 	// A rail NIC the node is labelled with but does not have (a stale or hand-set
 	// label), which a pool with a block here selects.
@@ -423,5 +407,30 @@ func TestCheckDoesNotProbeGatewayOutsideSubnet(t *testing.T) {
 	}
 	if got := neighOf(outside); len(got) > 0 {
 		t.Errorf("check --probe made neighbour entries for %s, outside pool outside's subnet %s: %v", outside, subnet, got)
+	}
+}
+
+// linkDownAndPoolWithoutBlock makes two faults of the check tests, one after the
+// other, and wants check to find each: the rail's link down (a problem naming the
+// rail NIC; the gateway is then unreachable too, its address being on a link that
+// is down), and an IPPool in subnet that selects the node but gives it no block.
+func linkDownAndPoolWithoutBlock(ctx context.Context, t *testing.T, c client.Client, run func(args ...string), rail, subnet string, args []string) {
+	t.Helper()
+	run("ip", "link", "set", rail, "down")
+	r, code := checkRun(t, args...)
+	if got := problems(r); code != ipamctl.ExitProblems || !strings.Contains(fmt.Sprint(got), "rail NIC "+rail+" (0000:3b:00.0) is down") {
+		t.Errorf("link down: exit %d, %q", code, got)
+	}
+	run("ip", "link", "set", rail, "up")
+
+	nobl := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "nobl", Namespace: "pools"},
+		Spec: v1alpha1.IPPoolSpec{Subnet: subnet, PerNodeBlockSize: 16}}
+	if err := c.Create(ctx, nobl); err != nil {
+		t.Fatal(err)
+	}
+	r, code = checkRun(t, args...)
+	wantOnly(t, "pool without block", r, code, "IPPool pools/nobl selects this node but gives it no block")
+	if err := c.Delete(ctx, nobl); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -170,23 +170,7 @@ func TestCheckWithTheRealDaemon(t *testing.T) {
 	wantOnly(t, "store and daemon disagree", r, code, "the store and the daemon disagree on 1 allocation(s)")
 	dealloc("trainer-0", "c0", "net2")
 
-	run("ip", "link", "set", rail, "down")
-	r, code = checkRun(t, args...)
-	if got := problems(r); code != ipamctl.ExitProblems || !strings.Contains(fmt.Sprint(got), "rail NIC "+rail+" (0000:3b:00.0) is down") {
-		t.Errorf("link down: exit %d, %q", code, got)
-	}
-	run("ip", "link", "set", rail, "up")
-
-	nobl := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "nobl", Namespace: "pools"},
-		Spec: v1alpha1.IPPoolSpec{Subnet: "10.75.0.0/24", PerNodeBlockSize: 16}}
-	if err := c.Create(ctx, nobl); err != nil {
-		t.Fatal(err)
-	}
-	r, code = checkRun(t, args...)
-	wantOnly(t, "pool without block", r, code, "IPPool pools/nobl selects this node but gives it no block")
-	if err := c.Delete(ctx, nobl); err != nil {
-		t.Fatal(err)
-	}
+	linkDownAndPoolWithoutBlock(ctx, t, c, run, rail, "10.75.0.0/24", args)
 
 	alloc("gone-0", "c1", "net1")
 	r, code = checkRun(t, args...)
