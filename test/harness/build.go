@@ -1,8 +1,11 @@
 package harness
 
 import (
+	"io/fs"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -19,5 +22,33 @@ func BuildBinary(tb testing.TB, pkg string) string {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		tb.Fatalf("building %s: %v\n%s", pkg, err, b)
 	}
+	StatSources()
 	return out
+}
+
+// StatSources stats every file of the repository outside test/, hack/, bin/ and
+// dot-directories. go test caches a test's result by the packages it imports and
+// the files it opens or stats; a binary built in a subprocess (BuildBinary, `make
+// image`) and the manifests kubectl reads are neither, so without this a test
+// that execs them would be reported "(cached)" after a change to them alone.
+func StatSources() {
+	root := RepoRoot()
+	_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil //nolint:nilerr // a file that cannot be read is left out, not fatal
+		}
+		if d.IsDir() {
+			switch rel, _ := filepath.Rel(root, path); {
+			case rel == "test", rel == "hack", rel == "bin", strings.HasPrefix(d.Name(), "."):
+				if rel != "." {
+					return filepath.SkipDir
+				}
+			}
+			return nil
+		}
+		if d.Type().IsRegular() && !strings.HasSuffix(path, "_test.go") {
+			_, _ = os.Stat(path)
+		}
+		return nil
+	})
 }

@@ -31,6 +31,7 @@ func (c *Cluster) BuildImage(ctx context.Context, repo, tag string) (string, err
 	if err := c.PushImage(ctx, filepath.Join(bin, "hwipam-image.tar"), "hwipam:"+tag); err != nil {
 		return "", err
 	}
+	harness.StatSources() // the image and deploy/'s manifests are part of this test's inputs
 	return c.Registry + "/hwipam:" + tag, nil
 }
 
