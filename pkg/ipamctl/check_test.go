@@ -83,19 +83,9 @@ func wantOnly(t *testing.T, step string, r ipamctl.CheckReport, code int, want .
 // with the Node, the pools and the pods.
 func TestCheckFindsEachFault(t *testing.T) {
 	harness.RequireRoot(t)
-	cp, err := harness.NewControlPlane(harness.ControlPlaneOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cp.Stop() })
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	ctx := t.Context()
-	dir := t.TempDir()
-	binDir, confDir := filepath.Join(dir, "bin"), filepath.Join(dir, "conf")
-	for _, d := range []string{binDir, confDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, binDir, confDir := nodeDirs(t)
 	plugin := []byte("#!/bin/sh\nexit 0\n")
 	if err := os.WriteFile(filepath.Join(binDir, "nv-ipam"), plugin, 0o755); err != nil {
 		t.Fatal(err)
@@ -433,4 +423,18 @@ func linkDownAndPoolWithoutBlock(ctx context.Context, t *testing.T, c client.Cli
 	if err := c.Delete(ctx, nobl); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// nodeDirs makes a check test's node directory and, in it, the CNI bin and conf
+// directories the daemon installs into.
+func nodeDirs(t *testing.T) (dir, binDir, confDir string) {
+	t.Helper()
+	dir = t.TempDir()
+	binDir, confDir = filepath.Join(dir, "bin"), filepath.Join(dir, "conf")
+	for _, d := range []string{binDir, confDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, binDir, confDir
 }

@@ -34,13 +34,7 @@ func TestCheckWithTheRealDaemon(t *testing.T) {
 	harness.RequireRoot(t)
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	ctx := t.Context()
-	dir := t.TempDir()
-	binDir, confDir := filepath.Join(dir, "bin"), filepath.Join(dir, "conf")
-	for _, d := range []string{binDir, confDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, binDir, confDir := nodeDirs(t)
 	rail, tree, run := railWithGateway(t, "hwd", "10.76.0")
 
 	// The cluster: node n1, the pod, and pool rail0 selecting the nodes the daemon

@@ -82,10 +82,7 @@ func (p *cniPlugin) exec(cmd, cid string) ([]string, error) {
 func BenchmarkCNI(b *testing.B) {
 	ctx := context.Background()
 	_, kubeconfig := benchPool(b, "10.0.0.0/8", 65536, "10.0.0.1", "10.1.0.0")
-	refBin := os.Getenv("HWIPAM_CNI_BIN_DIR")
-	if refBin == "" {
-		b.Fatal(harness.ErrNoCNIPlugins)
-	}
+	refBin := harness.CNIBinDir(b)
 	nvipam := harness.BuildBinary(b, "./cmd/nv-ipam")
 	ipamNode := harness.BuildBinary(b, "./cmd/ipam-node")
 	// Two daemons on one node, each with its own store and socket: one serves the
@@ -306,10 +303,7 @@ func hostLocalHeld(b *testing.B, dir, prefix string) []string {
 func BenchmarkCNIExecPath(b *testing.B) {
 	ctx := context.Background()
 	_, kubeconfig := benchPool(b, "10.0.0.0/8", 65536, "10.0.0.1", "10.1.0.0")
-	refBin := os.Getenv("HWIPAM_CNI_BIN_DIR")
-	if refBin == "" {
-		b.Fatal(harness.ErrNoCNIPlugins)
-	}
+	refBin := harness.CNIBinDir(b)
 	binDir, dir := b.TempDir(), b.TempDir()
 	metrics := freePort(b)
 	d, _ := startNodeDaemonArgs(b, harness.BuildBinary(b, "./cmd/ipam-node"), kubeconfig, dir,
