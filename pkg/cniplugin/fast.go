@@ -10,48 +10,27 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"golang.org/x/sys/unix"
 )
 
 // SupportedVersions are the CNI spec versions the plugin speaks.
 var SupportedVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
 
-// Fast runs an ADD or a DEL, the calls a runtime makes for every pod, without
-// skel's dispatcher and without encoding/json, whose reflection a process that
-// lives for one call pays in full: the environment is checked as skel checks it,
+// fast runs an ADD or a DEL, the calls a runtime makes for every pod, without
+// encoding/json, whose reflection a process that lives for one call pays in full:
 // the network config and nv-ipam.conf are read with a strict JSON reader
 // (jsonlite.go), the result is written by hand in the layout of the CNI library,
-// and the call is the same add or del as the full path's.
+// and the call is the same add or del as the library's way.
 //
-// It takes only what it is sure to treat exactly as the full path would: another
-// verb, an environment variable or a config skel would refuse, JSON that
-// encoding/json could read differently, or any configuration error is left to the
-// full path (done is false, and standard input reads again from its start).
+// It takes only what it is sure to treat exactly as the library's way would
+// (Run has checked the environment as skel does): JSON that encoding/json could
+// read differently, a config skel would refuse, or any configuration error is
+// left to the library's way (done is false; nothing was sent to the daemon).
 // Errors after the call was made are printed as skel prints them.
-func (p *Plugin) Fast(getenv func(string) string) (exitCode int, done bool) {
-	verb := getenv("CNI_COMMAND")
-	if verb != "ADD" && verb != "DEL" {
-		return 0, false
-	}
-	args := &skel.CmdArgs{ContainerID: getenv("CNI_CONTAINERID"), Netns: getenv("CNI_NETNS"), IfName: getenv("CNI_IFNAME"),
-		Args: getenv("CNI_ARGS"), Path: getenv("CNI_PATH"), NetnsOverride: getenv("CNI_NETNS_OVERRIDE")}
-	if !validName(args.ContainerID) || !validIfName(args.IfName) || args.Path == "" || verb == "ADD" && args.Netns == "" {
-		return 0, false
-	}
-	data, err := readAll(int(os.Stdin.Fd()))
+func (p *Plugin) fast(verb string, args *CmdArgs) (exitCode int, done bool) {
+	cfg, err := fastConfig(args.StdinData, args.Args, verb == "ADD")
 	if err != nil {
-		// skel's error for it; what was read cannot be given back whole.
-		return p.printError(types.NewError(types.ErrIOFailure, "error reading from stdin: "+err.Error(), "")), true
-	}
-	args.StdinData = data
-	cfg, err := fastConfig(data, args.Args, verb == "ADD")
-	if err != nil {
-		if err := replayStdin(data); err != nil {
-			return p.printError(types.NewError(types.ErrIOFailure, "error reading from stdin: "+err.Error(), "")), true
-		}
 		return 0, false
 	}
 	s, err := p.connect(cfg, verb)
@@ -97,20 +76,6 @@ func validName(s string) bool {
 	return true
 }
 
-// validIfName is the CNI library's rule for interface names (at most 15 bytes, not
-// "." or "..", no '/', ':' or white space), kept to ASCII.
-func validIfName(s string) bool {
-	if s == "" || len(s) > 15 || s == "." || s == ".." {
-		return false
-	}
-	for i := range len(s) {
-		if c := s[i]; c >= 0x80 || c <= ' ' || c == 0x7f || c == '/' || c == ':' {
-			return false
-		}
-	}
-	return true
-}
-
 // readAll reads fd to its end with plain system calls (an os.File would set up
 // the runtime's network poller for it).
 func readAll(fd int) ([]byte, error) {
@@ -140,25 +105,6 @@ func readFileLite(path string) ([]byte, error) {
 	}
 	defer syscall.Close(fd)
 	return readAll(fd)
-}
-
-// replayStdin makes os.Stdin read data again from its start, for skel.
-func replayStdin(data []byte) error {
-	fd, err := unix.MemfdCreate("stdin", unix.MFD_CLOEXEC)
-	if err != nil {
-		return err
-	}
-	f := os.NewFile(uintptr(fd), "stdin")
-	if _, err := f.Write(data); err != nil {
-		_ = f.Close()
-		return err
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		_ = f.Close()
-		return err
-	}
-	os.Stdin = f
-	return nil
 }
 
 // fastConfig reads the network config with jsonlite, checks what skel checks

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,7 +20,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/cni/pkg/utils"
+	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/iprange"
@@ -359,13 +358,14 @@ func TestPrintResultLiteByteForByte(t *testing.T) {
 	}
 }
 
-// TestFastMatchesTheFullPath: random ADDs and DELs (environment, network config,
-// nv-ipam.conf, CNI_ARGS) against a real node service. Where Fast takes a call,
-// skel would have taken it too (its checks pass), and the full path then prints
-// the same bytes with the same exit code (ADD is idempotent, DEL of nothing
-// succeeds); where Fast leaves a call, the daemon saw nothing and standard input
-// reads again from its start.
-func TestFastMatchesTheFullPath(t *testing.T) {
+// TestRunMatchesSkel: random calls of every verb (environment, network config,
+// nv-ipam.conf, CNI_ARGS; good most of the time, broken in every way now and
+// then) against a real node service. Run must print the same bytes on stdout and
+// stderr, with the same exit code, as the CNI library's skel dispatching to the
+// same verbs (with the own-netns check the plugin makes itself, as main did
+// before Run replaced skel). ADD is idempotent and DEL of nothing succeeds, so
+// Run goes first and skel repeats the call on the same daemon.
+func TestRunMatchesSkel(t *testing.T) {
 	r := harness.Rand(t)
 	start, end := netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.12")
 	pool := func(name string, kind string, prefix string) *nodealloc.PoolConfig {
@@ -377,7 +377,7 @@ func TestFastMatchesTheFullPath(t *testing.T) {
 		return &nodealloc.PoolConfig{Name: name, Kind: kind, Prefix: p, Block: iprange.Range{Start: s, End: e},
 			ExclusionBase: s, Gateway: s, DefaultGateway: true}
 	}
-	grpcSocket, m := harness.ServeNode(t, pool("net-a", v1alpha1.KindIPPool, "10.1.0.0/24"),
+	grpcSocket, _ := harness.ServeNode(t, pool("net-a", v1alpha1.KindIPPool, "10.1.0.0/24"),
 		pool("six", v1alpha1.KindIPPool, "fd00::/64"), pool("cidr", v1alpha1.KindCIDRPool, "10.1.0.0/24"))
 	podNS := harness.NewNetNS(t)
 	confDir := t.TempDir()
@@ -390,8 +390,10 @@ func TestFastMatchesTheFullPath(t *testing.T) {
 		}
 		return pick(good...)
 	}
-	taken, full := 0, 0
-	for i := range 400 {
+	sk := newSkelRunner(t)
+	verbs := map[string]int{}
+	fastWay := 0
+	for i := range 2000 {
 		switch r.IntN(20) { // nv-ipam.conf: the daemon's, absent, odd or broken
 		case 0:
 			_ = os.Remove(confFile)
@@ -409,8 +411,9 @@ func TestFastMatchesTheFullPath(t *testing.T) {
 				members = append(members, fmt.Sprintf(format, a...))
 			}
 		}
-		add(`"cniVersion": %q`, or([]string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}, "0.2.0", ""))
-		add(`"name": %q`, or([]string{"net-a", "net-a", "six"}, "bad name"))
+		verb := or([]string{"ADD", "ADD", "ADD", "DEL", "DEL", "CHECK", "GC", "STATUS", "VERSION"}, "", "add", "BOGUS")
+		add(`"cniVersion": %q`, or([]string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0", "1.1.0"}, "0.2.0", "", "1.2.0", "x.y"))
+		add(`"name": %q`, or([]string{"net-a", "net-a", "six"}, "bad name", "", "-a"))
 		add(`"type": "macvlan", "master": %q`, pick("ens1", ""))
 		var ipam []string
 		ipamAdd := func(format string, a ...any) {
@@ -430,69 +433,151 @@ func TestFastMatchesTheFullPath(t *testing.T) {
 		add(`"ipam": {%s}`, strings.Join(ipam, ", "))
 		add(`"runtimeConfig": {"ips": [%s]}`, or([]string{"", "", `"10.1.0.9"`, `"10.1.0.200"`}, `"x"`))
 		add(`"args": {"cni": {"allocateDefaultGateway": %s}}`, or([]string{"true", "false"}, `"yes"`))
+		if verb == "GC" || r.IntN(20) == 0 {
+			add(`"cni.dev/valid-attachments": [%s]`, or([]string{"", `{"containerID": "c1", "ifname": "net1"}`}, `5`))
+		}
+		if verb == "CHECK" || r.IntN(20) == 0 {
+			add(`"prevResult": %s`, or([]string{`{"cniVersion": "1.0.0", "ips": [{"address": "10.1.0.2/24"}]}`, `{"ips": []}`}, `"x"`))
+		}
 		r.Shuffle(len(members), func(i, j int) { members[i], members[j] = members[j], members[i] })
 		data := []byte("{" + strings.Join(members, ", ") + "}")
-		env := map[string]string{
-			"CNI_COMMAND":     or([]string{"ADD", "ADD", "DEL"}, "CHECK", "VERSION"),
-			"CNI_CONTAINERID": or([]string{"c1", "c2", "c3", "c-4.x_y"}, "bad id", "", "-c"),
-			"CNI_NETNS":       or([]string{podNS.Path}, "", "/proc/self/ns/net"),
-			"CNI_IFNAME":      or([]string{"net1", "net1", "net2"}, "eth0:1", "", "a-name-of-16-chr"),
-			"CNI_ARGS":        or([]string{"K8S_POD_NAME=p;K8S_POD_NAMESPACE=ns", "K8S_POD_NAME=p;K8S_POD_NAMESPACE=ns;IP=10.1.0.11"}, "", "bad"),
-			"CNI_PATH":        or([]string{"/opt/cni/bin"}, ""),
+		if r.IntN(40) == 0 {
+			data = data[:r.IntN(len(data))] // cut short: not JSON
 		}
-		before := m.Allocations("")
-		if err := replayStdin(data); err != nil {
+		env := map[string]string{}
+		// Each variable is bad one time in 8 ("-" leaves it unset).
+		set := func(k string, good []string, bad ...string) {
+			v := pick(good...)
+			if r.IntN(8) == 0 {
+				v = pick(bad...)
+			}
+			if v != "-" {
+				env[k] = v
+			}
+		}
+		if verb != "" {
+			env["CNI_COMMAND"] = verb
+		}
+		set("CNI_CONTAINERID", []string{"c1", "c2", "c3", "c-4.x_y"}, "bad id", "-", "-c", "c\u00e9")
+		set("CNI_NETNS", []string{podNS.Path}, "-", "/proc/self/ns/net", "/nonexistent")
+		set("CNI_IFNAME", []string{"net1", "net1", "net2"}, "eth0:1", "-", "a-name-of-16-chr", ".", "..", "n\u00e9t", "n\u2003t", "n\xfft", "a/b")
+		set("CNI_ARGS", []string{"K8S_POD_NAME=p;K8S_POD_NAMESPACE=ns", "K8S_POD_NAME=p;K8S_POD_NAMESPACE=ns;IP=10.1.0.11"}, "-", "bad")
+		set("CNI_PATH", []string{"/opt/cni/bin"}, "-")
+		if r.IntN(10) == 0 { // the runtime's override, mostly into the plugin's own namespace
+			env["CNI_NETNS_OVERRIDE"] = pick("1", "true", "TRUE", "True", "0", "yes", "")
+			env["CNI_NETNS"] = pick("/proc/self/ns/net", "/proc/self/ns/net", podNS.Path)
+		}
+		step := fmt.Sprintf("call %d: %q %s", i, env, data)
+		var out, errOut bytes.Buffer
+		p := &Plugin{Stdout: &out, Stderr: &errOut}
+		code := p.Run(func(k string) string { return env[k] }, bytes.NewReader(data))
+		skelOut, skelErr, skelCode := sk.run(env, data)
+		if code != skelCode || out.String() != skelOut || errOut.String() != skelErr {
+			t.Fatalf("%s:\nRun (exit %d):\n%s\nstderr %q\nskel (exit %d):\n%s\nstderr %q", step, code, out.String(), errOut.String(),
+				skelCode, skelOut, skelErr)
+		}
+		verbs[verb]++
+		if _, err := fastConfig(data, env["CNI_ARGS"], verb == "ADD"); err == nil && (verb == "ADD" || verb == "DEL") {
+			fastWay++
+		}
+	}
+	t.Logf("calls per verb %v; %d ADDs and DELs read by the short way", verbs, fastWay)
+	if fastWay < 400 || verbs["ADD"]+verbs["DEL"]-fastWay < 200 {
+		t.Errorf("%d of %d ADDs and DELs went the short way: the generator tests too little of one side", fastWay, verbs["ADD"]+verbs["DEL"])
+	}
+}
+
+// skelRunner runs the plugin's verbs through the CNI library's skel in this
+// process: skel reads the process's environment and standard input, and prints
+// on its standard output and error, so those are swapped for files around each
+// call and put back after.
+type skelRunner struct {
+	t   *testing.T
+	dir string
+}
+
+var cniEnvNames = []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH", "CNI_NETNS_OVERRIDE"}
+
+func newSkelRunner(t *testing.T) *skelRunner {
+	saved := map[string]*string{}
+	for _, k := range cniEnvNames {
+		if v, ok := os.LookupEnv(k); ok {
+			saved[k] = &v
+		} else {
+			saved[k] = nil
+		}
+	}
+	t.Cleanup(func() {
+		for k, v := range saved {
+			if v == nil {
+				_ = os.Unsetenv(k)
+			} else {
+				_ = os.Setenv(k, *v)
+			}
+		}
+	})
+	return &skelRunner{t: t, dir: t.TempDir()}
+}
+
+func (s *skelRunner) run(env map[string]string, data []byte) (stdout, stderr string, code int) {
+	t := s.t
+	for _, k := range cniEnvNames {
+		if v, ok := env[k]; ok {
+			_ = os.Setenv(k, v)
+		} else {
+			_ = os.Unsetenv(k)
+		}
+	}
+	// As main did with skel: the plugin makes the own-netns check itself, and
+	// tells skel to skip its own.
+	v := env["CNI_NETNS_OVERRIDE"]
+	slowCheck := strings.ToUpper(v) != "TRUE" && v != "1"
+	_ = os.Setenv("CNI_NETNS_OVERRIDE", "1")
+	files := make([]*os.File, 3)
+	for i, name := range []string{"stdin", "stdout", "stderr"} {
+		path := filepath.Join(s.dir, name)
+		content := []byte{}
+		if i == 0 {
+			content = data
+		}
+		if err := os.WriteFile(path, content, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		var fastOut bytes.Buffer
-		fast := &Plugin{Stdout: &fastOut, CheckNetNS: true}
-		code, done := fast.Fast(func(k string) string { return env[k] })
-		step := fmt.Sprintf("call %d: %v %s", i, env, data)
-		if !done {
-			again, err := readAll(int(os.Stdin.Fd()))
-			if err != nil || !bytes.Equal(again, data) || fastOut.Len() != 0 {
-				t.Fatalf("%s: left to the full path, but stdin reads %q (%v) and it printed %q", step, again, err, fastOut.String())
-			}
-			if after := m.Allocations(""); !reflect.DeepEqual(before, after) {
-				t.Fatalf("%s: left to the full path, but the daemon's allocations changed: %v -> %v", step, before, after)
-			}
-			full++
-			continue
-		}
-		taken++
-		// skel's own checks pass for every call Fast takes.
-		verb := env["CNI_COMMAND"]
-		var nc struct {
-			CNIVersion string `json:"cniVersion"`
-			Name       string `json:"name"`
-		}
-		if utils.ValidateContainerID(env["CNI_CONTAINERID"]) != nil || utils.ValidateInterfaceName(env["CNI_IFNAME"]) != nil ||
-			env["CNI_PATH"] == "" || verb == "ADD" && env["CNI_NETNS"] == "" || json.Unmarshal(data, &nc) != nil ||
-			utils.ValidateNetworkName(nc.Name) != nil || !slices.Contains(SupportedVersions, nc.CNIVersion) {
-			t.Fatalf("%s: Fast took a call skel refuses", step)
-		}
-		args := &skel.CmdArgs{ContainerID: env["CNI_CONTAINERID"], Netns: env["CNI_NETNS"], IfName: env["CNI_IFNAME"],
-			Args: env["CNI_ARGS"], Path: env["CNI_PATH"], StdinData: data}
-		var fullOut bytes.Buffer
-		slow := &Plugin{Stdout: &fullOut, CheckNetNS: true}
-		var err error
-		if verb == "ADD" {
-			err = slow.Add(args)
-		} else {
-			err = slow.Del(args)
-		}
-		fullCode := 0
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
 		if err != nil {
-			fullCode = slow.printError(err)
+			t.Fatal(err)
 		}
-		if code != fullCode || fastOut.String() != fullOut.String() {
-			t.Fatalf("%s:\nfast (exit %d):\n%s\nfull (exit %d):\n%s", step, code, fastOut.String(), fullCode, fullOut.String())
+		defer f.Close()
+		files[i] = f
+	}
+	in, out, errOut := os.Stdin, os.Stdout, os.Stderr
+	os.Stdin, os.Stdout, os.Stderr = files[0], files[1], files[2]
+	func() {
+		defer func() { os.Stdin, os.Stdout, os.Stderr = in, out, errOut }()
+		slow := &Plugin{Stdout: files[1], Stderr: files[2], CheckNetNS: slowCheck}
+		conv := func(f func(*CmdArgs) error) func(*skel.CmdArgs) error {
+			return func(a *skel.CmdArgs) error {
+				return f(&CmdArgs{ContainerID: a.ContainerID, Netns: a.Netns, IfName: a.IfName, Args: a.Args, Path: a.Path,
+					NetnsOverride: a.NetnsOverride, StdinData: a.StdinData})
+			}
 		}
+		funcs := skel.CNIFuncs{Add: conv(slow.Add), Del: conv(slow.Del), Check: conv(slow.Check), GC: conv(slow.GC), Status: conv(slow.Status)}
+		if e := skel.PluginMainFuncsWithError(funcs, version.PluginSupports(SupportedVersions...), About); e != nil {
+			code = 1
+			if err := e.Print(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}()
+	o, err := os.ReadFile(filepath.Join(s.dir, "stdout"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("Fast took %d calls, left %d to the full path", taken, full)
-	if taken < 60 || full < 60 {
-		t.Errorf("Fast took %d calls and left %d: the generator tests too little of one side", taken, full)
+	e, err := os.ReadFile(filepath.Join(s.dir, "stderr"))
+	if err != nil {
+		t.Fatal(err)
 	}
+	return string(o), string(e), code
 }
 
 // FuzzJSONLite: whatever jsonlite reads, encoding/json reads the same; whatever

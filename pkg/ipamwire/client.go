@@ -105,6 +105,7 @@ type Client struct {
 	target    string
 	deadline  time.Time
 	h2        *h2conn
+	calls     int
 }
 
 // conn is a connection to the daemon: an fdConn to the compact endpoint, a
@@ -203,7 +204,12 @@ func (c *Client) Invoke(ctx context.Context, method string, req []byte) ([]byte,
 	}
 	if d, ok := ctx.Deadline(); ok && d.Before(c.deadline) {
 		_ = c.conn.SetDeadline(d)
+	} else if c.calls > 0 {
+		// The compact endpoint's deadline is a time left, counted from when it
+		// was set: count it again from now for every call after the first.
+		_ = c.conn.SetDeadline(c.deadline)
 	}
+	c.calls++
 	if c.transport == TransportFast {
 		return c.invokeFast(method, req)
 	}
