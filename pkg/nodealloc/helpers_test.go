@@ -1,6 +1,7 @@
 package nodealloc_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,14 +10,22 @@ import (
 	"github.com/hwipam/hwipam/pkg/store"
 )
 
+// copyFile copies a store, as a restarted daemon would find it: its log first,
+// then the bbolt file (what the checkpointer moves between the two copies is
+// in the second; see store.Snapshot).
 func copyFile(t *testing.T, from, to string) {
 	t.Helper()
-	data, err := os.ReadFile(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(to, data, 0o600); err != nil {
-		t.Fatal(err)
+	for _, suffix := range []string{".wal", ""} {
+		data, err := os.ReadFile(from + suffix)
+		if suffix != "" && errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(to+suffix, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

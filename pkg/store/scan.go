@@ -34,6 +34,9 @@ func (s *Store) Scan(pool func(Pool) error, held func(poolKey, recordKey string,
 			err = cerr
 		}
 	}()
+	if err := s.settle(); err != nil {
+		return err
+	}
 	err = s.db.View(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketPools).ForEach(func(k, v []byte) error {
 			p := Pool{Key: string(k)}
@@ -88,6 +91,9 @@ func (s *Store) unmapRead() {
 func (s *Store) Get(poolKey, containerID, ifName string) (Allocation, bool, error) {
 	var a Allocation
 	found := false
+	if err := s.settle(); err != nil {
+		return Allocation{}, false, err
+	}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketAllocations).Bucket([]byte(poolKey))
 		if b == nil {
@@ -119,6 +125,9 @@ const eachChunk = 1024
 // allocation made or released meanwhile may or may not be seen, one present
 // throughout is seen exactly once.
 func (s *Store) EachAllocation(poolKey string, fn func(poolKey string, a Allocation) error) error {
+	if err := s.settle(); err != nil {
+		return err
+	}
 	pools := []string{poolKey}
 	if poolKey == "" {
 		pools = nil

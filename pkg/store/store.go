@@ -1,7 +1,10 @@
 // Package store keeps a node's allocations durably on the host, in one bbolt
-// database file (--store-file). Every write commits, fsync included, before it
-// returns; concurrent writes share transactions (bbolt's Batch: group commit), so
-// a burst of Allocates costs a few fsyncs, not one each. A file that is not a
+// database file (--store-file) and its write-ahead log beside it
+// (<store-file>.wal, see wal.go). Every allocation and release is flushed to the
+// log before Commit returns, one device flush where a bbolt transaction takes
+// two; concurrent commits share flushes (group commit), so a burst of Allocates
+// costs a few flushes, not one each. The log is applied to the bbolt file in the
+// background, many commits per transaction, and replayed on open. A file that is not a
 // usable store stops the daemon with an error that says what to do; the daemon
 // never starts empty over a broken file. An nv-ipam JSON store found at the path
 // is imported on first open and kept beside it as a backup (see import.go).
@@ -106,13 +109,15 @@ type Store struct {
 
 	commits      atomic.Uint64 // Commit calls that succeeded
 	transactions atomic.Uint64 // write transactions they shared
-	lastTx       atomic.Int64
-	inflight     atomic.Int64 // Commit calls running
-	lastUnmap    atomic.Int64 // when unmapNowAndThen last ran, Unix nanoseconds
+	lastUnmap    atomic.Int64  // when unmapNowAndThen last ran, Unix nanoseconds
+
+	// wal is the write-ahead log (wal.go). Lock order: wal.syncMu, wal.ckMu,
+	// wal.mu.
+	wal *wal
 }
 
-// Stats reports how many Commit calls succeeded and in how many write
-// transactions (each one fsync): the ratio is what group commit saves.
+// Stats reports how many Commit calls succeeded and in how many flushes of the
+// log they were made durable: the ratio is what group commit saves.
 func (s *Store) Stats() (commits, transactions uint64) {
 	return s.commits.Load(), s.transactions.Load()
 }
@@ -121,9 +126,11 @@ func (s *Store) Stats() (commits, transactions uint64) {
 type Options struct {
 	// LockTimeout bounds the wait for another process holding the file; 0 means 10s.
 	LockTimeout time.Duration
-	// MaxBatchDelay is how long a write waits for others to share its transaction;
-	// 0 means 2ms.
+	// MaxBatchDelay is how long a pool record's write waits for others to share
+	// its transaction; 0 means 2ms.
 	MaxBatchDelay time.Duration
+	// WALSize is the size of the write-ahead log; 0 means DefaultWALSize.
+	WALSize int64
 }
 
 // Open opens the store at path, creating it when missing and importing an nv-ipam
@@ -137,6 +144,9 @@ func Open(path string, opts Options) (*Store, error) {
 	}
 	if opts.MaxBatchDelay == 0 {
 		opts.MaxBatchDelay = 2 * time.Millisecond
+	}
+	if opts.WALSize == 0 {
+		opts.WALSize = DefaultWALSize
 	}
 	if isNVIPAM, err := looksLikeNVIPAMStore(path); err != nil {
 		return nil, err
@@ -165,6 +175,13 @@ func Open(path string, opts Options) (*Store, error) {
 	if err := s.init(); err != nil {
 		if cerr := s.waitChecked(); cerr != nil {
 			err = cerr // a damaged file can fail init in other ways; say what is wrong
+		}
+		_ = db.Close()
+		return nil, err
+	}
+	if err := s.openWAL(opts.WALSize); err != nil {
+		if cerr := s.waitChecked(); cerr != nil {
+			err = cerr
 		}
 		_ = db.Close()
 		return nil, err
@@ -280,10 +297,11 @@ func (s *Store) init() (err error) {
 // Close closes the store.
 func (s *Store) Close() error {
 	<-s.checked
+	werr := s.closeWAL()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("closing store %s: %w", s.path, err)
 	}
-	return nil
+	return werr
 }
 
 // Path is the store file.
@@ -301,60 +319,48 @@ type Put struct {
 	LastReserved string
 }
 
-// Commit records the puts and deletes in one transaction, shared with concurrent
-// callers, and returns once it is on disk. Either all of them happen or none.
+// Commit records the puts and deletes, all or none, and returns once they are
+// on disk: in the log, as one record, flushed (shared with concurrent callers);
+// the checkpointer puts them into the bbolt file soon after.
 func (s *Store) Commit(puts []Put, deletes []Key) error {
 	if err := s.waitChecked(); err != nil {
 		return err
 	}
-	// Alone, commit at once; with others in flight, join a batch. A lone caller
-	// would otherwise wait MaxBatchDelay for company that is not coming.
-	run := s.db.Batch
-	if s.inflight.Add(1) == 1 {
-		run = s.db.Update
+	ops := make([]walOp, 0, len(puts)+len(deletes))
+	for i := range puts {
+		p := &puts[i]
+		v, err := json.Marshal(p.Allocation)
+		if err != nil {
+			return fmt.Errorf("writing store %s: %w", s.path, err)
+		}
+		ops = append(ops, walOp{kind: opPut, pool: p.PoolKey, key: RecordKey(p.Allocation.ContainerID, p.Allocation.IfName),
+			value: v, lastReserved: p.LastReserved})
 	}
-	defer s.inflight.Add(-1)
-	err := run(func(tx *bolt.Tx) error {
-		// Batch runs the calls sharing a transaction one after another on one
-		// goroutine, so a new ID marks a new transaction. (A call retried alone after a
-		// failed batch runs in yet another one.)
-		if id := int64(tx.ID()); s.lastTx.Swap(id) != id {
-			s.transactions.Add(1)
+	for _, d := range deletes {
+		ops = append(ops, walOp{kind: opDel, pool: d.PoolKey, key: RecordKey(d.ContainerID, d.IfName)})
+	}
+	// What bbolt would refuse is refused here, before it is in the log.
+	for _, o := range ops {
+		if err := validOp(o); err != nil {
+			return fmt.Errorf("writing store %s: %w", s.path, err)
 		}
-		allocs := tx.Bucket(bucketAllocations)
-		for i := range puts {
-			p := &puts[i]
-			b, err := allocs.CreateBucketIfNotExists([]byte(p.PoolKey))
-			if err != nil {
-				return err
-			}
-			v, err := json.Marshal(p.Allocation)
-			if err != nil {
-				return err
-			}
-			if err := b.Put(allocKey(p.Allocation.ContainerID, p.Allocation.IfName), v); err != nil {
-				return err
-			}
-			if p.LastReserved != "" {
-				if err := updatePool(tx, p.PoolKey, func(pl *Pool) { pl.LastReserved = p.LastReserved }); err != nil {
-					return err
-				}
-			}
-		}
-		for _, d := range deletes {
-			if b := allocs.Bucket([]byte(d.PoolKey)); b != nil {
-				if err := b.Delete(allocKey(d.ContainerID, d.IfName)); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	}
+	if err := s.log(ops); err != nil {
 		return fmt.Errorf("writing store %s: %w", s.path, err)
 	}
 	s.commits.Add(1)
-	s.unmapNowAndThen()
+	return nil
+}
+
+func validOp(o walOp) error {
+	switch {
+	case o.pool == "":
+		return errors.New("an allocation without a pool key")
+	case len(o.pool) > bolt.MaxKeySize || len(o.key) > bolt.MaxKeySize:
+		return fmt.Errorf("pool key or record key longer than %d bytes", bolt.MaxKeySize)
+	case len(o.value) > bolt.MaxValueSize:
+		return fmt.Errorf("a record longer than %d bytes", bolt.MaxValueSize)
+	}
 	return nil
 }
 
@@ -434,6 +440,9 @@ func (s *Store) Load() (map[string]*PoolState, error) {
 	if err := s.waitChecked(); err != nil {
 		return nil, err
 	}
+	if err := s.settle(); err != nil {
+		return nil, err
+	}
 	out := map[string]*PoolState{}
 	get := func(key string) *PoolState {
 		st, ok := out[key]
@@ -495,6 +504,12 @@ func Snapshot(path string) (map[string]*PoolState, error) {
 	} else if isNVIPAM {
 		return nil, fmt.Errorf("%s is an nv-ipam JSON store that ipam-node has not imported yet (it does on its next start)", path)
 	}
+	// The log first: what the checkpointer moves from it into the file after
+	// this read is in the copy below; what the copy lacks is in this read.
+	_, logged, _, err := readWAL(path + ".wal")
+	if err != nil {
+		return nil, err
+	}
 	src, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading the store: %w", err)
@@ -539,7 +554,18 @@ func Snapshot(path string) (map[string]*PoolState, error) {
 	}); err != nil {
 		return nil, corrupt(path, err)
 	}
-	return s.Load()
+	pools, err := s.Load()
+	if err != nil {
+		return nil, err
+	}
+	var applied uint64
+	if err := db.View(func(tx *bolt.Tx) error { applied = walApplied(tx); return nil }); err != nil {
+		return nil, corrupt(path, err)
+	}
+	if err := applyToSnapshot(pools, logged, applied); err != nil {
+		return nil, fmt.Errorf("the store's log %s.wal cannot be read: %w", path, err)
+	}
+	return pools, nil
 }
 
 func openSnapshot(copyPath, path string) (db *bolt.DB, err error) {

@@ -1,0 +1,39 @@
+package store
+
+// HoldCheckpoints keeps the checkpointer from applying the log to the bbolt
+// file until release is called, so that commits are only in the log. Reads
+// wait for the checkpointer: a test does not read while it holds it. A log that
+// fills up is still checkpointed by the commit that finds it full.
+func (s *Store) HoldCheckpoints() (release func()) {
+	s.wal.held.Store(true)
+	return func() {
+		s.wal.held.Store(false)
+		select {
+		case s.wal.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Crash abandons the store as a killed process would leave it: what is written
+// stays written (the page cache outlives a process), nothing pending is applied
+// and nothing more is flushed. A checkpoint under way finishes first.
+func (s *Store) Crash() {
+	<-s.checked
+	close(s.wal.stop)
+	<-s.wal.ended
+	s.wal.ckMu.Lock()
+	_ = s.wal.f.Close()
+	s.wal.ckMu.Unlock()
+	_ = s.db.Close()
+}
+
+// BreakLog closes the log's file under the store, so that its next write fails.
+func (s *Store) BreakLog() { _ = s.wal.f.Close() }
+
+// LogEnd is the log's path and the offset after its last record.
+func (s *Store) LogEnd() (path string, off int64) {
+	s.wal.mu.Lock()
+	defer s.wal.mu.Unlock()
+	return s.wal.path, s.wal.off
+}

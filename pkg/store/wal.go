@@ -1,0 +1,606 @@
+package store
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+)
+
+// The write-ahead log, <store-file>.wal. A bbolt commit flushes the disk twice
+// (its new pages, then its meta page), and an allocation was acknowledged only
+// after both: two device flushes on every ADD and DEL. Commit now appends the
+// change to this log and flushes it once; a background checkpointer applies
+// what the log holds to the bbolt file in one transaction (two flushes for
+// many changes) and records there the last sequence number applied. Open
+// replays what the bbolt file lacks, so a change is durable from the moment
+// its log record is, and the bbolt file is consistent at every instant, as
+// before (it is still written only by bbolt's own, fully synced transactions).
+//
+// Layout: a header, then records, in a file of fixed size written with zeros
+// when made (so an append allocates nothing and its flush writes no metadata):
+//
+//	header: "hwipwal1" | generation u64 | crc32c(first 16 bytes) u32 | 0 u32 | 8 bytes 0
+//	record: payload length u32 | crc32c(generation..payload) u32 | generation u64 | sequence u64 | payload
+//	payload: ops, each: kind byte | pool key | record key | value | last reserved (uvarint-prefixed strings)
+//
+// When the log is full, everything in it is checkpointed and a new generation
+// starts at the front: the header is rewritten with the generation plus one,
+// and replay stops at the first record that is not of the header's generation,
+// has a bad checksum, or does not continue the sequence. Sequence numbers grow
+// across generations; the bbolt file's meta bucket holds the last one applied
+// ("walSeq"), so replay skips what is already there.
+//
+// A log record that fails to be written or flushed leaves the log in an
+// unknown state: the store then refuses every write until ipam-node restarts
+// (and replays what reached the disk); see poison.
+
+const (
+	walMagic      = "hwipwal1"
+	walHeaderSize = 32
+	walRecHeader  = 24
+	// DefaultWALSize is the log's size: about 20,000 allocations' records before
+	// it wraps.
+	DefaultWALSize = 4 << 20
+)
+
+var (
+	castagnoli = crc32.MakeTable(crc32.Castagnoli)
+	keyWALSeq  = []byte("walSeq")
+)
+
+const (
+	opPut byte = 1
+	opDel byte = 2
+)
+
+// walOp is one change of a Commit: a record put (with the pool's cursor) or
+// deleted.
+type walOp struct {
+	kind         byte
+	pool, key    string
+	value        []byte
+	lastReserved string
+}
+
+type walEntry struct {
+	seq uint64
+	ops []walOp
+}
+
+// wal is the log's state, guarded by mu (see Store for the lock order).
+type wal struct {
+	path string
+	f    *os.File
+	size int64
+
+	mu      sync.Mutex
+	gen     uint64
+	off     int64
+	written uint64     // the last sequence number written to the file
+	applied uint64     // the last sequence number in the bbolt file
+	pending []walEntry // written, not yet in the bbolt file, in sequence order
+	err     error      // set once: see poison
+	cond    *sync.Cond // signalled when applied or err changes
+
+	synced atomic.Uint64 // the last sequence number flushed
+	syncMu sync.Mutex    // one flush at a time; the others wait for it and share it
+
+	ckMu  sync.Mutex  // one checkpoint (or wrap) at a time
+	held  atomic.Bool // tests: the checkpointer applies nothing while set
+	kick  chan struct{}
+	stop  chan struct{}
+	ended chan struct{}
+}
+
+func encodeOps(ops []walOp) []byte {
+	var b []byte
+	for _, o := range ops {
+		b = append(b, o.kind)
+		for _, s := range []string{o.pool, o.key, string(o.value), o.lastReserved} {
+			b = binary.AppendUvarint(b, uint64(len(s)))
+			b = append(b, s...)
+		}
+	}
+	return b
+}
+
+func decodeOps(b []byte) ([]walOp, error) {
+	var ops []walOp
+	for len(b) > 0 {
+		o := walOp{kind: b[0]}
+		if o.kind != opPut && o.kind != opDel {
+			return nil, fmt.Errorf("unknown operation %d", o.kind)
+		}
+		b = b[1:]
+		var fields [4]string
+		for i := range fields {
+			n, w := binary.Uvarint(b)
+			if w <= 0 || n > uint64(len(b)-w) {
+				return nil, errors.New("truncated operation")
+			}
+			fields[i] = string(b[w : w+int(n)])
+			b = b[w+int(n):]
+		}
+		o.pool, o.key, o.lastReserved = fields[0], fields[1], fields[3]
+		if o.kind == opPut {
+			o.value = []byte(fields[2])
+		}
+		ops = append(ops, o)
+	}
+	return ops, nil
+}
+
+func walHeader(gen uint64) []byte {
+	h := make([]byte, walHeaderSize)
+	copy(h, walMagic)
+	binary.LittleEndian.PutUint64(h[8:], gen)
+	binary.LittleEndian.PutUint32(h[16:], crc32.Checksum(h[:16], castagnoli))
+	return h
+}
+
+func walRecord(gen, seq uint64, payload []byte) []byte {
+	r := make([]byte, walRecHeader+len(payload))
+	binary.LittleEndian.PutUint32(r[0:], uint32(len(payload)))
+	binary.LittleEndian.PutUint64(r[8:], gen)
+	binary.LittleEndian.PutUint64(r[16:], seq)
+	copy(r[walRecHeader:], payload)
+	binary.LittleEndian.PutUint32(r[4:], crc32.Checksum(r[8:], castagnoli))
+	return r
+}
+
+// parseWAL returns the generation of a log's contents and its records, in
+// order, up to the first that is torn, of another generation, or out of
+// sequence. ok is false when the header is not a valid one (a log never
+// written, or a header torn while a new generation started: everything before
+// it had been checkpointed).
+func parseWAL(data []byte) (gen uint64, entries []walEntry, ok bool, err error) {
+	if len(data) < walHeaderSize || string(data[:8]) != walMagic ||
+		binary.LittleEndian.Uint32(data[16:]) != crc32.Checksum(data[:16], castagnoli) {
+		return 0, nil, false, nil
+	}
+	gen = binary.LittleEndian.Uint64(data[8:])
+	off := walHeaderSize
+	for off+walRecHeader <= len(data) {
+		n := int(binary.LittleEndian.Uint32(data[off:]))
+		if n > len(data)-off-walRecHeader {
+			break
+		}
+		rec := data[off : off+walRecHeader+n]
+		if binary.LittleEndian.Uint32(rec[4:]) != crc32.Checksum(rec[8:], castagnoli) ||
+			binary.LittleEndian.Uint64(rec[8:]) != gen {
+			break
+		}
+		seq := binary.LittleEndian.Uint64(rec[16:])
+		if len(entries) > 0 && seq != entries[len(entries)-1].seq+1 {
+			break
+		}
+		ops, err := decodeOps(rec[walRecHeader:])
+		if err != nil {
+			// The checksum holds, so this log was written by something else.
+			return 0, nil, false, fmt.Errorf("record %d: %w", seq, err)
+		}
+		entries = append(entries, walEntry{seq: seq, ops: ops})
+		off += walRecHeader + n
+	}
+	return gen, entries, true, nil
+}
+
+// readWAL reads and parses the log at path; a missing log has no records.
+func readWAL(path string) (gen uint64, entries []walEntry, ok bool, err error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil, false, nil
+	}
+	if err != nil {
+		return 0, nil, false, fmt.Errorf("reading the store's log: %w", err)
+	}
+	gen, entries, ok, err = parseWAL(data)
+	if err != nil {
+		return 0, nil, false, fmt.Errorf("the store's log %s cannot be read: %w", path, err)
+	}
+	return gen, entries, ok, nil
+}
+
+// walApplied reads the last sequence number the bbolt file holds.
+func walApplied(tx *bolt.Tx) uint64 {
+	v := tx.Bucket(bucketMeta).Get(keyWALSeq)
+	n, _ := strconv.ParseUint(string(v), 10, 64)
+	return n
+}
+
+// applyOps writes ops into the bbolt file, and the sequence number they end at.
+func applyOps(tx *bolt.Tx, entries []walEntry) error {
+	allocs := tx.Bucket(bucketAllocations)
+	for _, e := range entries {
+		for _, o := range e.ops {
+			switch o.kind {
+			case opPut:
+				b, err := allocs.CreateBucketIfNotExists([]byte(o.pool))
+				if err != nil {
+					return fmt.Errorf("pool %q: %w", o.pool, err)
+				}
+				if err := b.Put([]byte(o.key), o.value); err != nil {
+					return fmt.Errorf("allocation %q in pool %s: %w", o.key, o.pool, err)
+				}
+				if o.lastReserved != "" {
+					if err := updatePool(tx, o.pool, func(p *Pool) { p.LastReserved = o.lastReserved }); err != nil {
+						return err
+					}
+				}
+			case opDel:
+				if b := allocs.Bucket([]byte(o.pool)); b != nil {
+					if err := b.Delete([]byte(o.key)); err != nil {
+						return fmt.Errorf("allocation %q in pool %s: %w", o.key, o.pool, err)
+					}
+				}
+			}
+		}
+	}
+	if len(entries) == 0 {
+		return nil
+	}
+	return tx.Bucket(bucketMeta).Put(keyWALSeq, []byte(strconv.FormatUint(entries[len(entries)-1].seq, 10)))
+}
+
+// openWAL replays the log into the bbolt file and starts a new generation of
+// it, then starts the checkpointer.
+func (s *Store) openWAL(size int64) error {
+	path := s.path + ".wal"
+	gen, entries, ok, err := readWAL(path)
+	if err != nil {
+		return err
+	}
+	var applied uint64
+	if err := s.db.View(func(tx *bolt.Tx) error { applied = walApplied(tx); return nil }); err != nil {
+		return err
+	}
+	last := applied
+	var replay []walEntry
+	for _, e := range entries {
+		if e.seq > applied {
+			replay = append(replay, e)
+		}
+		last = max(last, e.seq)
+	}
+	if len(replay) > 0 {
+		if err := s.waitChecked(); err != nil {
+			return err
+		}
+		if err := s.db.Update(func(tx *bolt.Tx) error { return applyOps(tx, replay) }); err != nil {
+			return fmt.Errorf("replaying the store's log %s into %s: %w", path, s.path, err)
+		}
+	}
+	w := &wal{path: path, size: size, written: last, applied: last,
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), ended: make(chan struct{})}
+	w.cond = sync.NewCond(&w.mu)
+	w.synced.Store(last)
+	if st, err := os.Stat(path); ok && err == nil && st.Size() == size {
+		if w.f, err = os.OpenFile(path, os.O_RDWR, 0); err != nil {
+			return fmt.Errorf("opening the store's log: %w", err)
+		}
+		w.gen = gen
+		if err := w.newGeneration(); err != nil {
+			_ = w.f.Close()
+			return err
+		}
+	} else if err := w.create(); err != nil {
+		return err
+	}
+	s.wal = w
+	go s.checkpointer()
+	return nil
+}
+
+// create writes a new log of zeros with a first header, in place of whatever
+// is at its path (it holds nothing the bbolt file lacks).
+func (w *wal) create() error {
+	tmp := w.path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("creating the store's log: %w", err)
+	}
+	buf := make([]byte, 1<<20)
+	copy(buf, walHeader(1))
+	for off := int64(0); off < w.size && err == nil; off += int64(len(buf)) {
+		_, err = f.WriteAt(buf[:min(int64(len(buf)), w.size-off)], off)
+		clear(buf[:walHeaderSize])
+	}
+	if err == nil {
+		err = unix.Fdatasync(int(f.Fd()))
+	}
+	if err == nil {
+		err = os.Rename(tmp, w.path)
+	}
+	if err == nil {
+		err = syncDir(filepath.Dir(w.path))
+	}
+	if err != nil {
+		_ = f.Close()
+		_ = os.Remove(tmp)
+		return fmt.Errorf("creating the store's log %s: %w", w.path, err)
+	}
+	w.f, w.gen, w.off = f, 1, walHeaderSize
+	return nil
+}
+
+// newGeneration starts the log over at its front; everything in it must be in
+// the bbolt file.
+func (w *wal) newGeneration() error {
+	if _, err := w.f.WriteAt(walHeader(w.gen+1), 0); err != nil {
+		return fmt.Errorf("writing the store's log %s: %w", w.path, err)
+	}
+	if err := unix.Fdatasync(int(w.f.Fd())); err != nil {
+		return fmt.Errorf("flushing the store's log %s: %w", w.path, err)
+	}
+	w.gen++
+	w.off = walHeaderSize
+	return nil
+}
+
+// poison stops every later write: after a failed write or flush of the log,
+// what the file holds is not known, and a later record must not follow one
+// the caller was told had failed. Called with w.mu held.
+func (w *wal) poison(path string, err error) error {
+	if w.err == nil {
+		w.err = fmt.Errorf("store %s: %w; nothing more is written until ipam-node restarts (it then replays what "+
+			"reached the disk): check the disk and restart ipam-node", path, err)
+		w.cond.Broadcast()
+	}
+	return w.err
+}
+
+// log appends ops to the log as one record and returns once it is flushed.
+func (s *Store) log(ops []walOp) error {
+	w := s.wal
+	payload := encodeOps(ops)
+	need := int64(walRecHeader + len(payload))
+	if need > w.size-walHeaderSize {
+		return fmt.Errorf("a commit of %d bytes does not fit the store's log (%d bytes)", need, w.size)
+	}
+	w.mu.Lock()
+	if w.err == nil && w.off+need > w.size {
+		// Full: checkpoint everything and start over (lock order: ckMu, mu).
+		w.mu.Unlock()
+		w.ckMu.Lock()
+		w.mu.Lock()
+		if w.err == nil && w.off+need > w.size {
+			_ = s.wrapLocked()
+		}
+		w.ckMu.Unlock()
+	}
+	if w.err != nil {
+		defer w.mu.Unlock()
+		return w.err
+	}
+	seq := w.written + 1
+	rec := walRecord(w.gen, seq, payload)
+	if _, err := w.f.WriteAt(rec, w.off); err != nil {
+		defer w.mu.Unlock()
+		return w.poison(s.path, fmt.Errorf("writing its log: %w", err))
+	}
+	w.off += need
+	w.written = seq
+	w.pending = append(w.pending, walEntry{seq: seq, ops: ops})
+	w.mu.Unlock()
+	if err := s.syncTo(seq); err != nil {
+		return err
+	}
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// syncTo returns once the record seq is flushed. Callers that arrive during a
+// flush wait for it and then share the next one.
+func (s *Store) syncTo(seq uint64) error {
+	w := s.wal
+	if w.synced.Load() >= seq {
+		return nil
+	}
+	w.syncMu.Lock()
+	defer w.syncMu.Unlock()
+	if w.synced.Load() >= seq {
+		return nil
+	}
+	w.mu.Lock()
+	upto, err := w.written, w.err
+	w.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := unix.Fdatasync(int(w.f.Fd())); err != nil {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.poison(s.path, fmt.Errorf("flushing its log: %w", err))
+	}
+	s.transactions.Add(1)
+	w.markSynced(upto)
+	return nil
+}
+
+func (w *wal) markSynced(seq uint64) {
+	for {
+		cur := w.synced.Load()
+		if cur >= seq || w.synced.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
+
+// wrapLocked flushes the log, checkpoints all of it and starts a new
+// generation; with ckMu and mu held.
+func (s *Store) wrapLocked() error {
+	w := s.wal
+	if err := unix.Fdatasync(int(w.f.Fd())); err != nil {
+		return w.poison(s.path, fmt.Errorf("flushing its log: %w", err))
+	}
+	w.markSynced(w.written)
+	// mu stays held: a record appended now would be lost to the new generation.
+	if err := s.applyLocked(len(w.pending), false); err != nil {
+		return err
+	}
+	if err := w.newGeneration(); err != nil {
+		return w.poison(s.path, err)
+	}
+	return nil
+}
+
+// applyLocked writes the first n pending entries into the bbolt file; with
+// ckMu and mu held. With release, mu is released while bbolt commits, so that
+// appends go on meanwhile.
+func (s *Store) applyLocked(n int, release bool) error {
+	w := s.wal
+	if n == 0 {
+		return nil
+	}
+	batch := w.pending[:n:n]
+	if release {
+		w.mu.Unlock()
+	}
+	err := s.waitChecked()
+	if err == nil {
+		err = s.db.Update(func(tx *bolt.Tx) error { return applyOps(tx, batch) })
+	}
+	if release {
+		w.mu.Lock()
+	}
+	if err != nil {
+		return w.poison(s.path, fmt.Errorf("checkpointing its log: %w", err))
+	}
+	w.pending = append([]walEntry(nil), w.pending[n:]...)
+	w.applied = batch[n-1].seq
+	w.cond.Broadcast()
+	return nil
+}
+
+// checkpointer applies flushed records to the bbolt file as they come, many
+// in one transaction when they come faster than it commits.
+func (s *Store) checkpointer() {
+	w := s.wal
+	defer close(w.ended)
+	for {
+		select {
+		case <-w.kick:
+		case <-w.stop:
+			return
+		}
+		s.checkpoint()
+	}
+}
+
+// checkpoint applies every flushed record to the bbolt file.
+func (s *Store) checkpoint() {
+	w := s.wal
+	if w.held.Load() {
+		return
+	}
+	w.ckMu.Lock()
+	defer w.ckMu.Unlock()
+	synced := w.synced.Load()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for n < len(w.pending) && w.pending[n].seq <= synced {
+		n++
+	}
+	if w.err == nil && s.applyLocked(n, true) == nil && n > 0 {
+		s.unmapNowAndThen()
+	}
+}
+
+// settle returns once every acknowledged commit is in the bbolt file, for
+// reads of it.
+func (s *Store) settle() error {
+	w := s.wal
+	if w == nil {
+		return nil
+	}
+	target := w.synced.Load()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for w.applied < target && w.err == nil {
+		select {
+		case w.kick <- struct{}{}:
+		default:
+		}
+		w.cond.Wait()
+	}
+	return w.err
+}
+
+// closeWAL stops the checkpointer, checkpoints what is left and closes the log.
+func (s *Store) closeWAL() error {
+	w := s.wal
+	if w == nil {
+		return nil
+	}
+	close(w.stop)
+	<-w.ended
+	w.syncMu.Lock()
+	w.ckMu.Lock()
+	w.mu.Lock()
+	var err error
+	if w.err == nil && w.written > w.applied {
+		err = s.wrapLocked()
+	}
+	if err == nil {
+		err = w.err
+	}
+	w.mu.Unlock()
+	w.ckMu.Unlock()
+	w.syncMu.Unlock()
+	if cerr := w.f.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	return err
+}
+
+// applyToSnapshot replays log entries past what a copy of the bbolt file holds
+// (applied) onto the pools loaded from it.
+func applyToSnapshot(pools map[string]*PoolState, entries []walEntry, applied uint64) error {
+	for _, e := range entries {
+		if e.seq <= applied {
+			continue
+		}
+		for _, o := range e.ops {
+			st := pools[o.pool]
+			if st == nil {
+				if o.kind == opDel {
+					continue
+				}
+				st = &PoolState{Pool: Pool{Key: o.pool}}
+				pools[o.pool] = st
+			}
+			kept := st.Allocations[:0]
+			for _, a := range st.Allocations {
+				if RecordKey(a.ContainerID, a.IfName) != o.key {
+					kept = append(kept, a)
+				}
+			}
+			st.Allocations = kept
+			if o.kind == opPut {
+				var a Allocation
+				if err := json.Unmarshal(o.value, &a); err != nil {
+					return fmt.Errorf("log record %d: allocation %q: %w", e.seq, o.key, err)
+				}
+				st.Allocations = append(st.Allocations, a)
+				if o.lastReserved != "" {
+					st.Pool.LastReserved = o.lastReserved
+				}
+			}
+		}
+	}
+	return nil
+}
