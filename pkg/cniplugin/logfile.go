@@ -87,6 +87,14 @@ func openLogFile(path string) (*os.File, error) {
 		if flags&unix.O_CREAT != 0 {
 			_ = unix.Fchmod(fd, 0o600) // exactly 0600, whatever the umask
 		}
+		// O_NONBLOCK was for the open alone (a FIFO put in its place must not
+		// block it). Left set, os.NewFile would register the file with the
+		// runtime's network poller, whose set-up costs the plugin's call more than
+		// its log line.
+		if err := unix.SetNonblock(fd, false); err != nil {
+			_ = unix.Close(fd)
+			return nil, err
+		}
 		return os.NewFile(uintptr(fd), clean), nil
 	}
 	return nil, errors.New("created and removed concurrently; giving up")
