@@ -1,10 +1,12 @@
 package bench
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -297,7 +299,7 @@ func hostLocalHeld(b *testing.B, dir, prefix string) []string {
 // and interleaved with the others (p50 of 300): a bare exec of a trivial Go binary;
 // the plugin's start-up (VERSION); start-up plus reading the network config and
 // nv-ipam.conf up to a failed connect (a socket that does not exist); the whole ADD
-// and DEL; in-process, the connect and the Allocate round trip over the compact
+// and DEL; the ADD against a stand-in that answers at once (the plugin's own cost); in-process, the connect and the Allocate round trip over the compact
 // endpoint; the daemon's own time in Allocate (its request histogram); and one
 // store commit (the two fsyncs of a bbolt transaction) on the same file system.
 func BenchmarkCNIExecPath(b *testing.B) {
@@ -319,6 +321,14 @@ func BenchmarkCNIExecPath(b *testing.B) {
 		conf: []byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "nv-ipam", "confDir": %q,
 			"daemonSocket": "unix:///nonexistent/daemon.sock"}}`, filepath.Join(dir, "conf")))}
 	floor := &cniPlugin{name: "floor", bin: filepath.Join(refBin, "noop"), binDir: refBin, netns: podNS.Path, conf: []byte(`{}`)}
+	// The plugin against a stand-in that answers at once (with the daemon's own
+	// first answer to each method): the plugin's own cost, without the daemon's.
+	instantDir := b.TempDir()
+	instantSock := "unix://" + filepath.Join(instantDir, "daemon.sock")
+	instantDaemon(b, ipamwire.FastSocketPath(filepath.Join(instantDir, "daemon.sock")), "unix://"+filepath.Join(dir, "daemon.sock"))
+	instant := &cniPlugin{name: "nv-ipam-instant", bin: plugin.bin, binDir: binDir, netns: podNS.Path,
+		conf: []byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "nv-ipam", "confDir": %q,
+			"daemonSocket": %q}}`, filepath.Join(dir, "conf"), instantSock))}
 	st, err := store.Open(filepath.Join(b.TempDir(), "store"), store.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -345,6 +355,7 @@ func BenchmarkCNIExecPath(b *testing.B) {
 			return nil
 		})
 		timed("plugin-ADD", func() error { _, err := plugin.exec("ADD", cid); return err })
+		timed("plugin-ADD-instant-daemon", func() error { _, err := instant.exec("ADD", cid); return err })
 		timed("plugin-DEL", func() error { _, err := plugin.exec("DEL", cid); return err })
 		var c *ipamwire.Client
 		timed("connect", func() (err error) { c, err = ipamwire.Dial(sock, time.Now().Add(5*time.Second)); return err })
@@ -389,4 +400,61 @@ func benchPool(b *testing.B, subnet string, blockSize int, start, end string) (*
 		b.Fatal(err)
 	}
 	return cp, kubeconfig
+}
+
+// instantDaemon serves the compact endpoint at path as a stand-in for the daemon
+// at target: the first request of each method goes to the
+// daemon, and its answer is replayed at once for every later one.
+func instantDaemon(b *testing.B, path, target string) {
+	b.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = l.Close() })
+	var mu sync.Mutex
+	answers := map[string][]byte{}
+	answer := func(method string, msg []byte) ([]byte, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if a, ok := answers[method]; ok {
+			return a, nil
+		}
+		c, err := ipamwire.Dial(target, time.Now().Add(5*time.Second))
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		reply, err := c.Invoke(context.Background(), method, msg)
+		if err != nil {
+			return nil, err
+		}
+		answers[method] = ipamwire.AppendReply(nil, ipamwire.OK, reply)
+		return answers[method], nil
+	}
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				for {
+					method, msg, err := ipamwire.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					a, err := answer(method, msg)
+					if err != nil {
+						a = ipamwire.AppendReply(nil, ipamwire.Unavailable, []byte(err.Error()))
+					}
+					if _, err := conn.Write(a); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
 }
