@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
@@ -95,9 +96,10 @@ type wal struct {
 	synced atomic.Uint64 // the last sequence number flushed
 	syncMu sync.Mutex    // one flush at a time; the others wait for it and share it
 
-	ckMu  sync.Mutex  // one checkpoint (or wrap) at a time
-	held  atomic.Bool // tests: the checkpointer applies nothing while set
-	kick  chan struct{}
+	ckMu  sync.Mutex    // one checkpoint (or wrap) at a time
+	held  atomic.Bool   // tests: the checkpointer applies nothing while set
+	kick  chan struct{} // a checkpoint now
+	due   chan struct{} // a checkpoint after checkpointDelay
 	stop  chan struct{}
 	ended chan struct{}
 }
@@ -281,7 +283,7 @@ func (s *Store) openWAL(size int64) error {
 		}
 	}
 	w := &wal{path: path, size: size, written: last, applied: last,
-		kick: make(chan struct{}, 1), stop: make(chan struct{}), ended: make(chan struct{})}
+		kick: make(chan struct{}, 1), due: make(chan struct{}, 1), stop: make(chan struct{}), ended: make(chan struct{})}
 	w.cond = sync.NewCond(&w.mu)
 	w.synced.Store(last)
 	if st, err := os.Stat(path); ok && err == nil && st.Size() == size {
@@ -391,12 +393,19 @@ func (s *Store) log(ops []walOp) error {
 	w.off += need
 	w.written = seq
 	w.pending = append(w.pending, walEntry{seq: seq, ops: ops})
+	filling := w.off > w.size/2
 	w.mu.Unlock()
 	if err := s.syncTo(seq); err != nil {
 		return err
 	}
+	// A checkpoint at once when the log fills up (so that no commit waits for
+	// one), else after checkpointDelay.
+	ch := w.due
+	if filling {
+		ch = w.kick
+	}
 	select {
-	case w.kick <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 	return nil
@@ -485,15 +494,35 @@ func (s *Store) applyLocked(n int, release bool) error {
 	return nil
 }
 
-// checkpointer applies flushed records to the bbolt file as they come, many
-// in one transaction when they come faster than it commits.
+// checkpointDelay is how long a commit's record may wait in the log alone
+// before the checkpointer applies it to the bbolt file. A checkpoint is a
+// bbolt transaction, two device flushes: right after every commit, they would
+// stand in the way of the next commit's flush during a burst of pods; every
+// checkpointDelay, they are few, and apply many commits at once. Reads do not
+// wait for it (they ask for a checkpoint at once), nor does a log filling up.
+const checkpointDelay = 250 * time.Millisecond
+
+// checkpointer applies flushed records to the bbolt file: checkpointDelay
+// after the first record it has not applied, or at once when asked (kick).
 func (s *Store) checkpointer() {
 	w := s.wal
 	defer close(w.ended)
+	timer := time.NewTimer(checkpointDelay)
+	timer.Stop()
+	armed := false
 	for {
 		select {
+		case <-w.due:
+			if !armed {
+				timer.Reset(checkpointDelay)
+				armed = true
+			}
+			continue
 		case <-w.kick:
+		case <-timer.C:
+			armed = false
 		case <-w.stop:
+			timer.Stop()
 			return
 		}
 		s.checkpoint()

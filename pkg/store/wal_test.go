@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hwipam/hwipam/pkg/store"
 	"github.com/hwipam/hwipam/test/harness"
@@ -269,5 +270,47 @@ func TestFailedLogWriteStopsWrites(t *testing.T) {
 	}
 	if err := (model{"p": {store.RecordKey("c1", "net1"): "10.0.0.1"}}).agrees(pools); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCheckpointerAppliesTheLog: with nothing reading the store, the
+// checkpointer still moves a commit into the bbolt file, soon.
+func TestCheckpointerAppliesTheLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	s, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc("c1", "net1", "10.0.0.1")}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		// The bbolt file alone, without its log.
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cp := filepath.Join(t.TempDir(), "store")
+		if err := os.WriteFile(cp, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := store.Open(cp, store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pools, err := c.Load()
+		_ = c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := pools["p"]; p != nil && len(p.Allocations) == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the commit is not in the bbolt file 5 s later")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
