@@ -160,7 +160,9 @@ func (p *Plugin) add(s *session, args *CmdArgs, write func(w io.Writer, res *cur
 				Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())}, GW: gw})
 		}
 	}
-	s.log.printf("ADD %s/%s pools %v: %v", args.ContainerID, args.IfName, s.cfg.Pools, ips(res))
+	if s.log.f != nil { // the addresses are formatted only for a log that is kept
+		s.log.printf("ADD %s/%s pools %v: %v", args.ContainerID, args.IfName, s.cfg.Pools, ips(res))
+	}
 	return write(p.Stdout, res, s.cfg.CNIVersion)
 }
 
