@@ -1,5 +1,7 @@
 package store
 
+import "golang.org/x/sys/unix"
+
 // HoldCheckpoints keeps the checkpointer from applying the log to the bbolt
 // file until release is called, so that commits are only in the log. Reads
 // wait for the checkpointer: a test does not read while it holds it. A log that
@@ -22,14 +24,26 @@ func (s *Store) Crash() {
 	<-s.checked
 	close(s.wal.stop)
 	<-s.wal.ended
+	s.wal.syncMu.Lock()
 	s.wal.ckMu.Lock()
-	_ = s.wal.f.Close()
+	s.wal.mu.Lock()
+	_ = s.wal.closeFile()
+	s.wal.mu.Unlock()
 	s.wal.ckMu.Unlock()
+	s.wal.syncMu.Unlock()
 	_ = s.db.Close()
 }
 
 // BreakLog closes the log's file under the store, so that its next write fails.
-func (s *Store) BreakLog() { _ = s.wal.f.Close() }
+func (s *Store) BreakLog() {
+	s.wal.syncMu.Lock()
+	defer s.wal.syncMu.Unlock()
+	_ = unix.Close(s.wal.fd)
+	s.wal.fd = -1 // a write now fails (EBADF), and no other file gets the number's writes
+}
+
+// LogDirect says whether the log is written with O_DIRECT|O_DSYNC.
+func (s *Store) LogDirect() bool { return s.wal.direct }
 
 // LogEnd is the log's path and the offset after its last record.
 func (s *Store) LogEnd() (path string, off int64) {

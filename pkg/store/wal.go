@@ -27,6 +27,14 @@ import (
 // its log record is, and the bbolt file is consistent at every instant, as
 // before (it is still written only by bbolt's own, fully synced transactions).
 //
+// The log is written in whole 4 KiB blocks with O_DIRECT|O_DSYNC (a write
+// that returns is on the disk: one device round trip, where a write to the
+// page cache and fdatasync take two, 25 % longer here after an idle moment),
+// from an in-memory copy of the current generation; a flush writes the blocks
+// from the first one not yet on the disk to the last one written, so
+// concurrent commits share it. A file system without O_DIRECT gets plain
+// writes and fdatasync.
+//
 // Layout: a header, then records, in a file of fixed size written with zeros
 // when made (so an append allocates nothing and its flush writes no metadata):
 //
@@ -35,8 +43,8 @@ import (
 //	payload: ops, each: kind byte | pool key | record key | value | last reserved (uvarint-prefixed strings)
 //
 // When the log is full, everything in it is checkpointed and a new generation
-// starts at the front: the header is rewritten with the generation plus one,
-// and replay stops at the first record that is not of the header's generation,
+// starts at the front: the header is rewritten with the generation plus one
+// (see newGeneration), and replay stops at the first record that is not of the header's generation,
 // has a bad checksum, or does not continue the sequence. Sequence numbers grow
 // across generations; the bbolt file's meta bucket holds the last one applied
 // ("walSeq"), so replay skips what is already there.
@@ -49,9 +57,11 @@ const (
 	walMagic      = "hwipwal1"
 	walHeaderSize = 32
 	walRecHeader  = 24
-	// DefaultWALSize is the log's size: about 20,000 allocations' records before
-	// it wraps.
-	DefaultWALSize = 4 << 20
+	// DefaultWALSize is the log's size: about 4,000 allocations' records before
+	// it wraps (the checkpointer empties it when half full).
+	DefaultWALSize = 1 << 20
+	// walBlock is the unit of the log's writes.
+	walBlock = 4096
 )
 
 var (
@@ -81,8 +91,18 @@ type walEntry struct {
 // wal is the log's state, guarded by mu (see Store for the lock order).
 type wal struct {
 	path string
-	f    *os.File
+	fd   int
 	size int64
+	// direct: fd is O_DIRECT|O_DSYNC, so a write returns once it is on the
+	// disk, one device round trip with no page cache in between; else every
+	// write is followed by fdatasync (a file system without O_DIRECT).
+	direct bool
+	// mirror holds the current generation as the file does, up to off; writes
+	// go out from it in whole blocks (O_DIRECT wants aligned memory, offsets
+	// and lengths), scratch being the aligned copy a flush writes from. Both
+	// are anonymous maps of the log's size.
+	mirror, scratch []byte
+	durable         int64 // the file holds mirror[:durable]; with syncMu held
 
 	mu      sync.Mutex
 	gen     uint64
@@ -94,7 +114,7 @@ type wal struct {
 	cond    *sync.Cond // signalled when applied or err changes
 
 	synced atomic.Uint64 // the last sequence number flushed
-	syncMu sync.Mutex    // one flush at a time; the others wait for it and share it
+	syncMu sync.Mutex    // one flush (or wrap) at a time; the others wait for it and share it
 
 	ckMu  sync.Mutex    // one checkpoint (or wrap) at a time
 	held  atomic.Bool   // tests: the checkpointer applies nothing while set
@@ -282,29 +302,90 @@ func (s *Store) openWAL(size int64) error {
 			return fmt.Errorf("replaying the store's log %s into %s: %w", path, s.path, err)
 		}
 	}
-	w := &wal{path: path, size: size, written: last, applied: last,
+	size = max(size&^(walBlock-1), 2*walBlock)
+	w := &wal{path: path, size: size, written: last, applied: last, fd: -1,
 		kick: make(chan struct{}, 1), due: make(chan struct{}, 1), stop: make(chan struct{}), ended: make(chan struct{})}
 	w.cond = sync.NewCond(&w.mu)
 	w.synced.Store(last)
-	if st, err := os.Stat(path); ok && err == nil && st.Size() == size {
-		if w.f, err = os.OpenFile(path, os.O_RDWR, 0); err != nil {
-			return fmt.Errorf("opening the store's log: %w", err)
-		}
-		w.gen = gen
-		if err := w.newGeneration(); err != nil {
-			_ = w.f.Close()
+	if st, err := os.Stat(path); !ok || err != nil || st.Size() != size {
+		// No log, or one of another size, or one whose header is torn (a
+		// generation was starting; its generation number is lost): everything
+		// in it is in the bbolt file now.
+		if err := w.create(); err != nil {
 			return err
 		}
-	} else if err := w.create(); err != nil {
+		gen = 0
+	}
+	if err := w.open(); err != nil {
 		return err
 	}
+	w.gen = gen
+	w.newGeneration()
 	s.wal = w
 	go s.checkpointer()
 	return nil
 }
 
-// create writes a new log of zeros with a first header, in place of whatever
-// is at its path (it holds nothing the bbolt file lacks).
+// open opens the log for writing, O_DIRECT|O_DSYNC where the file system
+// allows it, and maps its buffers.
+func (w *wal) open() (err error) {
+	w.direct = true
+	w.fd, err = unix.Open(w.path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_DIRECT|unix.O_DSYNC, 0)
+	if errors.Is(err, unix.EINVAL) {
+		w.direct = false
+		w.fd, err = unix.Open(w.path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return fmt.Errorf("opening the store's log %s: %w", w.path, err)
+	}
+	for _, b := range []*[]byte{&w.mirror, &w.scratch} {
+		if *b, err = unix.Mmap(-1, 0, int(w.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
+			w.closeFile()
+			return fmt.Errorf("mapping the store's log buffers: %w", err)
+		}
+	}
+	return nil
+}
+
+// closeFile closes the log's file and unmaps its buffers.
+func (w *wal) closeFile() error {
+	var err error
+	if w.fd >= 0 {
+		err = unix.Close(w.fd)
+		w.fd = -1
+	}
+	for _, b := range []*[]byte{&w.mirror, &w.scratch} {
+		if *b != nil {
+			_ = unix.Munmap(*b)
+			*b = nil
+		}
+	}
+	return err
+}
+
+// writeDurable writes b, whole blocks from aligned memory, at off, and returns
+// once it is on the disk.
+func (w *wal) writeDurable(b []byte, off int64) error {
+	n, err := unix.Pwrite(w.fd, b, off)
+	for errors.Is(err, unix.EINTR) {
+		n, err = unix.Pwrite(w.fd, b, off)
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("writing its log: %w", err)
+	case n != len(b):
+		return fmt.Errorf("writing its log: %d of %d bytes written", n, len(b))
+	case !w.direct:
+		if err := unix.Fdatasync(w.fd); err != nil {
+			return fmt.Errorf("flushing its log: %w", err)
+		}
+	}
+	return nil
+}
+
+// create writes a new log of zeros, in place of whatever is at its path (it
+// holds nothing the bbolt file lacks); its first header comes with its first
+// record.
 func (w *wal) create() error {
 	tmp := w.path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
@@ -312,10 +393,8 @@ func (w *wal) create() error {
 		return fmt.Errorf("creating the store's log: %w", err)
 	}
 	buf := make([]byte, 1<<20)
-	copy(buf, walHeader(1))
 	for off := int64(0); off < w.size && err == nil; off += int64(len(buf)) {
 		_, err = f.WriteAt(buf[:min(int64(len(buf)), w.size-off)], off)
-		clear(buf[:walHeaderSize])
 	}
 	if err == nil {
 		err = unix.Fdatasync(int(f.Fd()))
@@ -331,22 +410,25 @@ func (w *wal) create() error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("creating the store's log %s: %w", w.path, err)
 	}
-	w.f, w.gen, w.off = f, 1, walHeaderSize
-	return nil
+	return f.Close()
 }
 
-// newGeneration starts the log over at its front; everything in it must be in
-// the bbolt file.
-func (w *wal) newGeneration() error {
-	if _, err := w.f.WriteAt(walHeader(w.gen+1), 0); err != nil {
-		return fmt.Errorf("writing the store's log %s: %w", w.path, err)
-	}
-	if err := unix.Fdatasync(int(w.f.Fd())); err != nil {
-		return fmt.Errorf("flushing the store's log %s: %w", w.path, err)
-	}
+// newGeneration starts the log over at its front, with syncMu and mu held (or
+// before the log is shared); everything in it must be in the bbolt file. The
+// new header goes to the disk with the generation's first record, in one
+// write: until then the file's old header stands, over records all applied; a
+// write torn there leaves a header that does not check, which Open reads as a
+// log holding nothing (true: the record in that write was not acknowledged).
+func (w *wal) newGeneration() {
 	w.gen++
+	clear(w.mirror[:walBlock])
+	copy(w.mirror, walHeader(w.gen))
+	if w.off > walBlock {
+		// Give back the pages the last generation used.
+		_ = unix.Madvise(w.mirror[walBlock:], unix.MADV_DONTNEED)
+	}
 	w.off = walHeaderSize
-	return nil
+	w.durable = 0
 }
 
 // poison stops every later write: after a failed write or flush of the log,
@@ -371,25 +453,24 @@ func (s *Store) log(ops []walOp) error {
 	}
 	w.mu.Lock()
 	if w.err == nil && w.off+need > w.size {
-		// Full: checkpoint everything and start over (lock order: ckMu, mu).
+		// Full: checkpoint everything and start over (lock order: syncMu,
+		// ckMu, mu).
 		w.mu.Unlock()
+		w.syncMu.Lock()
 		w.ckMu.Lock()
 		w.mu.Lock()
 		if w.err == nil && w.off+need > w.size {
 			_ = s.wrapLocked()
 		}
 		w.ckMu.Unlock()
+		w.syncMu.Unlock()
 	}
 	if w.err != nil {
 		defer w.mu.Unlock()
 		return w.err
 	}
 	seq := w.written + 1
-	rec := walRecord(w.gen, seq, payload)
-	if _, err := w.f.WriteAt(rec, w.off); err != nil {
-		defer w.mu.Unlock()
-		return w.poison(s.path, fmt.Errorf("writing its log: %w", err))
-	}
+	copy(w.mirror[w.off:], walRecord(w.gen, seq, payload))
 	w.off += need
 	w.written = seq
 	w.pending = append(w.pending, walEntry{seq: seq, ops: ops})
@@ -423,17 +504,26 @@ func (s *Store) syncTo(seq uint64) error {
 	if w.synced.Load() >= seq {
 		return nil
 	}
+	// The blocks from the first not yet on the disk to the last written, copied
+	// out so that appends go on during the write. Bytes of the first block
+	// before durable go out again as they are; a torn write leaves them so.
 	w.mu.Lock()
-	upto, err := w.written, w.err
+	upto, end, err := w.written, w.off, w.err
+	start := w.durable &^ (walBlock - 1)
+	stop := min((end+walBlock-1)&^(walBlock-1), w.size)
+	if err == nil {
+		copy(w.scratch, w.mirror[start:stop])
+	}
 	w.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	if err := unix.Fdatasync(int(w.f.Fd())); err != nil {
+	if err := w.writeDurable(w.scratch[:stop-start], start); err != nil {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		return w.poison(s.path, fmt.Errorf("flushing its log: %w", err))
+		return w.poison(s.path, err)
 	}
+	w.durable = end
 	s.transactions.Add(1)
 	w.markSynced(upto)
 	return nil
@@ -448,21 +538,17 @@ func (w *wal) markSynced(seq uint64) {
 	}
 }
 
-// wrapLocked flushes the log, checkpoints all of it and starts a new
-// generation; with ckMu and mu held.
+// wrapLocked checkpoints all of the log and starts a new generation; with
+// syncMu, ckMu and mu held. Records written but not yet flushed are durable
+// once the bbolt file has them, which makes them flushed.
 func (s *Store) wrapLocked() error {
 	w := s.wal
-	if err := unix.Fdatasync(int(w.f.Fd())); err != nil {
-		return w.poison(s.path, fmt.Errorf("flushing its log: %w", err))
-	}
-	w.markSynced(w.written)
 	// mu stays held: a record appended now would be lost to the new generation.
 	if err := s.applyLocked(len(w.pending), false); err != nil {
 		return err
 	}
-	if err := w.newGeneration(); err != nil {
-		return w.poison(s.path, err)
-	}
+	w.markSynced(w.written)
+	w.newGeneration()
 	return nil
 }
 
@@ -590,7 +676,7 @@ func (s *Store) closeWAL() error {
 	w.mu.Unlock()
 	w.ckMu.Unlock()
 	w.syncMu.Unlock()
-	if cerr := w.f.Close(); err == nil && cerr != nil {
+	if cerr := w.closeFile(); err == nil && cerr != nil {
 		err = cerr
 	}
 	return err
