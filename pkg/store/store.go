@@ -506,7 +506,7 @@ func Snapshot(path string) (map[string]*PoolState, error) {
 	}
 	// The log first: what the checkpointer moves from it into the file after
 	// this read is in the copy below; what the copy lacks is in this read.
-	_, logged, _, err := readWAL(path + ".wal")
+	logData, err := readWALFile(path + ".wal")
 	if err != nil {
 		return nil, err
 	}
@@ -558,11 +558,15 @@ func Snapshot(path string) (map[string]*PoolState, error) {
 	if err != nil {
 		return nil, err
 	}
-	var applied uint64
-	if err := db.View(func(tx *bolt.Tx) error { applied = walApplied(tx); return nil }); err != nil {
+	var id, applied uint64
+	if err := db.View(func(tx *bolt.Tx) error { id, applied = walMeta(tx); return nil }); err != nil {
 		return nil, corrupt(path, err)
 	}
-	if err := applyToSnapshot(pools, logged, applied); err != nil {
+	_, logged, _, err := parseWAL(logData, id)
+	if err == nil {
+		err = applyToSnapshot(pools, logged, applied)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("the store's log %s.wal cannot be read: %w", path, err)
 	}
 	return pools, nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -38,7 +39,7 @@ import (
 // Layout: a header, then records, in a file of fixed size written with zeros
 // when made (so an append allocates nothing and its flush writes no metadata):
 //
-//	header: "hwipwal1" | generation u64 | crc32c(first 16 bytes) u32 | 0 u32 | 8 bytes 0
+//	header: "hwipwal1" | generation u64 | store ID u64 | crc32c(first 24 bytes) u32 | 0 u32
 //	record: payload length u32 | crc32c(generation..payload) u32 | generation u64 | sequence u64 | payload
 //	payload: ops, each: kind byte | pool key | record key | value | last reserved (uvarint-prefixed strings)
 //
@@ -47,7 +48,10 @@ import (
 // (see newGeneration), and replay stops at the first record that is not of the header's generation,
 // has a bad checksum, or does not continue the sequence. Sequence numbers grow
 // across generations; the bbolt file's meta bucket holds the last one applied
-// ("walSeq"), so replay skips what is already there.
+// ("walSeq"), so replay skips what is already there. The store ID is a random
+// number the bbolt file keeps ("walID"): a log whose header names another (left
+// from a store that was moved away, or from before an nv-ipam import) is
+// another store's, and is never replayed.
 //
 // A log record that fails to be written or flushed leaves the log in an
 // unknown state: the store then refuses every write until ipam-node restarts
@@ -67,6 +71,7 @@ const (
 var (
 	castagnoli = crc32.MakeTable(crc32.Castagnoli)
 	keyWALSeq  = []byte("walSeq")
+	keyWALID   = []byte("walID")
 )
 
 const (
@@ -91,6 +96,7 @@ type walEntry struct {
 // wal is the log's state, guarded by mu (see Store for the lock order).
 type wal struct {
 	path string
+	id   uint64 // the store's ID, in the header
 	fd   int
 	size int64
 	// direct: fd is O_DIRECT|O_DSYNC, so a write returns once it is on the
@@ -162,11 +168,12 @@ func decodeOps(b []byte) ([]walOp, error) {
 	return ops, nil
 }
 
-func walHeader(gen uint64) []byte {
+func walHeader(gen, id uint64) []byte {
 	h := make([]byte, walHeaderSize)
 	copy(h, walMagic)
 	binary.LittleEndian.PutUint64(h[8:], gen)
-	binary.LittleEndian.PutUint32(h[16:], crc32.Checksum(h[:16], castagnoli))
+	binary.LittleEndian.PutUint64(h[16:], id)
+	binary.LittleEndian.PutUint32(h[24:], crc32.Checksum(h[:24], castagnoli))
 	return h
 }
 
@@ -184,10 +191,11 @@ func walRecord(gen, seq uint64, payload []byte) []byte {
 // order, up to the first that is torn, of another generation, or out of
 // sequence. ok is false when the header is not a valid one (a log never
 // written, or a header torn while a new generation started: everything before
-// it had been checkpointed).
-func parseWAL(data []byte) (gen uint64, entries []walEntry, ok bool, err error) {
+// it had been checkpointed) or names another store than id.
+func parseWAL(data []byte, id uint64) (gen uint64, entries []walEntry, ok bool, err error) {
 	if len(data) < walHeaderSize || string(data[:8]) != walMagic ||
-		binary.LittleEndian.Uint32(data[16:]) != crc32.Checksum(data[:16], castagnoli) {
+		binary.LittleEndian.Uint32(data[24:]) != crc32.Checksum(data[:24], castagnoli) ||
+		binary.LittleEndian.Uint64(data[16:]) != id {
 		return 0, nil, false, nil
 	}
 	gen = binary.LittleEndian.Uint64(data[8:])
@@ -217,27 +225,24 @@ func parseWAL(data []byte) (gen uint64, entries []walEntry, ok bool, err error) 
 	return gen, entries, true, nil
 }
 
-// readWAL reads and parses the log at path; a missing log has no records.
-func readWAL(path string) (gen uint64, entries []walEntry, ok bool, err error) {
+// readWALFile reads the log at path; a missing log is empty.
+func readWALFile(path string) ([]byte, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil, false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return 0, nil, false, fmt.Errorf("reading the store's log: %w", err)
+		return nil, fmt.Errorf("reading the store's log: %w", err)
 	}
-	gen, entries, ok, err = parseWAL(data)
-	if err != nil {
-		return 0, nil, false, fmt.Errorf("the store's log %s cannot be read: %w", path, err)
-	}
-	return gen, entries, ok, nil
+	return data, nil
 }
 
-// walApplied reads the last sequence number the bbolt file holds.
-func walApplied(tx *bolt.Tx) uint64 {
-	v := tx.Bucket(bucketMeta).Get(keyWALSeq)
-	n, _ := strconv.ParseUint(string(v), 10, 64)
-	return n
+// walMeta reads the bbolt file's store ID and the last sequence number it holds.
+func walMeta(tx *bolt.Tx) (id, applied uint64) {
+	meta := tx.Bucket(bucketMeta)
+	id, _ = strconv.ParseUint(string(meta.Get(keyWALID)), 10, 64)
+	applied, _ = strconv.ParseUint(string(meta.Get(keyWALSeq)), 10, 64)
+	return id, applied
 }
 
 // applyOps writes ops into the bbolt file, and the sequence number they end at.
@@ -278,13 +283,32 @@ func applyOps(tx *bolt.Tx, entries []walEntry) error {
 // it, then starts the checkpointer.
 func (s *Store) openWAL(size int64) error {
 	path := s.path + ".wal"
-	gen, entries, ok, err := readWAL(path)
+	var id, applied uint64
+	if err := s.db.View(func(tx *bolt.Tx) error { id, applied = walMeta(tx); return nil }); err != nil {
+		return err
+	}
+	if id == 0 {
+		// A new store, an imported one, or one from before the log: give it
+		// its ID before any log is written for it.
+		for id == 0 {
+			id = rand.Uint64()
+		}
+		if err := s.waitChecked(); err != nil {
+			return err
+		}
+		if err := s.db.Update(func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketMeta).Put(keyWALID, []byte(strconv.FormatUint(id, 10)))
+		}); err != nil {
+			return fmt.Errorf("writing store %s: %w", s.path, err)
+		}
+	}
+	data, err := readWALFile(path)
 	if err != nil {
 		return err
 	}
-	var applied uint64
-	if err := s.db.View(func(tx *bolt.Tx) error { applied = walApplied(tx); return nil }); err != nil {
-		return err
+	gen, entries, ok, err := parseWAL(data, id)
+	if err != nil {
+		return fmt.Errorf("the store's log %s cannot be read: %w", path, err)
 	}
 	last := applied
 	var replay []walEntry
@@ -303,7 +327,7 @@ func (s *Store) openWAL(size int64) error {
 		}
 	}
 	size = max(size&^(walBlock-1), 2*walBlock)
-	w := &wal{path: path, size: size, written: last, applied: last, fd: -1,
+	w := &wal{path: path, id: id, size: size, written: last, applied: last, fd: -1,
 		kick: make(chan struct{}, 1), due: make(chan struct{}, 1), stop: make(chan struct{}), ended: make(chan struct{})}
 	w.cond = sync.NewCond(&w.mu)
 	w.synced.Store(last)
@@ -422,7 +446,7 @@ func (w *wal) create() error {
 func (w *wal) newGeneration() {
 	w.gen++
 	clear(w.mirror[:walBlock])
-	copy(w.mirror, walHeader(w.gen))
+	copy(w.mirror, walHeader(w.gen, w.id))
 	if w.off > walBlock {
 		// Give back the pages the last generation used.
 		_ = unix.Madvise(w.mirror[walBlock:], unix.MADV_DONTNEED)

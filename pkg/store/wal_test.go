@@ -364,3 +364,40 @@ func TestConcurrentCommitsAcrossWraps(t *testing.T) {
 	}
 	t.Logf("after the crash: %d allocations as acknowledged", len(m["p"]))
 }
+
+// TestAnotherStoresLogIsNotReplayed: a log left beside a store that was moved
+// away (or replaced by an nv-ipam import) belongs to that store: a new store at
+// the path neither replays it nor shows it in a snapshot.
+func TestAnotherStoresLogIsNotReplayed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	s, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.HoldCheckpoints()
+	if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc("old", "net1", "10.0.0.9")}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	s.Crash()
+	if err := os.Rename(path, path+".moved-away"); err != nil {
+		t.Fatal(err)
+	}
+	s, err = store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	snap, err := store.Snapshot(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pools, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, got := range map[string]map[string]*store.PoolState{"the new store": pools, "its snapshot": snap} {
+		if err := (model{}).agrees(got); err != nil {
+			t.Errorf("%s holds the old store's logged commit: %v", what, err)
+		}
+	}
+}
