@@ -61,9 +61,10 @@ const (
 	walMagic      = "hwipwal1"
 	walHeaderSize = 32
 	walRecHeader  = 24
-	// DefaultWALSize is the log's size: about 4,000 allocations' records before
-	// it wraps (the checkpointer empties it when half full).
-	DefaultWALSize = 1 << 20
+	// DefaultWALSize is the log's size: about 1,000 allocations' records before
+	// it wraps (the checkpointer empties it when half full). Its in-memory copy,
+	// and the records not yet checkpointed, are on the daemon's RSS.
+	DefaultWALSize = 256 << 10
 	// walBlock is the unit of the log's writes.
 	walBlock = 4096
 )
@@ -473,7 +474,20 @@ func (s *Store) log(ops []walOp) error {
 	payload := encodeOps(ops)
 	need := int64(walRecHeader + len(payload))
 	if need > w.size-walHeaderSize {
-		return fmt.Errorf("a commit of %d bytes does not fit the store's log (%d bytes)", need, w.size)
+		// Larger than the log: into the bbolt file at once, after everything
+		// pending, in one transaction (as a wrap does).
+		w.syncMu.Lock()
+		defer w.syncMu.Unlock()
+		w.ckMu.Lock()
+		defer w.ckMu.Unlock()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.err != nil {
+			return w.err
+		}
+		w.written++
+		w.pending = append(w.pending, walEntry{seq: w.written, ops: ops})
+		return s.wrapLocked()
 	}
 	w.mu.Lock()
 	if w.err == nil && w.off+need > w.size {
@@ -650,14 +664,23 @@ func (s *Store) checkpoint() {
 	synced := w.synced.Load()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	n := 0
-	for n < len(w.pending) && w.pending[n].seq <= synced {
-		n++
-	}
-	if w.err == nil && s.applyLocked(n, true) == nil && n > 0 {
+	for w.err == nil {
+		n := 0
+		for n < len(w.pending) && n < checkpointBatch && w.pending[n].seq <= synced {
+			n++
+		}
+		if n == 0 || s.applyLocked(n, true) != nil {
+			return
+		}
 		s.unmapNowAndThen()
 	}
 }
+
+// checkpointBatch bounds the records one checkpoint transaction applies: a
+// bbolt transaction holds every page it changes in memory until it commits,
+// and half a log's records at once (during a burst, or the 100,000
+// allocations of BenchmarkNodeDaemon) put several MiB on the daemon's peak.
+const checkpointBatch = 256
 
 // settle returns once every acknowledged commit is in the bbolt file, for
 // reads of it.

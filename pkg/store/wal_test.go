@@ -401,3 +401,45 @@ func TestAnotherStoresLogIsNotReplayed(t *testing.T) {
 		}
 	}
 }
+
+// TestCommitLargerThanTheLog: a commit that does not fit the log goes into the
+// bbolt file at once, after what the log holds, and survives a crash.
+func TestCommitLargerThanTheLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	opts := store.Options{WALSize: 8192}
+	s, err := store.Open(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := model{}
+	small := []store.Put{{PoolKey: "p", Allocation: alloc("first", "net1", "10.0.0.1")}}
+	if err := s.Commit(small, nil); err != nil {
+		t.Fatal(err)
+	}
+	m.apply(small, nil)
+	var big []store.Put
+	for i := range 100 {
+		big = append(big, store.Put{PoolKey: "p", Allocation: alloc(fmt.Sprintf("big%d", i), "net1", fmt.Sprintf("10.0.1.%d", i+1))})
+	}
+	if err := s.Commit(big, []store.Key{{PoolKey: "p", ContainerID: "first", IfName: "net1"}}); err != nil {
+		t.Fatal(err)
+	}
+	m.apply(big, []store.Key{{PoolKey: "p", ContainerID: "first", IfName: "net1"}})
+	after := []store.Put{{PoolKey: "p", Allocation: alloc("after", "net1", "10.0.0.2")}}
+	if err := s.Commit(after, nil); err != nil {
+		t.Fatal(err)
+	}
+	m.apply(after, nil)
+	s.Crash()
+	if s, err = store.Open(path, opts); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pools, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.agrees(pools); err != nil {
+		t.Fatal(err)
+	}
+}
