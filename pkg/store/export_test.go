@@ -22,11 +22,12 @@ func (s *Store) HoldCheckpoints() (release func()) {
 // and nothing more is flushed. A checkpoint under way finishes first.
 func (s *Store) Crash() {
 	<-s.checked
-	close(s.wal.stop)
+	s.wal.closeOnce.Do(func() { close(s.wal.stop) })
 	<-s.wal.ended
 	s.wal.syncMu.Lock()
 	s.wal.ckMu.Lock()
 	s.wal.mu.Lock()
+	s.wal.err = errClosed
 	_ = s.wal.closeFile()
 	s.wal.mu.Unlock()
 	s.wal.ckMu.Unlock()

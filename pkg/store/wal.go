@@ -58,7 +58,7 @@ import (
 // (and replays what reached the disk); see poison.
 
 const (
-	walMagic      = "hwipwal1"
+	walMagic      = "hwipwal2"
 	walHeaderSize = 32
 	walRecHeader  = 24
 	// DefaultWALSize is the log's size: about 1,000 allocations' records before
@@ -123,12 +123,13 @@ type wal struct {
 	synced atomic.Uint64 // the last sequence number flushed
 	syncMu sync.Mutex    // one flush (or wrap) at a time; the others wait for it and share it
 
-	ckMu  sync.Mutex    // one checkpoint (or wrap) at a time
-	held  atomic.Bool   // tests: the checkpointer applies nothing while set
-	kick  chan struct{} // a checkpoint now
-	due   chan struct{} // a checkpoint after checkpointDelay
-	stop  chan struct{}
-	ended chan struct{}
+	ckMu      sync.Mutex  // one checkpoint (or wrap) at a time
+	held      atomic.Bool // tests: the checkpointer applies nothing while set
+	closeOnce sync.Once
+	kick      chan struct{} // a checkpoint now
+	due       chan struct{} // a checkpoint after checkpointDelay
+	stop      chan struct{}
+	ended     chan struct{}
 }
 
 func encodeOps(ops []walOp) []byte {
@@ -226,16 +227,49 @@ func parseWAL(data []byte, id uint64) (gen uint64, entries []walEntry, ok bool, 
 	return gen, entries, true, nil
 }
 
-// readWALFile reads the log at path; a missing log is empty.
+// readWALFile reads the log at path; a missing log is empty. It reads with
+// O_DIRECT, as the log is written: a page of it the page cache kept from an
+// earlier read may be older than the disk.
 func readWALFile(path string) ([]byte, error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_DIRECT, 0)
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
+	if errors.Is(err, unix.ENOENT) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading the store's log: %w", err)
+		return nil, fmt.Errorf("reading the store's log %s: %w", path, err)
 	}
-	return data, nil
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("reading the store's log %s: %w", path, err)
+	}
+	size := (int(st.Size) + walBlock - 1) &^ (walBlock - 1)
+	if size == 0 {
+		return nil, nil
+	}
+	buf, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("reading the store's log %s: %w", path, err)
+	}
+	defer unix.Munmap(buf)
+	n := 0
+	for n < int(st.Size) {
+		m, err := unix.Pread(fd, buf[n:], int64(n))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading the store's log %s: %w", path, err)
+		}
+		if m == 0 {
+			break
+		}
+		n += m
+	}
+	return append([]byte(nil), buf[:min(n, int(st.Size))]...), nil
 }
 
 // walMeta reads the bbolt file's store ID and the last sequence number it holds.
@@ -307,7 +341,7 @@ func (s *Store) openWAL(size int64) error {
 	if err != nil {
 		return err
 	}
-	gen, entries, ok, err := parseWAL(data, id)
+	_, entries, _, err := parseWAL(data, id)
 	if err != nil {
 		return fmt.Errorf("the store's log %s cannot be read: %w", path, err)
 	}
@@ -318,6 +352,14 @@ func (s *Store) openWAL(size int64) error {
 			replay = append(replay, e)
 		}
 		last = max(last, e.seq)
+	}
+	if len(replay) > 0 && replay[0].seq != applied+1 {
+		// The log goes on from a later state of this store than the file
+		// holds: the file was put back from a backup, say. Its records would
+		// be applied to a state they do not follow.
+		return fmt.Errorf("store %s holds changes up to %d, but its log %s continues only from change %d: the store file "+
+			"is older than its log (put back from a backup?). To start from the store file alone, move the log away "+
+			"and restart; changes made after the store file was saved are then forgotten", s.path, applied, path, replay[0].seq)
 	}
 	if len(replay) > 0 {
 		if err := s.waitChecked(); err != nil {
@@ -332,19 +374,16 @@ func (s *Store) openWAL(size int64) error {
 		kick: make(chan struct{}, 1), due: make(chan struct{}, 1), stop: make(chan struct{}), ended: make(chan struct{})}
 	w.cond = sync.NewCond(&w.mu)
 	w.synced.Store(last)
-	if st, err := os.Stat(path); !ok || err != nil || st.Size() != size {
-		// No log, or one of another size, or one whose header is torn (a
-		// generation was starting; its generation number is lost): everything
-		// in it is in the bbolt file now.
-		if err := w.create(); err != nil {
-			return err
-		}
-		gen = 0
+	// Everything the log held is in the bbolt file now. A new log of zeros
+	// takes its place, so that no record of an earlier run is left after the
+	// ones this run writes (a generation's first write, torn by a power loss,
+	// could otherwise leave later blocks of it to be read after a restart's).
+	if err := w.create(); err != nil {
+		return err
 	}
 	if err := w.open(); err != nil {
 		return err
 	}
-	w.gen = gen
 	w.newGeneration()
 	s.wal = w
 	go s.checkpointer()
@@ -708,11 +747,17 @@ func (s *Store) closeWAL() error {
 	if w == nil {
 		return nil
 	}
-	close(w.stop)
+	w.closeOnce.Do(func() { close(w.stop) })
 	<-w.ended
 	w.syncMu.Lock()
+	defer w.syncMu.Unlock()
 	w.ckMu.Lock()
+	defer w.ckMu.Unlock()
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	if errors.Is(w.err, errClosed) {
+		return nil
+	}
 	var err error
 	if w.err == nil && w.written > w.applied {
 		err = s.wrapLocked()
@@ -720,14 +765,16 @@ func (s *Store) closeWAL() error {
 	if err == nil {
 		err = w.err
 	}
-	w.mu.Unlock()
-	w.ckMu.Unlock()
-	w.syncMu.Unlock()
+	// A commit or read after Close fails, rather than write to a closed file.
+	w.err = fmt.Errorf("store %s: %w", s.path, errClosed)
+	w.cond.Broadcast()
 	if cerr := w.closeFile(); err == nil && cerr != nil {
 		err = cerr
 	}
 	return err
 }
+
+var errClosed = errors.New("the store is closed")
 
 // applyToSnapshot replays log entries past what a copy of the bbolt file holds
 // (applied) onto the pools loaded from it.

@@ -443,3 +443,89 @@ func TestCommitLargerThanTheLog(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestClosedStoreRefusesWrites: a commit after Close fails, and Close may be
+// called again.
+func TestClosedStoreRefusesWrites(t *testing.T) {
+	s, err := store.Open(filepath.Join(t.TempDir(), "store"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc("c1", "net1", "10.0.0.1")}}, nil); err == nil ||
+		!strings.Contains(err.Error(), "closed") {
+		t.Fatalf("commit after Close = %v, want an error saying the store is closed", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+// TestLogOlderThanItsStoreFileIsRefused: a store file put back from an older
+// copy, beside a log that goes on from a later state of it, is refused with
+// what to do, rather than have the log's records applied to a state they do
+// not follow.
+func TestLogOlderThanItsStoreFileIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "store")
+	s, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc("c1", "net1", "10.0.0.1")}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Load(); err != nil { // checkpointed: the file holds change 1
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	backup, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 { // change 2 in one run, closed; 3 and 4 in the next, only in its log
+		if i < 2 {
+			if s, err = store.Open(path, store.Options{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i == 1 {
+			_ = s.HoldCheckpoints()
+		}
+		if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc(fmt.Sprint("d", i), "net1", fmt.Sprint("10.0.0.", i+2))}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s.Crash()
+	if err := os.WriteFile(path, backup, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = store.Open(path, store.Options{})
+	if err == nil || !strings.Contains(err.Error(), "older than its log") || !strings.Contains(err.Error(), "move the log away") {
+		t.Fatalf("Open of a store file older than its log = %v, want a refusal saying what to do", err)
+	}
+	if err := os.Rename(path+".wal", path+".wal.old"); err != nil {
+		t.Fatal(err)
+	}
+	s, err = store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatalf("Open with the log moved away: %v", err)
+	}
+	defer s.Close()
+	pools, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (model{"p": {store.RecordKey("c1", "net1"): "10.0.0.1"}}).agrees(pools); err != nil {
+		t.Fatal(err)
+	}
+}
