@@ -24,14 +24,10 @@ func (s *Store) Crash() {
 	<-s.checked
 	s.wal.closeOnce.Do(func() { close(s.wal.stop) })
 	<-s.wal.ended
-	s.wal.syncMu.Lock()
-	s.wal.ckMu.Lock()
-	s.wal.mu.Lock()
+	unlock := s.wal.lockAll()
 	s.wal.err = errClosed
 	_ = s.wal.closeFile()
-	s.wal.mu.Unlock()
-	s.wal.ckMu.Unlock()
-	s.wal.syncMu.Unlock()
+	unlock()
 	_ = s.db.Close()
 }
 

@@ -515,12 +515,7 @@ func (s *Store) log(ops []walOp) error {
 	if need > w.size-walHeaderSize {
 		// Larger than the log: into the bbolt file at once, after everything
 		// pending, in one transaction (as a wrap does).
-		w.syncMu.Lock()
-		defer w.syncMu.Unlock()
-		w.ckMu.Lock()
-		defer w.ckMu.Unlock()
-		w.mu.Lock()
-		defer w.mu.Unlock()
+		defer w.lockAll()()
 		if w.err != nil {
 			return w.err
 		}
@@ -567,6 +562,19 @@ func (s *Store) log(ops []walOp) error {
 	default:
 	}
 	return nil
+}
+
+// lockAll takes the log's three locks in their order and returns what
+// releases them.
+func (w *wal) lockAll() (unlock func()) {
+	w.syncMu.Lock()
+	w.ckMu.Lock()
+	w.mu.Lock()
+	return func() {
+		w.mu.Unlock()
+		w.ckMu.Unlock()
+		w.syncMu.Unlock()
+	}
 }
 
 // syncTo returns once the record seq is flushed. Callers that arrive during a
@@ -749,12 +757,7 @@ func (s *Store) closeWAL() error {
 	}
 	w.closeOnce.Do(func() { close(w.stop) })
 	<-w.ended
-	w.syncMu.Lock()
-	defer w.syncMu.Unlock()
-	w.ckMu.Lock()
-	defer w.ckMu.Unlock()
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	defer w.lockAll()()
 	if errors.Is(w.err, errClosed) {
 		return nil
 	}

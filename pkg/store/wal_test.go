@@ -16,6 +16,36 @@ import (
 	"github.com/hwipam/hwipam/test/harness"
 )
 
+// openNew opens a new store in a temporary directory; the test closes it (or
+// crashes it).
+func openNew(t *testing.T, opts store.Options) (*store.Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "store")
+	s, err := store.Open(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, path
+}
+
+// reopenAgrees opens the store at path, as the next run of the daemon does,
+// and fails the test unless it holds what m says.
+func reopenAgrees(t *testing.T, path string, opts store.Options, m model) {
+	t.Helper()
+	s, err := store.Open(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pools, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.agrees(pools); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // model is what the store must hold: pool key → record key → address.
 type model map[string]map[string]string
 
@@ -84,12 +114,9 @@ func randomCommit(r *rand.Rand, step int) ([]store.Put, []store.Key) {
 // there after each, and nothing else.
 func TestLogReplayModel(t *testing.T) {
 	r := harness.Rand(t)
-	path := filepath.Join(t.TempDir(), "store")
 	opts := store.Options{WALSize: 8192}
-	s, err := store.Open(path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, path := openNew(t, opts)
+	var err error
 	defer func() { _ = s.Close() }()
 	m := model{}
 	var release func()
@@ -208,11 +235,8 @@ func tornRecord(t *testing.T, r *rand.Rand, path string, end int64) {
 // checkpointer is held is only in the log, and a crash then loses nothing; the
 // same holds for a snapshot taken meanwhile.
 func TestCommitIsInTheLogBeforeTheFile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "store")
-	s, err := store.Open(path, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, path := openNew(t, store.Options{})
+	var err error
 	release := s.HoldCheckpoints()
 	if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc("c1", "net1", "10.0.0.1"), LastReserved: "10.0.0.1"}}, nil); err != nil {
 		t.Fatal(err)
@@ -244,11 +268,7 @@ func TestCommitIsInTheLogBeforeTheFile(t *testing.T) {
 // commit fails with what to do, and what was acknowledged before is there
 // after a restart.
 func TestFailedLogWriteStopsWrites(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "store")
-	s, err := store.Open(path, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, path := openNew(t, store.Options{})
 	if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc("c1", "net1", "10.0.0.1")}}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -260,28 +280,13 @@ func TestFailedLogWriteStopsWrites(t *testing.T) {
 		}
 	}
 	_ = s.Close()
-	s, err = store.Open(path, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	pools, err := s.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := (model{"p": {store.RecordKey("c1", "net1"): "10.0.0.1"}}).agrees(pools); err != nil {
-		t.Fatal(err)
-	}
+	reopenAgrees(t, path, store.Options{}, model{"p": {store.RecordKey("c1", "net1"): "10.0.0.1"}})
 }
 
 // TestCheckpointerAppliesTheLog: with nothing reading the store, the
 // checkpointer still moves a commit into the bbolt file, soon.
 func TestCheckpointerAppliesTheLog(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "store")
-	s, err := store.Open(path, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, path := openNew(t, store.Options{})
 	defer s.Close()
 	if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc("c1", "net1", "10.0.0.1")}}, nil); err != nil {
 		t.Fatal(err)
@@ -320,12 +325,8 @@ func TestCheckpointerAppliesTheLog(t *testing.T) {
 // under them again and again; after a crash, every acknowledged commit is
 // there.
 func TestConcurrentCommitsAcrossWraps(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "store")
 	opts := store.Options{WALSize: 8192}
-	s, err := store.Open(path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, path := openNew(t, opts)
 	const writers, each = 16, 60
 	var mu sync.Mutex
 	m := model{}
@@ -350,18 +351,7 @@ func TestConcurrentCommitsAcrossWraps(t *testing.T) {
 	}
 	wg.Wait()
 	s.Crash()
-	s, err = store.Open(path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	pools, err := s.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.agrees(pools); err != nil {
-		t.Fatal(err)
-	}
+	reopenAgrees(t, path, opts, m)
 	t.Logf("after the crash: %d allocations as acknowledged", len(m["p"]))
 }
 
@@ -369,11 +359,8 @@ func TestConcurrentCommitsAcrossWraps(t *testing.T) {
 // away (or replaced by an nv-ipam import) belongs to that store: a new store at
 // the path neither replays it nor shows it in a snapshot.
 func TestAnotherStoresLogIsNotReplayed(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "store")
-	s, err := store.Open(path, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, path := openNew(t, store.Options{})
+	var err error
 	_ = s.HoldCheckpoints()
 	if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc("old", "net1", "10.0.0.9")}}, nil); err != nil {
 		t.Fatal(err)
@@ -405,12 +392,8 @@ func TestAnotherStoresLogIsNotReplayed(t *testing.T) {
 // TestCommitLargerThanTheLog: a commit that does not fit the log goes into the
 // bbolt file at once, after what the log holds, and survives a crash.
 func TestCommitLargerThanTheLog(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "store")
 	opts := store.Options{WALSize: 8192}
-	s, err := store.Open(path, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, path := openNew(t, opts)
 	m := model{}
 	small := []store.Put{{PoolKey: "p", Allocation: alloc("first", "net1", "10.0.0.1")}}
 	if err := s.Commit(small, nil); err != nil {
@@ -431,17 +414,7 @@ func TestCommitLargerThanTheLog(t *testing.T) {
 	}
 	m.apply(after, nil)
 	s.Crash()
-	if s, err = store.Open(path, opts); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	pools, err := s.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.agrees(pools); err != nil {
-		t.Fatal(err)
-	}
+	reopenAgrees(t, path, opts, m)
 }
 
 // TestClosedStoreRefusesWrites: a commit after Close fails, and Close may be
