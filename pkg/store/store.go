@@ -494,16 +494,33 @@ func fileExists(path string) (bool, error) {
 
 // Snapshot reads the store at path without opening it for writing and without
 // waiting for the lock the running daemon holds: it copies the file into memory,
-// then checks and loads the copy. bbolt's meta pages are checksummed, so a copy
-// taken while a commit writes still opens at the last complete transaction. For
+// then checks and loads the copy, and adds what the log holds beyond it. For
 // `ipamctl check`. An nv-ipam JSON store that was never imported is reported as
 // such.
+//
+// bbolt's meta pages are checksummed, so a copy taken while one commit writes
+// opens at the last complete transaction; but a copy that spans two commits
+// can hold pages the second one reused, which the check finds. Such a copy is
+// taken again, up to snapshotTries times in all: a file that is really broken
+// fails every time.
 func Snapshot(path string) (map[string]*PoolState, error) {
 	if isNVIPAM, err := looksLikeNVIPAMStore(path); err != nil {
 		return nil, err
 	} else if isNVIPAM {
 		return nil, fmt.Errorf("%s is an nv-ipam JSON store that ipam-node has not imported yet (it does on its next start)", path)
 	}
+	for try := 1; ; try++ {
+		pools, err := snapshotOnce(path)
+		if err == nil || !errors.Is(err, ErrCorrupt) || try == snapshotTries {
+			return pools, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+const snapshotTries = 5
+
+func snapshotOnce(path string) (map[string]*PoolState, error) {
 	// The log first: what the checkpointer moves from it into the file after
 	// this read is in the copy below; what the copy lacks is in this read.
 	logData, err := readWALFile(path + ".wal")
