@@ -187,7 +187,7 @@ func writeImported(tx *bolt.Tx, root *nvRoot) error {
 			if err != nil {
 				return err
 			}
-			if err := b.Put(allocKey(a.ContainerID, a.IfName), v); err != nil {
+			if err := b.Put([]byte(RecordKey(a.ContainerID, a.IfName)), v); err != nil {
 				return err
 			}
 		}

@@ -307,10 +307,6 @@ func (s *Store) Close() error {
 // Path is the store file.
 func (s *Store) Path() string { return s.path }
 
-func allocKey(containerID, ifName string) []byte {
-	return []byte(containerID + "\x00" + ifName)
-}
-
 // Put is one allocation to record.
 type Put struct {
 	PoolKey    string
@@ -579,7 +575,7 @@ func snapshotOnce(path string) (map[string]*PoolState, error) {
 	if err := db.View(func(tx *bolt.Tx) error { id, applied = walMeta(tx); return nil }); err != nil {
 		return nil, corrupt(path, err)
 	}
-	_, logged, _, err := parseWAL(logData, id)
+	logged, err := parseWAL(logData, id)
 	if err == nil {
 		err = applyToSnapshot(pools, logged, applied)
 	}

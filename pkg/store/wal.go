@@ -114,7 +114,7 @@ type wal struct {
 	mu      sync.Mutex
 	gen     uint64
 	off     int64
-	written uint64     // the last sequence number written to the file
+	written uint64     // the last sequence number appended (to mirror; on the disk once synced)
 	applied uint64     // the last sequence number in the bbolt file
 	pending []walEntry // written, not yet in the bbolt file, in sequence order
 	err     error      // set once: see poison
@@ -189,18 +189,17 @@ func walRecord(gen, seq uint64, payload []byte) []byte {
 	return r
 }
 
-// parseWAL returns the generation of a log's contents and its records, in
-// order, up to the first that is torn, of another generation, or out of
-// sequence. ok is false when the header is not a valid one (a log never
-// written, or a header torn while a new generation started: everything before
-// it had been checkpointed) or names another store than id.
-func parseWAL(data []byte, id uint64) (gen uint64, entries []walEntry, ok bool, err error) {
+// parseWAL returns a log's records, in order, up to the first that is torn, of
+// another generation than the header's, or out of sequence. A log whose header
+// is not valid (never written, or torn while a new generation started: all
+// before it had been checkpointed) or names another store than id has none.
+func parseWAL(data []byte, id uint64) (entries []walEntry, err error) {
 	if len(data) < walHeaderSize || string(data[:8]) != walMagic ||
 		binary.LittleEndian.Uint32(data[24:]) != crc32.Checksum(data[:24], castagnoli) ||
 		binary.LittleEndian.Uint64(data[16:]) != id {
-		return 0, nil, false, nil
+		return nil, nil
 	}
-	gen = binary.LittleEndian.Uint64(data[8:])
+	gen := binary.LittleEndian.Uint64(data[8:])
 	off := walHeaderSize
 	for off+walRecHeader <= len(data) {
 		n := int(binary.LittleEndian.Uint32(data[off:]))
@@ -219,12 +218,12 @@ func parseWAL(data []byte, id uint64) (gen uint64, entries []walEntry, ok bool, 
 		ops, err := decodeOps(rec[walRecHeader:])
 		if err != nil {
 			// The checksum holds, so this log was written by something else.
-			return 0, nil, false, fmt.Errorf("record %d: %w", seq, err)
+			return nil, fmt.Errorf("record %d: %w", seq, err)
 		}
 		entries = append(entries, walEntry{seq: seq, ops: ops})
 		off += walRecHeader + n
 	}
-	return gen, entries, true, nil
+	return entries, nil
 }
 
 // readWALFile reads the log at path; a missing log is empty. It reads with
@@ -281,8 +280,10 @@ func walMeta(tx *bolt.Tx) (id, applied uint64) {
 }
 
 // applyOps writes ops into the bbolt file, and the sequence number they end at.
+// Each pool's cursor is written once, with the last value the entries give it.
 func applyOps(tx *bolt.Tx, entries []walEntry) error {
 	allocs := tx.Bucket(bucketAllocations)
+	cursors := map[string]string{}
 	for _, e := range entries {
 		for _, o := range e.ops {
 			switch o.kind {
@@ -295,9 +296,7 @@ func applyOps(tx *bolt.Tx, entries []walEntry) error {
 					return fmt.Errorf("allocation %q in pool %s: %w", o.key, o.pool, err)
 				}
 				if o.lastReserved != "" {
-					if err := updatePool(tx, o.pool, func(p *Pool) { p.LastReserved = o.lastReserved }); err != nil {
-						return err
-					}
+					cursors[o.pool] = o.lastReserved
 				}
 			case opDel:
 				if b := allocs.Bucket([]byte(o.pool)); b != nil {
@@ -306,6 +305,11 @@ func applyOps(tx *bolt.Tx, entries []walEntry) error {
 					}
 				}
 			}
+		}
+	}
+	for pool, cursor := range cursors {
+		if err := updatePool(tx, pool, func(p *Pool) { p.LastReserved = cursor }); err != nil {
+			return err
 		}
 	}
 	if len(entries) == 0 {
@@ -341,7 +345,7 @@ func (s *Store) openWAL(size int64) error {
 	if err != nil {
 		return err
 	}
-	_, entries, _, err := parseWAL(data, id)
+	entries, err := parseWAL(data, id)
 	if err != nil {
 		return fmt.Errorf("the store's log %s cannot be read: %w", path, err)
 	}
@@ -456,10 +460,7 @@ func (w *wal) create() error {
 	if err != nil {
 		return fmt.Errorf("creating the store's log: %w", err)
 	}
-	buf := make([]byte, 1<<20)
-	for off := int64(0); off < w.size && err == nil; off += int64(len(buf)) {
-		_, err = f.WriteAt(buf[:min(int64(len(buf)), w.size-off)], off)
-	}
+	_, err = f.Write(make([]byte, w.size))
 	if err == nil {
 		err = unix.Fdatasync(int(f.Fd()))
 	}
