@@ -85,7 +85,7 @@ var (
 	descOrphans   = prometheus.NewDesc("hwipam_node_pool_orphaned_addresses", "Addresses held outside the block the pool hands out from on this node (all of them when it has none): kept until released, reported to the controller so no other node gets them.", []string{"pool"}, nil)
 	descActive    = prometheus.NewDesc("hwipam_node_pool_active", "1 when the pool has a block for this node, 0 when it only keeps old allocations.", []string{"pool"}, nil)
 	descCommits   = prometheus.NewDesc("hwipam_node_store_commits_total", "Store commits (each Allocate or Deallocate that changed something).", nil, nil)
-	descTxs       = prometheus.NewDesc("hwipam_node_store_transactions_total", "Durable writes of the store's write-ahead log those commits shared.", nil, nil)
+	descTxs       = prometheus.NewDesc("hwipam_node_store_transactions_total", "Flushes (fdatasync) of the store's write-ahead log those commits shared.", nil, nil)
 )
 
 func (stateCollector) Describe(ch chan<- *prometheus.Desc) {

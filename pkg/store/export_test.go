@@ -24,6 +24,7 @@ func (s *Store) Crash() {
 	<-s.checked
 	s.wal.closeOnce.Do(func() { close(s.wal.stop) })
 	<-s.wal.ended
+	<-s.wal.flushEnd
 	unlock := s.wal.lockAll()
 	s.wal.err = errClosed
 	_ = s.wal.closeFile()
@@ -39,8 +40,15 @@ func (s *Store) BreakLog() {
 	s.wal.fd = -1 // a write now fails (EBADF), and no other file gets the number's writes
 }
 
-// LogDirect says whether the log is written with O_DIRECT|O_DSYNC.
-func (s *Store) LogDirect() bool { return s.wal.direct }
+// BreakFlush makes every later flush of the log to the disk fail, as a disk
+// error would.
+func (s *Store) BreakFlush() { s.wal.flushFault.Store(true) }
+
+// LogProgress is the last sequence number written to the log's file and the
+// last flushed to the disk.
+func (s *Store) LogProgress() (saved, flushed uint64) {
+	return s.wal.saved.Load(), s.wal.flushed.Load()
+}
 
 // LogEnd is the log's path and the offset after its last record.
 func (s *Store) LogEnd() (path string, off int64) {

@@ -1,10 +1,11 @@
 // Package store keeps a node's allocations durably on the host, in one bbolt
 // database file (--store-file) and its write-ahead log beside it
-// (<store-file>.wal, see wal.go). Every allocation and release is flushed to the
-// log before Commit returns, one device flush where a bbolt transaction takes
-// two; concurrent commits share flushes (group commit), so a burst of Allocates
-// costs a few flushes, not one each. The log is applied to the bbolt file in the
-// background, many commits per transaction, and replayed on open. A file that is not a
+// (<store-file>.wal, see wal.go). Every allocation and release is written to the
+// log before Commit returns (so it survives a crash of the daemon), and flushed
+// to the disk in the background, one device flush shared by the commits made
+// meanwhile, where a bbolt transaction takes two per commit. The log is applied
+// to the bbolt file in the background, many commits per transaction, and
+// replayed on open. A file that is not a
 // usable store stops the daemon with an error that says what to do; the daemon
 // never starts empty over a broken file. An nv-ipam JSON store found at the path
 // is imported on first open and kept beside it as a backup (see import.go).
@@ -108,7 +109,7 @@ type Store struct {
 	checkErr error
 
 	commits      atomic.Uint64 // Commit calls that succeeded
-	transactions atomic.Uint64 // write transactions they shared
+	transactions atomic.Uint64 // flushes of the log they shared
 	lastUnmap    atomic.Int64  // when unmapNowAndThen last ran, Unix nanoseconds
 
 	// wal is the write-ahead log (wal.go). Lock order: wal.syncMu, wal.ckMu,

@@ -200,7 +200,7 @@ func TestLogReplayModel(t *testing.T) {
 	if release != nil {
 		release()
 	}
-	t.Logf("%d crashes (%d with a torn record), %d wraps of the log, O_DIRECT %v", crashes, tears, wraps, s.LogDirect())
+	t.Logf("%d crashes (%d with a torn record), %d wraps of the log", crashes, tears, wraps)
 	if crashes == 0 || tears == 0 || wraps == 0 {
 		t.Fatalf("the run did not exercise crashes, torn records and wraps: %d, %d, %d", crashes, tears, wraps)
 	}
@@ -290,6 +290,70 @@ func TestFailedLogWriteStopsWrites(t *testing.T) {
 	}
 	_ = s.Close()
 	reopenAgrees(t, path, store.Options{}, model{"p": {store.RecordKey("c1", "net1"): "10.0.0.1"}})
+}
+
+// TestFlusherFlushesTheLog: a commit returns once its record is in the log's
+// file; the flusher then puts it on the disk, soon, without anything else
+// happening, and commits made meanwhile share its flushes.
+func TestFlusherFlushesTheLog(t *testing.T) {
+	s, _ := openNew(t, store.Options{})
+	defer s.Close()
+	release := s.HoldCheckpoints() // the log alone: a checkpoint would flush too
+	defer release()
+	const n = 200
+	for i := range n {
+		if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc(fmt.Sprintf("c%d", i), "net1", fmt.Sprintf("10.0.%d.%d", i/250, i%250+1))}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	saved, _ := s.LogProgress()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, flushed := s.LogProgress(); flushed >= saved {
+			break
+		}
+		if time.Now().After(deadline) {
+			_, flushed := s.LogProgress()
+			t.Fatalf("5 s after the last commit, the log is flushed up to record %d of %d", flushed, saved)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	commits, flushes := s.Stats()
+	if flushes == 0 || flushes > commits {
+		t.Fatalf("%d commits, %d flushes", commits, flushes)
+	}
+	t.Logf("%d commits, %d flushes", commits, flushes)
+}
+
+// TestFailedFlushStopsWrites: once a flush of the log fails (a disk error),
+// later commits fail with what to do, and what was acknowledged before it is
+// there after a restart.
+func TestFailedFlushStopsWrites(t *testing.T) {
+	s, path := openNew(t, store.Options{})
+	if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc("c1", "net1", "10.0.0.1")}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	s.BreakFlush()
+	m := model{"p": {store.RecordKey("c1", "net1"): "10.0.0.1"}}
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 2; ; i++ {
+		put := store.Put{PoolKey: "p", Allocation: alloc(fmt.Sprintf("c%d", i), "net1", fmt.Sprintf("10.0.0.%d", i))}
+		err := s.Commit([]store.Put{put}, nil)
+		if err == nil {
+			m.apply([]store.Put{put}, nil)
+		} else {
+			if !strings.Contains(err.Error(), "flushing its log") || !strings.Contains(err.Error(), "restart ipam-node") {
+				t.Fatalf("commit after a failed flush = %v, want an error saying the flush failed and to restart", err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("commits still succeed 5 s after the log's flushes began to fail")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_ = s.Close()
+	reopenAgrees(t, path, store.Options{}, m)
 }
 
 // TestCheckpointerAppliesTheLog: with nothing reading the store, the

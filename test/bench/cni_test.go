@@ -302,7 +302,7 @@ func hostLocalHeld(b *testing.B, dir, prefix string) []string {
 // and DEL; the ADD against a stand-in that answers at once (the plugin's own
 // cost); in-process, the connect and the Allocate round trip over the compact
 // endpoint; the daemon's own time in Allocate (its request histogram); and one
-// store commit (one durable write of the store's log) on the same file system.
+// store commit (one write of the store's log) on the same file system.
 func BenchmarkCNIExecPath(b *testing.B) {
 	ctx := context.Background()
 	_, kubeconfig := benchPool(b, "10.0.0.0/8", 65536, "10.0.0.1", "10.1.0.0")
