@@ -12,6 +12,9 @@ COMMIT        ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS       := -s -w -X github.com/hwipam/hwipam/pkg/version.Version=$(VERSION) \
                  -X github.com/hwipam/hwipam/pkg/version.Commit=$(COMMIT)
 BINARIES      := $(notdir $(wildcard cmd/*))
+# The plugin's own ELF entry point on linux/amd64: it starts the Go runtime sized
+# for one CPU (see cmd/nv-ipam/entry_linux_amd64.go). Elsewhere it is built as is.
+PLUGIN_LDFLAGS := $(if $(filter linux/amd64,$(shell go env GOOS)/$(shell go env GOARCH)),-E main.entry)
 
 # Tools, pinned, installed through the Go module proxy into bin/.
 GOLANGCI_LINT_VERSION  := v2.15.0
@@ -50,7 +53,8 @@ help: ## Show this help.
 .PHONY: build
 build: ## Build every binary under cmd/ into bin/.
 	@mkdir -p $(BIN_DIR)
-	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN_DIR)/ $(addprefix ./cmd/,$(BINARIES))
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN_DIR)/ $(addprefix ./cmd/,$(filter-out nv-ipam,$(BINARIES)))
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS) $(PLUGIN_LDFLAGS)" -o $(BIN_DIR)/ ./cmd/nv-ipam
 
 # The image: the layout of the Dockerfile (binaries at /, distroless-like /etc/passwd,
 # default user 65532 "nonroot"; ipam-node's DaemonSet runs it as root), built with

@@ -5,9 +5,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
+
+// PluginEntryFlag is the linker flag that gives the plugin its own entry point
+// on linux/amd64 (cmd/nv-ipam/entry_linux_amd64.go), as the Makefile passes it.
+const PluginEntryFlag = "-E main.entry"
 
 // BuildBinary builds one of the project's commands (a package path relative to the
 // repository root, such as "./cmd/ipam-controller") into a temporary directory and
@@ -16,7 +21,11 @@ func BuildBinary(tb testing.TB, pkg string) string {
 	tb.Helper()
 	out := filepath.Join(tb.TempDir(), filepath.Base(pkg))
 	// As the Makefile builds the product's binaries.
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	ldflags := "-s -w"
+	if filepath.Base(pkg) == "nv-ipam" && runtime.GOOS == "linux" && runtime.GOARCH == "amd64" {
+		ldflags += " " + PluginEntryFlag // the Makefile's PLUGIN_LDFLAGS
+	}
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags="+ldflags, "-o", out, pkg)
 	cmd.Dir = RepoRoot()
 	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
