@@ -362,8 +362,11 @@ func validOp(o walOp) error {
 }
 
 // unmapInterval is how often, at most, a commit drops the pages the daemon has
-// read through bbolt's map since the last time (see unmapRead).
-const unmapInterval = time.Second
+// read through bbolt's map since the last time (see unmapRead). Once commits
+// no longer waited for the disk, filling 100,000 allocations went faster and
+// touched more of the file between two drops: at one second, the daemon's
+// peak RSS rose from 63 to 65-67 MiB; at a quarter second it is 59-61 MiB.
+const unmapInterval = 250 * time.Millisecond
 
 // unmapNowAndThen runs unmapRead in the background at most once per
 // unmapInterval. Every write reads its path through the B+tree from the map,
