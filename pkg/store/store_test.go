@@ -201,6 +201,7 @@ func TestGroupCommitSharesTransactions(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+	waitFlushed(t, s) // commits return before the flush they share
 	commits, txs := s.Stats()
 	if commits != writers*each {
 		t.Errorf("commits = %d, want %d", commits, writers*each)

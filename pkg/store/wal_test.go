@@ -306,11 +306,23 @@ func TestFlusherFlushesTheLog(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	waitFlushed(t, s)
+	commits, flushes := s.Stats()
+	if flushes == 0 || flushes > commits {
+		t.Fatalf("%d commits, %d flushes", commits, flushes)
+	}
+	t.Logf("%d commits, %d flushes", commits, flushes)
+}
+
+// waitFlushed returns once everything written to the log so far is flushed to
+// the disk, and fails the test if that takes 5 s.
+func waitFlushed(t *testing.T, s *store.Store) {
+	t.Helper()
 	saved, _ := s.LogProgress()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, flushed := s.LogProgress(); flushed >= saved {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			_, flushed := s.LogProgress()
@@ -318,11 +330,6 @@ func TestFlusherFlushesTheLog(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	commits, flushes := s.Stats()
-	if flushes == 0 || flushes > commits {
-		t.Fatalf("%d commits, %d flushes", commits, flushes)
-	}
-	t.Logf("%d commits, %d flushes", commits, flushes)
 }
 
 // TestFailedFlushStopsWrites: once a flush of the log fails (a disk error),
