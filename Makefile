@@ -14,7 +14,9 @@ LDFLAGS       := -s -w -X github.com/hwipam/hwipam/pkg/version.Version=$(VERSION
 BINARIES      := $(notdir $(wildcard cmd/*))
 # The plugin's own ELF entry point on linux/amd64: it starts the Go runtime sized
 # for one CPU (see cmd/nv-ipam/entry_linux_amd64.go). Elsewhere it is built as is.
-PLUGIN_LDFLAGS := $(if $(filter linux/amd64,$(shell go env GOOS)/$(shell go env GOARCH)),-E main.entry)
+# GOOS/GOARCH given on make's command line reach `go env` too (make < 4.4 does not
+# export them to $(shell)), so `make build GOARCH=arm64` links without it.
+PLUGIN_LDFLAGS := $(if $(filter linux/amd64,$(shell GOOS=$(GOOS) GOARCH=$(GOARCH) go env GOOS GOARCH | paste -sd/)),-E main.entry)
 
 # Tools, pinned, installed through the Go module proxy into bin/.
 GOLANGCI_LINT_VERSION  := v2.15.0

@@ -30,8 +30,8 @@ func entry()
 var _ = entry // kept: the linker looks it up by name
 
 // restoreCPUs gives the process's thread back the CPU set it was started with.
-// Threads the runtime made before main (sysmon) keep the one CPU; they only
-// wake now and then.
+// Threads the runtime made before main (sysmon among them), and threads they
+// make later, keep the one CPU: the process lives for one call.
 func restoreCPUs() {
 	if narrowed {
 		_, _, _ = syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, 0, uintptr(savedLen), uintptr(unsafe.Pointer(&savedMask)))

@@ -1,6 +1,7 @@
 // Package nodealloc is the node daemon's allocation state: the pools this node has
 // a block in, the allocator of each, and every allocation, kept durably in the
-// store. Every change is on disk before it is visible as a success. It knows
+// store. Every change is committed to the store (where it survives a crash of
+// the daemon, see store.Commit) before it is visible as a success. It knows
 // nothing of gRPC or Kubernetes; the service and the pool sync drive it.
 package nodealloc
 
@@ -169,7 +170,7 @@ type Store interface {
 	SavePool(key string, block json.RawMessage) error
 	// DeactivatePool marks the pool's stored block as no longer the node's.
 	DeactivatePool(key string) error
-	// Commit records puts and deletes, all or none, and returns once they are on disk.
+	// Commit records puts and deletes, all or none, and returns once they are committed (they then survive a crash of the daemon).
 	Commit(puts []store.Put, deletes []store.Key) error
 	// Path names the store in error messages.
 	Path() string
@@ -285,7 +286,7 @@ func (p *poolState) configure(cfg *PoolConfig) error {
 	return nil
 }
 
-// SetPool makes cfg the pool's block and marks it active. The config is on disk
+// SetPool makes cfg the pool's block and marks it active. The config is committed
 // before it takes effect.
 func (m *Manager) SetPool(cfg *PoolConfig) error {
 	key := cfg.Key()
@@ -476,7 +477,7 @@ func (m *Manager) keys(req *Request) ([]string, error) {
 }
 
 // Allocate hands out one address per pool, all or none, and returns them once
-// they are on disk. Asking again for the same interface returns the same
+// they are committed. Asking again for the same interface returns the same
 // addresses. While it waits for a pool's lock, or for another operation on the
 // same interface, it gives up when ctx ends, leaving nothing behind.
 func (m *Manager) Allocate(ctx context.Context, req *Request) ([]Result, error) {
@@ -544,7 +545,7 @@ func (m *Manager) commitAllocation(keys []string, who owner, at attempt) ([]Resu
 
 // finishAllocation applies a commit's outcome and wakes the flight's waiters. A
 // commit that failed frees its addresses; one whose outcome is unknown keeps
-// them reserved (they may be on disk) until the daemon reads its store again.
+// them reserved (they may be committed) until the daemon reads its store again.
 func (m *Manager) finishAllocation(keys []string, who owner, at attempt, outcome error) ([]Result, error) {
 	states, unlock := m.lockPoolsWait(keys)
 	defer unlock()
@@ -805,7 +806,7 @@ func (m *Manager) IsAllocated(ctx context.Context, req *Request) error {
 }
 
 // Deallocate releases the interface's addresses in the pools; releasing what is
-// not held succeeds. The release is on disk before the addresses can be reused.
+// not held succeeds. The release is committed before the addresses can be reused.
 // Like Allocate, it gives up waiting when ctx ends, having released nothing.
 func (m *Manager) Deallocate(ctx context.Context, req *Request) error {
 	keys, err := m.keys(req)
@@ -835,7 +836,7 @@ type release struct {
 
 // releaseMatching releases the interface's allocations in the pools (those that
 // match, when match is set). The delete commits without pool locks held, like an
-// Allocate's put; the addresses stay reserved until it is on disk.
+// Allocate's put; the addresses stay reserved until it is committed.
 func (m *Manager) releaseMatching(ctx context.Context, keys []string, who owner, match func(store.Allocation) bool) (bool, error) {
 	for {
 		rel, err := m.takeForRelease(ctx, keys, who, match)
@@ -904,7 +905,7 @@ func (m *Manager) commitRelease(keys []string, who owner, rel release) (bool, er
 	return m.finishRelease(keys, who, rel, outcome)
 }
 
-// finishRelease frees the released addresses once the delete is on disk. When
+// finishRelease frees the released addresses once the delete is committed. When
 // it is not (or may not be), the allocations are held again, so that a retried
 // release deletes them.
 func (m *Manager) finishRelease(keys []string, who owner, rel release, outcome error) (bool, error) {

@@ -117,8 +117,8 @@ type Store struct {
 	wal *wal
 }
 
-// Stats reports how many Commit calls succeeded and in how many flushes of the
-// log they were made durable: the ratio is what group commit saves.
+// Stats reports how many Commit calls succeeded and how many flushes of the log
+// to the disk (fdatasync) they shared.
 func (s *Store) Stats() (commits, transactions uint64) {
 	return s.commits.Load(), s.transactions.Load()
 }
@@ -317,8 +317,10 @@ type Put struct {
 }
 
 // Commit records the puts and deletes, all or none, and returns once they are
-// on disk: in the log, as one record, flushed (shared with concurrent callers);
-// the checkpointer puts them into the bbolt file soon after.
+// in the log, as one record written to its file (shared with concurrent
+// callers): from then on they survive a crash of the daemon. The flusher puts
+// them on the disk within a few milliseconds, the checkpointer into the bbolt
+// file soon after (see wal.go).
 func (s *Store) Commit(puts []Put, deletes []Key) error {
 	if err := s.waitChecked(); err != nil {
 		return err

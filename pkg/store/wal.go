@@ -33,7 +33,7 @@ import (
 // is the invariant DESIGN.md §5 asks for). The flusher fdatasyncs the log in
 // the background, flushDelay (5 ms) after the first record it has not flushed
 // (the commits made meanwhile share the flush), so a record reaches the disk
-// within about 5 ms of its commit. What a power loss or kernel crash can take is the
+// within 5 ms of its commit plus at most two flushes (one may be under way). What a power loss or kernel crash can take is the
 // last records not yet flushed; it also takes every pod on the node with it
 // (their network namespaces and interfaces are gone), so no live pod holds an
 // address whose record was lost, and a lost deletion only leaves an allocation
@@ -48,7 +48,7 @@ import (
 // Layout: a header, then records, in a file of fixed size written with zeros
 // when made (so an append allocates nothing and its flush writes no metadata):
 //
-//	header: "hwipwal1" | generation u64 | store ID u64 | crc32c(first 24 bytes) u32 | 0 u32
+//	header: "hwipwal2" | generation u64 | store ID u64 | crc32c(first 24 bytes) u32 | 0 u32
 //	record: payload length u32 | crc32c(generation..payload) u32 | generation u64 | sequence u64 | payload
 //	payload: ops, each: kind byte | pool key | record key | value | last reserved (uvarint-prefixed strings)
 //
@@ -64,7 +64,8 @@ import (
 //
 // A log record that fails to be written or flushed leaves the log in an
 // unknown state: the store then refuses every write until ipam-node restarts
-// (and replays what reached the disk); see poison.
+// (and replays what the log's file holds; after a failed flush, what was
+// answered is put into the bbolt file first); see poison and flusher.
 
 const (
 	walMagic      = "hwipwal2"
@@ -475,7 +476,7 @@ func (w *wal) newGeneration() {
 func (w *wal) poison(path string, err error) error {
 	if w.err == nil {
 		w.err = fmt.Errorf("store %s: %w; nothing more is written until ipam-node restarts (it then replays what "+
-			"reached the disk): check the disk and restart ipam-node", path, err)
+			"its log holds): check the disk and restart ipam-node", path, err)
 		w.cond.Broadcast()
 	}
 	return w.err
@@ -596,8 +597,12 @@ func (s *Store) saveTo(seq uint64) error {
 const flushDelay = 5 * time.Millisecond
 
 // flusher fdatasyncs the log flushDelay after something was written to it
-// since its last flush, until the store closes; a failed flush stops every
-// later write (see poison). Commits do not wait for it.
+// since its last flush, until the store closes. Commits do not wait for it.
+//
+// A failed flush stops every later write (see poison), but the commits already
+// answered are only in the page cache, whose pages the kernel marks clean after
+// a writeback error and may drop: so first they all go into the bbolt file,
+// which syncs its own writes, and a restart finds them there.
 func (s *Store) flusher() {
 	w := s.wal
 	defer close(w.flushEnd)
@@ -616,18 +621,34 @@ func (s *Store) flusher() {
 		case <-w.stop:
 			return
 		}
-		upto := w.saved.Load()
-		err := unix.Fdatasync(w.flushFd)
-		if w.flushFault.Load() {
-			err = unix.EIO
+		// Writes made during the wait are covered by this flush: their
+		// signal is taken, so that no empty flush follows.
+		select {
+		case <-w.dirty:
+		default:
 		}
+		upto := w.saved.Load()
+		if upto <= w.flushed.Load() {
+			continue
+		}
+		err := unix.Fdatasync(w.flushFd)
 		for errors.Is(err, unix.EINTR) {
 			err = unix.Fdatasync(w.flushFd)
 		}
+		if w.flushFault.Load() {
+			err = unix.EIO
+		}
 		if err != nil {
-			w.mu.Lock()
+			unlock := w.lockAll()
+			if w.err == nil {
+				saved, n := w.saved.Load(), 0
+				for n < len(w.pending) && w.pending[n].seq <= saved {
+					n++
+				}
+				_ = s.applyLocked(n, false) // poisons the log itself if it fails
+			}
 			_ = w.poison(s.path, fmt.Errorf("flushing its log: %w", err))
-			w.mu.Unlock()
+			unlock()
 			return
 		}
 		raise(&w.flushed, upto)

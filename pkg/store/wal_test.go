@@ -301,17 +301,24 @@ func TestFlusherFlushesTheLog(t *testing.T) {
 	release := s.HoldCheckpoints() // the log alone: a checkpoint would flush too
 	defer release()
 	const n = 200
+	ahead := 0 // commits that returned before their record was on the disk
 	for i := range n {
 		if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc(fmt.Sprintf("c%d", i), "net1", fmt.Sprintf("10.0.%d.%d", i/250, i%250+1))}}, nil); err != nil {
 			t.Fatal(err)
 		}
+		if saved, flushed := s.LogProgress(); flushed < saved {
+			ahead++
+		}
+	}
+	if ahead == 0 {
+		t.Error("every commit returned after the flush of its record: commits wait for the disk")
 	}
 	waitFlushed(t, s)
 	commits, flushes := s.Stats()
-	if flushes == 0 || flushes > commits {
-		t.Fatalf("%d commits, %d flushes", commits, flushes)
+	if flushes == 0 || flushes*2 > commits {
+		t.Errorf("%d commits in a row took %d flushes: they do not share them", commits, flushes)
 	}
-	t.Logf("%d commits, %d flushes", commits, flushes)
+	t.Logf("%d commits, %d flushes, %d returned before their flush", commits, flushes, ahead)
 }
 
 // waitFlushed returns once everything written to the log so far is flushed to
@@ -360,6 +367,17 @@ func TestFailedFlushStopsWrites(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	_ = s.Close()
+	// A writeback error leaves the log's pages clean in the page cache, free
+	// to be dropped: what was answered must be in the bbolt file itself.
+	alone := filepath.Join(t.TempDir(), "store")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(alone, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reopenAgrees(t, alone, store.Options{}, m)
 	reopenAgrees(t, path, store.Options{}, m)
 }
 
