@@ -18,9 +18,9 @@ import (
 var (
 	savedMask [16]uint64 // the CPU set the process was started with
 	savedLen  int64      // its length in bytes, as the kernel returned it; 0 if not saved
-	oneMask   [16]uint64 // the CPU the process started on
-	startCPU  uint32
-	narrowed  bool // the entry point narrowed the CPU set
+	oneMask   [16]uint64 //nolint:unused // written by entry (the .s file): the CPU the process started on
+	startCPU  uint32     //nolint:unused // written by entry
+	narrowed  bool       // the entry point narrowed the CPU set
 )
 
 // entry is the ELF entry point with -E main.entry (see the .s file). It is

@@ -50,7 +50,7 @@ func (p *Plugin) Run(getenv func(string) string, stdin io.Reader) int {
 	}
 	// skel's own-netns check after ADD and DEL, unless the runtime overrides it;
 	// add and del make it themselves (see checkNetNS).
-	p.CheckNetNS = strings.ToUpper(args.NetnsOverride) != "TRUE" && args.NetnsOverride != "1"
+	p.CheckNetNS = strings.ToUpper(args.NetnsOverride) != "TRUE" && args.NetnsOverride != "1" //nolint:gocritic // skel's own comparison, kept as skel makes it
 	if verb != "VERSION" {
 		data, rerr := readStdin(stdin)
 		if rerr != nil {

@@ -531,7 +531,7 @@ func (s *skelRunner) run(env map[string]string, data []byte) (stdout, stderr str
 	// As main did with skel: the plugin makes the own-netns check itself, and
 	// tells skel to skip its own.
 	v := env["CNI_NETNS_OVERRIDE"]
-	slowCheck := strings.ToUpper(v) != "TRUE" && v != "1"
+	slowCheck := strings.ToUpper(v) != "TRUE" && v != "1" //nolint:gocritic // skel's own comparison
 	_ = os.Setenv("CNI_NETNS_OVERRIDE", "1")
 	files := make([]*os.File, 3)
 	for i, name := range []string{"stdin", "stdout", "stderr"} {
@@ -547,7 +547,7 @@ func (s *skelRunner) run(env map[string]string, data []byte) (stdout, stderr str
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer f.Close()
+		defer f.Close() //nolint:gocritic // three files, closed when the run ends
 		files[i] = f
 	}
 	in, out, errOut := os.Stdin, os.Stdout, os.Stderr

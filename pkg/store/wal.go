@@ -381,11 +381,11 @@ func (w *wal) open() (err error) {
 		return fmt.Errorf("opening the store's log %s: %w", w.path, err)
 	}
 	if w.flushFd, err = unix.Dup(w.fd); err != nil {
-		w.closeFile()
+		_ = w.closeFile()
 		return fmt.Errorf("opening the store's log %s: %w", w.path, err)
 	}
 	if w.mirror, err = unix.Mmap(-1, 0, int(w.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
-		w.closeFile()
+		_ = w.closeFile()
 		_ = unix.Close(w.flushFd)
 		return fmt.Errorf("mapping the store's log buffer: %w", err)
 	}
