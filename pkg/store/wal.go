@@ -75,7 +75,8 @@ const (
 	// it wraps (the checkpointer empties it when half full). Its in-memory copy,
 	// and the records not yet checkpointed, are on the daemon's RSS.
 	DefaultWALSize = 256 << 10
-	// walBlock is the unit of the log's writes.
+	// walBlock is the page size: the log's size is a multiple of it, and the
+	// in-memory copy keeps its first page across generations.
 	walBlock = 4096
 )
 
@@ -454,13 +455,14 @@ func (w *wal) create() error {
 
 // newGeneration starts the log over at its front, with syncMu and mu held (or
 // before the log is shared); everything in it must be in the bbolt file. The
-// new header goes to the disk with the generation's first record, in one
-// write: until then the file's old header stands, over records all applied; a
-// write torn there leaves a header that does not check, which Open reads as a
-// log holding nothing (true: the record in that write was not acknowledged).
+// new header goes to the file with the generation's first record, in one
+// write: until then the file's old header stands, over records all applied. A
+// power loss that tears that write leaves a header that does not check, which
+// Open reads as a log holding nothing: it loses what a power loss may lose
+// (see the top of this file). Only mirror[:off] is ever written, so what the
+// last generation left beyond the header needs no clearing.
 func (w *wal) newGeneration() {
 	w.gen++
-	clear(w.mirror[:walBlock])
 	copy(w.mirror, walHeader(w.gen, w.id))
 	if w.off > walBlock {
 		// Give back the pages the last generation used.
@@ -641,11 +643,7 @@ func (s *Store) flusher() {
 		if err != nil {
 			unlock := w.lockAll()
 			if w.err == nil {
-				saved, n := w.saved.Load(), 0
-				for n < len(w.pending) && w.pending[n].seq <= saved {
-					n++
-				}
-				_ = s.applyLocked(n, false) // poisons the log itself if it fails
+				_ = s.applyLocked(w.savedPending(w.saved.Load(), len(w.pending)), false) // poisons the log itself if it fails
 			}
 			_ = w.poison(s.path, fmt.Errorf("flushing its log: %w", err))
 			unlock()
@@ -654,6 +652,16 @@ func (s *Store) flusher() {
 		raise(&w.flushed, upto)
 		s.transactions.Add(1)
 	}
+}
+
+// savedPending is how many of the first limit pending entries are written to
+// the file, up to the record saved; with mu held.
+func (w *wal) savedPending(saved uint64, limit int) int {
+	n := 0
+	for n < len(w.pending) && n < limit && w.pending[n].seq <= saved {
+		n++
+	}
+	return n
 }
 
 // raise sets v to seq unless it is already past it.
@@ -758,10 +766,7 @@ func (s *Store) checkpoint() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for w.err == nil {
-		n := 0
-		for n < len(w.pending) && n < checkpointBatch && w.pending[n].seq <= saved {
-			n++
-		}
+		n := w.savedPending(saved, checkpointBatch)
 		if n == 0 || s.applyLocked(n, true) != nil {
 			return
 		}

@@ -339,6 +339,21 @@ func waitFlushed(t *testing.T, s *store.Store) {
 	}
 }
 
+// withoutLog copies the bbolt file at path, alone, into a new directory and
+// returns the copy's path: what a restart would find if the log were gone.
+func withoutLog(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone := filepath.Join(t.TempDir(), "store")
+	if err := os.WriteFile(alone, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return alone
+}
+
 // TestFailedFlushStopsWrites: once a flush of the log fails (a disk error),
 // later commits fail with what to do, and what was acknowledged before it is
 // there after a restart.
@@ -369,15 +384,7 @@ func TestFailedFlushStopsWrites(t *testing.T) {
 	_ = s.Close()
 	// A writeback error leaves the log's pages clean in the page cache, free
 	// to be dropped: what was answered must be in the bbolt file itself.
-	alone := filepath.Join(t.TempDir(), "store")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(alone, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	reopenAgrees(t, alone, store.Options{}, m)
+	reopenAgrees(t, withoutLog(t, path), store.Options{}, m)
 	reopenAgrees(t, path, store.Options{}, m)
 }
 
@@ -391,16 +398,7 @@ func TestCheckpointerAppliesTheLog(t *testing.T) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		// The bbolt file alone, without its log.
-		data, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cp := filepath.Join(t.TempDir(), "store")
-		if err := os.WriteFile(cp, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		c, err := store.Open(cp, store.Options{})
+		c, err := store.Open(withoutLog(t, path), store.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
