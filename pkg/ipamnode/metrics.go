@@ -86,10 +86,11 @@ var (
 	descActive    = prometheus.NewDesc("hwipam_node_pool_active", "1 when the pool has a block for this node, 0 when it only keeps old allocations.", []string{"pool"}, nil)
 	descCommits   = prometheus.NewDesc("hwipam_node_store_commits_total", "Store commits (each Allocate or Deallocate that changed something).", nil, nil)
 	descTxs       = prometheus.NewDesc("hwipam_node_store_transactions_total", "Flushes (fdatasync) of the store's write-ahead log those commits shared.", nil, nil)
+	descCkpts     = prometheus.NewDesc("hwipam_node_store_checkpoints_total", "Transactions that applied the write-ahead log to the bbolt file (each flushes the device twice).", nil, nil)
 )
 
 func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descAllocated, descFree, descOrphans, descActive, descCommits, descTxs} {
+	for _, d := range []*prometheus.Desc{descAllocated, descFree, descOrphans, descActive, descCommits, descTxs, descCkpts} {
 		ch <- d
 	}
 }
@@ -113,6 +114,7 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	commits, txs := s.store.Stats()
 	ch <- prometheus.MustNewConstMetric(descCommits, prometheus.CounterValue, float64(commits))
 	ch <- prometheus.MustNewConstMetric(descTxs, prometheus.CounterValue, float64(txs))
+	ch <- prometheus.MustNewConstMetric(descCkpts, prometheus.CounterValue, float64(s.store.Checkpoints()))
 }
 
 func registerMetrics(m *nodealloc.Manager, st *store.Store) {

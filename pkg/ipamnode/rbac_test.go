@@ -144,6 +144,7 @@ func TestNetworkOperatorRBAC(t *testing.T) {
 		`hwipam_node_pool_active{pool="p"} 1`,
 		`hwipam_node_request_duration_seconds_count{code="OK",method="/nvidia.ipam.node.v1.IPAMService/Allocate"}`,
 		`hwipam_node_store_transactions_total`,
+		`hwipam_node_store_checkpoints_total`,
 		`hwipam_node_nics 10`,
 		// What the warnings say, for alerts: off for lack of RBAC.
 		`hwipam_node_feature_forbidden{feature="nic-labels"} 1`,

@@ -110,6 +110,7 @@ type Store struct {
 
 	commits      atomic.Uint64 // Commit calls that succeeded
 	transactions atomic.Uint64 // flushes of the log they shared
+	checkpoints  atomic.Uint64 // bbolt transactions that applied the log
 	lastUnmap    atomic.Int64  // when unmapNowAndThen last ran, Unix nanoseconds
 
 	// wal is the write-ahead log (wal.go). Lock order: wal.syncMu, wal.ckMu,
@@ -122,6 +123,10 @@ type Store struct {
 func (s *Store) Stats() (commits, transactions uint64) {
 	return s.commits.Load(), s.transactions.Load()
 }
+
+// Checkpoints reports how many bbolt transactions have applied the log to the
+// bbolt file (each writes the pages it changed and flushes the device twice).
+func (s *Store) Checkpoints() uint64 { return s.checkpoints.Load() }
 
 // Options tunes Open.
 type Options struct {

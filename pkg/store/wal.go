@@ -72,7 +72,8 @@ const (
 	walHeaderSize = 32
 	walRecHeader  = 24
 	// DefaultWALSize is the log's size: about 1,000 allocations' records before
-	// it wraps (the checkpointer empties it when half full). Its in-memory copy,
+	// it wraps (the checkpointer applies it when half full, and again as it
+	// fills: see nextKick). Its in-memory copy,
 	// and the records not yet checkpointed, are on the daemon's RSS.
 	DefaultWALSize = 256 << 10
 	// walBlock is the page size: the log's size is a multiple of it, and the
@@ -119,6 +120,7 @@ type wal struct {
 	mu      sync.Mutex
 	gen     uint64
 	off     int64
+	kickAt  int64      // past this offset a commit asks for a checkpoint at once (nextKick)
 	written uint64     // the last sequence number appended (to mirror; in the file once saved)
 	applied uint64     // the last sequence number in the bbolt file
 	pending []walEntry // written, not yet in the bbolt file, in sequence order
@@ -470,6 +472,27 @@ func (w *wal) newGeneration() {
 	}
 	w.off = walHeaderSize
 	w.saveOff = 0
+	w.nextKick()
+}
+
+// nextKick sets where the next commit asks for a checkpoint at once: when the
+// log is half full, then halfway through what is left of it, and so on while
+// more than a sixteenth is left; with mu held. The commit that wraps the log
+// applies inline what is not yet in the bbolt file, and waits for it with
+// every other commit: these checkpoints leave it at most the records of the
+// last sixteenth. They are a few per generation: each is a bbolt transaction
+// with two device flushes, and asking for one with every commit past the
+// half (as before) made most of a burst's commits a transaction of their own.
+func (w *wal) nextKick() {
+	left := w.size - w.off
+	switch {
+	case w.off < w.size/2:
+		w.kickAt = w.size / 2
+	case left <= w.size/16:
+		w.kickAt = w.size // none before the wrap
+	default:
+		w.kickAt = w.off + left/2
+	}
 }
 
 // poison stops every later write: after a failed write or flush of the log,
@@ -524,7 +547,10 @@ func (s *Store) log(ops []walOp) error {
 	w.off += need
 	w.written = seq
 	w.pending = append(w.pending, walEntry{seq: seq, ops: ops})
-	filling := w.off > w.size/2
+	filling := w.off > w.kickAt
+	if filling {
+		w.nextKick()
+	}
 	w.mu.Unlock()
 	if err := s.saveTo(seq); err != nil {
 		return err
@@ -711,6 +737,7 @@ func (s *Store) applyLocked(n int, release bool) error {
 	if err != nil {
 		return w.poison(s.path, fmt.Errorf("checkpointing its log: %w", err))
 	}
+	s.checkpoints.Add(1)
 	w.pending = append([]walEntry(nil), w.pending[n:]...)
 	w.applied = batch[n-1].seq
 	w.cond.Broadcast()

@@ -417,6 +417,37 @@ func TestCheckpointerAppliesTheLog(t *testing.T) {
 	}
 }
 
+// TestCheckpointsAreFewPerGeneration: commits spaced as a burst of pods spaces
+// them (each a little after the last) fill the log several times, and the
+// bbolt file gets them in a few transactions per generation of the log, not
+// one per commit once the log is half full.
+func TestCheckpointsAreFewPerGeneration(t *testing.T) {
+	s, _ := openNew(t, store.Options{WALSize: 32 << 10})
+	defer s.Close()
+	wraps, commits, last := 0, 0, int64(0)
+	for wraps < 4 {
+		put := []store.Put{{PoolKey: "p", Allocation: alloc(fmt.Sprintf("c%d", commits), "net1",
+			fmt.Sprintf("10.2.%d.%d", commits/250, commits%250+1))}}
+		if err := s.Commit(put, nil); err != nil {
+			t.Fatal(err)
+		}
+		commits++
+		_, off := s.LogEnd()
+		if off < last {
+			wraps++
+		}
+		last = off
+		time.Sleep(100 * time.Microsecond)
+	}
+	per := float64(s.Checkpoints()) / float64(wraps)
+	t.Logf("%d commits, %d generations of the log, %d checkpoints", commits, wraps, s.Checkpoints())
+	// Half full, then halfway through the rest three times, and the wrap; the
+	// one-second timer may add one.
+	if per > 7 {
+		t.Errorf("%.1f checkpoints per generation of the log, want at most 7", per)
+	}
+}
+
 // TestConcurrentCommitsAcrossWraps: many writers on a small log, which wraps
 // under them again and again; after a crash, every acknowledged commit is
 // there.
