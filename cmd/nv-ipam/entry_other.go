@@ -2,6 +2,6 @@
 
 package main
 
-// restoreCPUs has nothing to do where the plugin has no entry point of its own
+// undoEntry has nothing to do where the plugin has no entry point of its own
 // (see entry_linux_amd64.go).
-func restoreCPUs() {}
+func undoEntry() {}

@@ -9,7 +9,7 @@ import (
 )
 
 func main() {
-	restoreCPUs()
+	undoEntry()
 	p := &cniplugin.Plugin{Stdout: os.Stdout, Stderr: os.Stderr}
 	os.Exit(p.Run(os.Getenv, os.Stdin))
 }
