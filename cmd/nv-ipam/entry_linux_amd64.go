@@ -45,7 +45,7 @@ var (
 
 // runtimeSlackNs is the timer slack, in nanoseconds, of the threads made
 // before main (the .s file reads it as const_runtimeSlackNs).
-const runtimeSlackNs = 10_000_000
+const runtimeSlackNs = 10_000_000 //nolint:unused // read by entry (the .s file)
 
 // entry is the ELF entry point with -E main.entry (see the .s file). It is
 // never called from Go.
