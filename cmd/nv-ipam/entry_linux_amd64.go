@@ -62,8 +62,6 @@ func undoEntry() {
 		_, _, _ = syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, 0, uintptr(savedLen), uintptr(unsafe.Pointer(&savedMask)))
 	}
 	if slackSet {
-		_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, prSetTimerSlack, uintptr(savedSlack), 0)
+		_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_TIMERSLACK, uintptr(savedSlack), 0)
 	}
 }
-
-const prSetTimerSlack = 29 // PR_SET_TIMERSLACK of linux/prctl.h

@@ -33,8 +33,9 @@ import (
 // is the invariant DESIGN.md §5 asks for). The flusher fdatasyncs the log in
 // the background, flushDelay (5 ms) after the first record it has not flushed
 // (the commits made meanwhile share the flush), so a record reaches the disk
-// within 5 ms of its commit plus at most two flushes (one may be under way). What a power loss or kernel crash can take is the
-// last records not yet flushed; it also takes every pod on the node with it
+// within 5 ms of its commit plus at most two flushes (one may be under way).
+// What a power loss or kernel crash can take is the last records not yet
+// flushed; it also takes every pod on the node with it
 // (their network namespaces and interfaces are gone), so no live pod holds an
 // address whose record was lost, and a lost deletion only leaves an allocation
 // for the stale-allocation cleaner or CNI GC to release. Waiting for the disk
@@ -73,8 +74,8 @@ const (
 	walRecHeader  = 24
 	// DefaultWALSize is the log's size: about 1,000 allocations' records before
 	// it wraps (the checkpointer applies it when half full, and again as it
-	// fills: see nextKick). Its in-memory copy,
-	// and the records not yet checkpointed, are on the daemon's RSS.
+	// fills: see nextKick). Its in-memory copy, and the records not yet
+	// checkpointed, are on the daemon's RSS.
 	DefaultWALSize = 256 << 10
 	// walBlock is the page size: the log's size is a multiple of it, and the
 	// in-memory copy keeps its first page across generations.
@@ -481,8 +482,9 @@ func (w *wal) newGeneration() {
 // applies inline what is not yet in the bbolt file, and waits for it with
 // every other commit: these checkpoints leave it at most the records of the
 // last sixteenth. They are a few per generation: each is a bbolt transaction
-// with two device flushes, and asking for one with every commit past the
-// half (as before) made most of a burst's commits a transaction of their own.
+// with two device flushes, and asking for one with every commit past the half
+// would make most of a burst's commits (about 1 ms apart) a transaction of
+// their own.
 func (w *wal) nextKick() {
 	left := w.size - w.off
 	switch {
@@ -547,18 +549,18 @@ func (s *Store) log(ops []walOp) error {
 	w.off += need
 	w.written = seq
 	w.pending = append(w.pending, walEntry{seq: seq, ops: ops})
-	filling := w.off > w.kickAt
-	if filling {
+	now := w.off > w.kickAt
+	if now {
 		w.nextKick()
 	}
 	w.mu.Unlock()
 	if err := s.saveTo(seq); err != nil {
 		return err
 	}
-	// A checkpoint at once when the log fills up (so that no commit waits for
-	// one), else after checkpointDelay.
+	// A checkpoint at once as the log fills up (so that the commit that wraps
+	// it has little to apply), else after checkpointDelay.
 	ch := w.due
-	if filling {
+	if now {
 		ch = w.kick
 	}
 	select {
@@ -749,9 +751,9 @@ func (s *Store) applyLocked(n int, release bool) error {
 // bbolt transaction, two device flushes and the writes of every page it
 // changed (on a virtual disk, each costs exits to the host): during a burst of
 // pods, checkpoints every quarter second took about 0.09 ms of the daemon's
-// 0.31 ms of CPU per allocation; every second, or when the log is half full,
-// they are few, and apply many commits at once. Reads do not wait for it (they ask for a
-// checkpoint at once), nor does a log filling up.
+// 0.31 ms of CPU per allocation; every second, or as the log fills up (see
+// nextKick), they are few, and apply many commits at once. Reads do not wait
+// for it (they ask for a checkpoint at once), nor does a log filling up.
 const checkpointDelay = time.Second
 
 // checkpointer applies saved records to the bbolt file: checkpointDelay
