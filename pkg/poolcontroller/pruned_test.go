@@ -1,9 +1,12 @@
 package poolcontroller_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -66,11 +69,17 @@ func TestWorksWhenStatusFieldsArePruned(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	httpClient, err := rest.HTTPClientFor(pruned.Config)
+	// The status writer's warnings are collected: a write that sends fields the CRD
+	// lacks must not draw an "unknown field" warning, which the controller would log
+	// for every write.
+	cfg := rest.CopyConfig(pruned.Config)
+	warnings := &warningRecorder{}
+	cfg.WarningHandlerWithContext = warnings
+	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sw, err := poolcontroller.NewStatusWriter(pruned.Config, httpClient, c.Scheme())
+	sw, err := poolcontroller.NewStatusWriter(cfg, httpClient, c.Scheme())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,6 +90,27 @@ func TestWorksWhenStatusFieldsArePruned(t *testing.T) {
 			checkPrunedStatus(t, c, r, name, i)
 		})
 	}
+	if w := warnings.all(); len(w) > 0 {
+		t.Errorf("the status writer drew warnings from the server: %q", w)
+	}
+}
+
+// warningRecorder keeps the warnings a client's requests drew.
+type warningRecorder struct {
+	mu       sync.Mutex
+	messages []string
+}
+
+func (w *warningRecorder) HandleWarningHeaderWithContext(_ context.Context, _ int, _ string, message string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.messages = append(w.messages, message)
+}
+
+func (w *warningRecorder) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.messages)
 }
 
 // checkPrunedStatus runs the checks of TestWorksWhenStatusFieldsArePruned on pool
