@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -41,20 +40,26 @@ import (
 // status lists all N nodes. Reported: seconds to assign, status writes, reconcile
 // errors (conflicts included), the controller's API requests and the time its
 // client spent throttled, its peak RSS, the CPU time of the controller,
-// kube-apiserver and etcd over the convergence, and the size of the largest pool
-// object (JSON, as stored) against etcd's default request limit of 1.5 MiB.
+// kube-apiserver, etcd, the benchmark itself and the whole machine over the
+// convergence, and the size of the largest pool object (JSON, as stored) against
+// etcd's default request limit of 1.5 MiB. Each figure is the median of at least 5
+// runs (ns/op too); s-to-assigned-min and -max are the fastest and slowest.
 //
 // One control plane serves every size: the nodes of a size are added to those of
 // the size before, since creating 20,000 nodes takes a while (the log says how
-// long). Environment: HWIPAM_BENCH_CONTROLLER_BIN measures another build,
-// HWIPAM_BENCH_CONTROLLER_ARGS adds flags, HWIPAM_BENCH_PROFILE_DIR (and
-// _SECONDS) writes CPU profiles of the controller and kube-apiserver.
+// long). Environment: HWIPAM_BENCH_CONTROLLER_BIN measures another build (several,
+// separated by commas, run in turn, each one's medians logged),
+// HWIPAM_BENCH_CONTROLLER_RUNS sets the fewest runs, HWIPAM_BENCH_CONTROLLER_ARGS
+// adds flags, HWIPAM_BENCH_PROFILE_DIR (and _SECONDS) writes CPU profiles of the
+// controller and kube-apiserver.
 func BenchmarkController(b *testing.B) {
 	// Another build (an older commit, nv-ipam's) can be measured in the same
 	// conditions: it must take the flags runControllerOnce passes.
-	bin := os.Getenv("HWIPAM_BENCH_CONTROLLER_BIN")
-	if bin == "" {
-		bin = harness.BuildBinary(b, "./cmd/ipam-controller")
+	var builds []string
+	if bins := os.Getenv("HWIPAM_BENCH_CONTROLLER_BIN"); bins != "" {
+		builds = strings.Split(bins, ",")
+	} else {
+		builds = []string{harness.BuildBinary(b, "./cmd/ipam-controller")}
 	}
 	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{})
 	kubeconfig, err := cp.WriteKubeconfig(b.TempDir())
@@ -78,9 +83,20 @@ func BenchmarkController(b *testing.B) {
 			for _, pools := range size.pools {
 				b.Run(fmt.Sprintf("pools=%d", pools), func(b *testing.B) {
 					b.StopTimer()
+					// At least controllerRuns runs, whatever b.N: one run's figure
+					// varies by some 15 % with the API server's garbage collection.
 					var runs []map[string]float64
-					for range b.N {
-						runs = append(runs, runControllerOnce(b, cp, watcher, bin, kubeconfig, nodes, pools))
+					byBuild := map[string][]map[string]float64{}
+					for i := range max(b.N, controllerRuns(b)) {
+						build := builds[i%len(builds)]
+						r := runControllerOnce(b, cp, watcher, build, kubeconfig, nodes, pools)
+						runs = append(runs, r)
+						byBuild[build] = append(byBuild[build], r)
+					}
+					if len(builds) > 1 {
+						for _, build := range builds {
+							b.Logf("%s: %s", build, medians(byBuild[build], "s-to-assigned", "apiserver-cpu-s", "controller-cpu-s"))
+						}
 					}
 					reportMedians(b, runs)
 				})
@@ -126,24 +142,59 @@ func createNodes(b *testing.B, c client.Client, from, n int) {
 // (less a little for the request around it) cannot be stored.
 const etcdRequestLimit = 1.5 * 1024 * 1024
 
-// reportMedians reports the median of each figure over the runs (with -benchtime
-// Nx, N of them), and the fastest convergence as s-to-assigned-min: on a machine
-// with other load, the least disturbed run.
+// controllerRuns is the fewest runs each BenchmarkController case makes:
+// HWIPAM_BENCH_CONTROLLER_RUNS, 5 if unset.
+func controllerRuns(b *testing.B) int {
+	b.Helper()
+	v := os.Getenv("HWIPAM_BENCH_CONTROLLER_RUNS")
+	if v == "" {
+		return 5
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		b.Fatalf("HWIPAM_BENCH_CONTROLLER_RUNS=%q: want a positive number of runs", v)
+	}
+	return n
+}
+
+// reportMedians reports the median of each figure over the runs, the median
+// convergence also as ns/op, and the fastest and slowest convergence as
+// s-to-assigned-min and -max: on a machine with other load, the least and the
+// most disturbed run.
 func reportMedians(b *testing.B, runs []map[string]float64) {
 	b.Helper()
-	fastest := math.Inf(1)
 	for unit := range runs[0] {
-		vs := make([]float64, 0, len(runs))
-		for _, r := range runs {
-			vs = append(vs, r[unit])
-		}
-		slices.Sort(vs)
-		b.ReportMetric(vs[len(vs)/2], unit)
-		if unit == "s-to-assigned" {
-			fastest = vs[0]
-		}
+		b.ReportMetric(median(runs, unit), unit)
 	}
-	b.ReportMetric(fastest, "s-to-assigned-min")
+	vs := figures(runs, "s-to-assigned")
+	b.ReportMetric(median(runs, "s-to-assigned")*1e9, "ns/op")
+	b.ReportMetric(vs[0], "s-to-assigned-min")
+	b.ReportMetric(vs[len(vs)-1], "s-to-assigned-max")
+}
+
+// figures returns one figure of every run, sorted.
+func figures(runs []map[string]float64, unit string) []float64 {
+	vs := make([]float64, 0, len(runs))
+	for _, r := range runs {
+		vs = append(vs, r[unit])
+	}
+	slices.Sort(vs)
+	return vs
+}
+
+// median is the median of one figure over the runs (the upper one of an even number).
+func median(runs []map[string]float64, unit string) float64 {
+	vs := figures(runs, unit)
+	return vs[len(vs)/2]
+}
+
+// medians formats the medians of some figures over the runs.
+func medians(runs []map[string]float64, units ...string) string {
+	parts := make([]string, 0, len(units))
+	for _, unit := range units {
+		parts = append(parts, fmt.Sprintf("%s %.3f", unit, median(runs, unit)))
+	}
+	return fmt.Sprintf("%d runs, median %s", len(runs), strings.Join(parts, ", "))
 }
 
 // runControllerOnce starts a controller for a namespace of its own, creates the
@@ -215,7 +266,8 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 	defer profiled()
 
 	apiserverPID, etcdPID, etcdURL := controlPlanePIDs(b, cp)
-	cpuBefore := []float64{cpuSeconds(b, cmd.Process.Pid), cpuSeconds(b, apiserverPID), cpuSeconds(b, etcdPID)}
+	cpuBefore := []float64{cpuSeconds(b, cmd.Process.Pid), cpuSeconds(b, apiserverPID), cpuSeconds(b, etcdPID),
+		cpuSeconds(b, os.Getpid()), machineBusySeconds(b)}
 	fsyncBefore := scrapeSum(b, etcdURL+"/metrics", "etcd_disk_wal_fsync_duration_seconds_sum")
 
 	b.StartTimer()
@@ -239,7 +291,8 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 		b.Fatalf("after 10 minutes not every one of %d pools lists all %d nodes", pools, nodes)
 	}
 	b.StopTimer()
-	cpu := []float64{cpuSeconds(b, cmd.Process.Pid), cpuSeconds(b, apiserverPID), cpuSeconds(b, etcdPID)}
+	cpu := []float64{cpuSeconds(b, cmd.Process.Pid), cpuSeconds(b, apiserverPID), cpuSeconds(b, etcdPID),
+		cpuSeconds(b, os.Getpid()), machineBusySeconds(b)}
 	for i := range cpu {
 		cpu[i] -= cpuBefore[i]
 	}
@@ -271,6 +324,11 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 	out["controller-cpu-s"] = cpu[0]
 	out["apiserver-cpu-s"] = cpu[1]
 	out["etcd-cpu-s"] = cpu[2]
+	// The benchmark's own process: its watch decodes every status written.
+	out["bench-cpu-s"] = cpu[3]
+	// Every CPU of the machine, busy: near the cores times s-to-assigned, the
+	// convergence was bound by CPU rather than by waiting.
+	out["machine-busy-cpu-s"] = cpu[4]
 	// Time etcd spent in fsync of its log, which other disk load slows down.
 	out["etcd-fsync-s"] = fsync
 	out["largest-pool-bytes"] = float64(largest)
@@ -340,6 +398,34 @@ func cpuSeconds(b *testing.B, pid int) float64 {
 		b.Fatalf("/proc/%d/stat: %q", pid, raw)
 	}
 	return (utime + stime) / 100
+}
+
+// machineBusySeconds is the CPU time all CPUs of the machine spent on anything but
+// idling and waiting for I/O, from /proc/stat.
+func machineBusySeconds(b *testing.B) float64 {
+	b.Helper()
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// "cpu  user nice system idle iowait irq softirq steal ...", in clock ticks.
+	line, _, _ := strings.Cut(string(raw), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 9 || fields[0] != "cpu" {
+		b.Fatalf("/proc/stat: %q", line)
+	}
+	busy := 0.0
+	for i, f := range fields[1:9] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			b.Fatalf("/proc/stat: %q", line)
+		}
+		busy += v
+	}
+	return busy / 100
 }
 
 // watchControllerLog reads the controller's log, copies it to stderr with -v, and
