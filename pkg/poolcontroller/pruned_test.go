@@ -101,7 +101,7 @@ type warningRecorder struct {
 	messages []string
 }
 
-func (w *warningRecorder) HandleWarningHeaderWithContext(_ context.Context, _ int, _ string, message string) {
+func (w *warningRecorder) HandleWarningHeaderWithContext(_ context.Context, _ int, _, message string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.messages = append(w.messages, message)
