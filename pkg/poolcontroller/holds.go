@@ -38,10 +38,11 @@ type seenReport struct {
 	seen time.Time
 }
 
-// lastReports returns every node's held report by node name. A node whose report
-// is missing — its Node object deleted, or re-registered without annotations
-// until its daemon restores them — keeps the one last seen for the grace period:
-// its daemon still holds what it reported.
+// lastReports returns every node's held report by node name. A Node re-registered
+// without annotations keeps the report last seen for as long as it exists, until
+// its daemon reports again: the daemon still holds what it reported, and if it is
+// down (killed, crash-looping) it cannot say otherwise, however long that takes. A
+// node whose Node object is gone keeps it for the grace period.
 func (r *Reconciler) lastReports(nodes []client.Object, now time.Time) map[string]string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -52,6 +53,9 @@ func (r *Reconciler) lastReports(nodes []client.Object, now time.Time) map[strin
 	for _, n := range nodes {
 		if raw, ok := n.GetAnnotations()[v1alpha1.HeldAnnotation]; ok {
 			r.reports[n.GetName()] = seenReport{raw: raw, seen: now}
+		} else if rep, ok := r.reports[n.GetName()]; ok {
+			rep.seen = now
+			r.reports[n.GetName()] = rep
 		}
 	}
 	for name, rep := range r.reports {

@@ -215,10 +215,14 @@ func TestReconcileBeforeTheCacheSeesTheWrite(t *testing.T) {
 	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"a=10.95.0.1-10.95.0.8", "b=10.95.0.9-10.95.0.16"})
 }
 
-// A Node re-registered without annotations (until its daemon restores them) keeps
-// its last report for the grace period: a pool created meanwhile avoids what the
-// daemon holds. Found by the whole-system test (seed 933375).
-func TestReportOfARecreatedNodeIsKeptForGrace(t *testing.T) {
+// A Node re-registered without annotations keeps its last report until its daemon
+// reports again, however long that takes (its daemon may be down: killed, crash-
+// looping), and a pool created meanwhile avoids what the daemon holds. Found by the
+// whole-system test: seed 933375 (a pool created within the grace period), and seed
+// 35804, where the daemon stayed down past the grace period and a pool edit then gave
+// another node a block over an address it held. Once the Node object is gone, the
+// report lasts the grace period.
+func TestReportOfARecreatedNodeIsKeptUntilItReports(t *testing.T) {
 	f := newFixture(t, time.Minute)
 	f.node("a", true, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"held":["10.93.0.2"]}}`})
 	f.node("b", true, nil)
@@ -230,9 +234,29 @@ func TestReportOfARecreatedNodeIsKeptForGrace(t *testing.T) {
 	f.reconcile(f.ip, "p")
 	wantStrings(t, "blocks while a's report is missing", f.blocksOf(f.ipPool("p")), []string{"b=10.93.0.5-10.93.0.8"})
 	f.clock.Advance(time.Minute)
-	f.reconcile(f.ip, "p")
-	wantStrings(t, "blocks after the grace period", f.blocksOf(f.ipPool("p")), []string{"b=10.93.0.5-10.93.0.8"})
 	f.node("c", true, nil)
 	f.reconcile(f.ip, "p")
-	wantStrings(t, "blocks of a new node", f.blocksOf(f.ipPool("p")), []string{"b=10.93.0.5-10.93.0.8", "c=10.93.0.1-10.93.0.4"})
+	wantStrings(t, "blocks of a new node past the grace period, a's daemon silent",
+		f.blocksOf(f.ipPool("p")), []string{"b=10.93.0.5-10.93.0.8", "c=10.93.0.9-10.93.0.12"})
+
+	// Node a gone: its report outlives it by the grace period, then the range is free.
+	f.deleteNode("a")
+	f.reconcile(f.ip, "p")
+	f.node("d", true, nil)
+	f.reconcile(f.ip, "p")
+	wantStrings(t, "blocks of a new node while a is gone", f.blocksOf(f.ipPool("p")),
+		[]string{"b=10.93.0.5-10.93.0.8", "c=10.93.0.9-10.93.0.12", "d=10.93.0.13-10.93.0.16"})
+	f.clock.Advance(time.Minute)
+	f.node("e", true, nil)
+	f.reconcile(f.ip, "p")
+	wantStrings(t, "blocks of a new node once a has been gone for the grace period", f.blocksOf(f.ipPool("p")),
+		[]string{"b=10.93.0.5-10.93.0.8", "c=10.93.0.9-10.93.0.12", "d=10.93.0.13-10.93.0.16", "e=10.93.0.1-10.93.0.4"})
+
+	// A daemon that reports again replaces the remembered report at once.
+	f.node("a", false, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"held":["10.93.0.18"]}}`})
+	f.node("g", true, nil)
+	f.reconcile(f.ip, "p")
+	wantStrings(t, "blocks of a new node after a reported again", f.blocksOf(f.ipPool("p")),
+		[]string{"b=10.93.0.5-10.93.0.8", "c=10.93.0.9-10.93.0.12", "d=10.93.0.13-10.93.0.16", "e=10.93.0.1-10.93.0.4",
+			"g=10.93.0.21-10.93.0.24"})
 }
