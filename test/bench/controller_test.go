@@ -214,36 +214,15 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 			b.Errorf("deleting the pools of %s: %v", ns, err)
 		}
 	}()
-	metricsPort, healthPort, pprofPort := freePort(b), freePort(b), freePort(b)
-	args := []string{"--kubeconfig", kubeconfig, "--ippools-namespace", ns, "--release-grace-period", "0",
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metricsPort),
-		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", healthPort)}
-	if os.Getenv("HWIPAM_BENCH_PROFILE_DIR") != "" {
-		args = append(args, "--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", pprofPort))
-	}
-	// More flags for the controller, e.g. --v=5 to log every reconcile.
-	args = append(args, strings.Fields(os.Getenv("HWIPAM_BENCH_CONTROLLER_ARGS"))...)
-	cmd := exec.Command(bin, args...)
-	logs, err := cmd.StderrPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
-	}()
-	working := make(chan struct{})
-	go watchControllerLog(logs, working)
+	ctl := startController(b, bin, kubeconfig, ns)
+	defer ctl.stop()
+	cmd, metricsPort, pprofPort := ctl.cmd, ctl.metricsPort, ctl.pprofPort
 	// Settled: ready (its caches synced) and the IPPool workers running, which
 	// controller-runtime starts up to a cache poll period (100 ms) after /readyz.
-	waitHTTP(b, fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort))
 	select {
-	case <-working:
+	case <-ctl.working:
 	case <-time.After(time.Minute):
-		b.Fatal("the controller's IPPool workers did not start within a minute of /readyz")
+		b.Fatalf("the controller's IPPool workers did not start within a minute of /readyz; its log ends:\n%s", ctl.tail)
 	}
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
 	requestsBefore := scrapeSum(b, metricsURL, "rest_client_requests_total")
@@ -428,14 +407,116 @@ func machineBusySeconds(b *testing.B) float64 {
 	return busy / 100
 }
 
-// watchControllerLog reads the controller's log, copies it to stderr with -v, and
-// closes working once the IPPool controller has started its workers.
-func watchControllerLog(logs io.Reader, working chan<- struct{}) {
+// controllerProc is a running ipam-controller of BenchmarkController.
+type controllerProc struct {
+	cmd                                *exec.Cmd
+	metricsPort, healthPort, pprofPort int
+	// working is closed once its IPPool workers run, exited once it has exited.
+	working, exited chan struct{}
+	tail            *logTail
+}
+
+// startController starts bin for the pools of ns and waits until it is ready:
+// its caches synced (/readyz). A port picked free may be taken before the
+// controller binds it (another process's outgoing connection): a controller that
+// exits for that is started again on other ports, up to 3 times. Any other exit, or
+// no readiness within 2 minutes, fails the benchmark with the end of its log.
+func startController(b *testing.B, bin, kubeconfig, ns string) *controllerProc {
+	b.Helper()
+	for attempt := 1; ; attempt++ {
+		c := &controllerProc{metricsPort: freePort(b), healthPort: freePort(b), pprofPort: freePort(b),
+			working: make(chan struct{}), exited: make(chan struct{}), tail: &logTail{}}
+		args := []string{"--kubeconfig", kubeconfig, "--ippools-namespace", ns, "--release-grace-period", "0",
+			"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", c.metricsPort),
+			"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", c.healthPort)}
+		if os.Getenv("HWIPAM_BENCH_PROFILE_DIR") != "" {
+			args = append(args, "--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", c.pprofPort))
+		}
+		// More flags for the controller, e.g. --v=5 to log every reconcile.
+		args = append(args, strings.Fields(os.Getenv("HWIPAM_BENCH_CONTROLLER_ARGS"))...)
+		c.cmd = exec.Command(bin, args...)
+		logs, err := c.cmd.StderrPipe()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := c.cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		go func() {
+			watchControllerLog(logs, c.working, c.tail)
+			_ = c.cmd.Wait() // after the log is read to its end
+			close(c.exited)
+		}()
+		endpoint := fmt.Sprintf("http://127.0.0.1:%d/readyz", c.healthPort)
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			if resp, err := http.Get(endpoint); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return c
+				}
+			}
+			select {
+			case <-c.exited:
+				if strings.Contains(c.tail.String(), "address already in use") && attempt < 3 {
+					b.Logf("the controller could not bind a port picked free; starting it again:\n%s", c.tail)
+				} else {
+					b.Fatalf("the controller exited before it was ready (%v); its log ends:\n%s", c.cmd.ProcessState, c.tail)
+				}
+			case <-time.After(50 * time.Millisecond):
+				if time.Now().After(deadline) {
+					c.stop()
+					b.Fatalf("%s not OK within 2 minutes; the controller's log ends:\n%s", endpoint, c.tail)
+				}
+				continue
+			}
+			break
+		}
+	}
+}
+
+// stop interrupts the controller and waits until it has exited.
+func (c *controllerProc) stop() {
+	_ = c.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-c.exited:
+	case <-time.After(time.Minute):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+	}
+}
+
+// logTail keeps the last lines of a log.
+type logTail struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (t *logTail) add(line string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.lines) == 30 {
+		t.lines = slices.Delete(t.lines, 0, 1)
+	}
+	t.lines = append(t.lines, line)
+}
+
+func (t *logTail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.Join(t.lines, "\n")
+}
+
+// watchControllerLog reads the controller's log, copies it to stderr with -v and
+// its last lines to tail, and closes working once the IPPool controller has
+// started its workers.
+func watchControllerLog(logs io.Reader, working chan<- struct{}, tail *logTail) {
 	sc := bufio.NewScanner(logs)
 	sc.Buffer(make([]byte, 64*1024), 1<<20)
 	started := false
 	for sc.Scan() {
 		line := sc.Text()
+		tail.add(line)
 		if testing.Verbose() {
 			fmt.Fprintln(os.Stderr, line)
 		}
@@ -541,22 +622,6 @@ func freePort(b *testing.B) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-func waitHTTP(b *testing.B, endpoint string) {
-	b.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(endpoint)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	b.Fatalf("%s not OK within 2 minutes", endpoint)
 }
 
 // scrapeSum adds up the samples of the metric series at endpoint whose name and labels
