@@ -187,13 +187,13 @@ func BenchmarkCNI(b *testing.B) {
 				printed                     map[string]string
 			}
 			tallies := make([]tally, len(plugins))
+			for pi := range tallies {
+				tallies[pi].printed = map[string]string{}
+			}
+			prefix := fmt.Sprintf("conc-%d-", execs)
 			for round := range rounds {
 				for pi, p := range plugins {
 					t := &tallies[pi]
-					if t.printed == nil {
-						t.printed = map[string]string{}
-					}
-					prefix := fmt.Sprintf("conc-%d-", execs)
 					var mu sync.Mutex
 					// CPU time: the plugin processes' (children that have been waited
 					// for) and the daemon's.
@@ -238,7 +238,7 @@ func BenchmarkCNI(b *testing.B) {
 					continue
 				}
 				b.ReportMetric(rate/floorRate, p.name+"-ADD/s-x-floor")
-				checkHeld(b, p, fmt.Sprintf("conc-%d-", execs), t.printed, total)
+				checkHeld(b, p, prefix, t.printed, total)
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -222,7 +223,7 @@ func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watcher client.Wi
 	select {
 	case <-ctl.working:
 	case <-time.After(time.Minute):
-		b.Fatalf("the controller's IPPool workers did not start within a minute of /readyz; its log ends:\n%s", ctl.tail)
+		b.Fatalf("the controller's IPPool workers did not start within a minute of /readyz; its log ends:\n%s", ctl.tail())
 	}
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
 	requestsBefore := scrapeSum(b, metricsURL, "rest_client_requests_total")
@@ -413,8 +414,11 @@ type controllerProc struct {
 	metricsPort, healthPort, pprofPort int
 	// working is closed once its IPPool workers run, exited once it has exited.
 	working, exited chan struct{}
-	tail            *logTail
+	log             *lockedBuffer
 }
+
+// errExited says the controller exited before it was ready.
+var errExited = errors.New("the controller exited before it was ready")
 
 // startController starts bin for the pools of ns and waits until it is ready:
 // its caches synced (/readyz). A port picked free may be taken before the
@@ -425,7 +429,7 @@ func startController(b *testing.B, bin, kubeconfig, ns string) *controllerProc {
 	b.Helper()
 	for attempt := 1; ; attempt++ {
 		c := &controllerProc{metricsPort: freePort(b), healthPort: freePort(b), pprofPort: freePort(b),
-			working: make(chan struct{}), exited: make(chan struct{}), tail: &logTail{}}
+			working: make(chan struct{}), exited: make(chan struct{}), log: &lockedBuffer{}}
 		args := []string{"--kubeconfig", kubeconfig, "--ippools-namespace", ns, "--release-grace-period", "0",
 			"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", c.metricsPort),
 			"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", c.healthPort)}
@@ -443,37 +447,47 @@ func startController(b *testing.B, bin, kubeconfig, ns string) *controllerProc {
 			b.Fatal(err)
 		}
 		go func() {
-			watchControllerLog(logs, c.working, c.tail)
+			watchControllerLog(logs, c.working, c.log)
 			_ = c.cmd.Wait() // after the log is read to its end
 			close(c.exited)
 		}()
-		endpoint := fmt.Sprintf("http://127.0.0.1:%d/readyz", c.healthPort)
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			if resp, err := http.Get(endpoint); err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					return c
-				}
+		err = c.waitReady(2 * time.Minute)
+		if err == nil {
+			return c
+		}
+		if errors.Is(err, errExited) && strings.Contains(c.log.String(), "address already in use") && attempt < 3 {
+			b.Logf("the controller could not bind a port picked free; starting it again:\n%s", c.tail())
+			continue
+		}
+		c.stop()
+		b.Fatalf("%v; its log ends:\n%s", err, c.tail())
+	}
+}
+
+// waitReady polls the controller's /readyz until it answers OK, the controller
+// exits (errExited) or timeout passes.
+func (c *controllerProc) waitReady(timeout time.Duration) error {
+	endpoint := fmt.Sprintf("http://127.0.0.1:%d/readyz", c.healthPort)
+	deadline := time.After(timeout)
+	for {
+		if resp, err := http.Get(endpoint); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
 			}
-			select {
-			case <-c.exited:
-				if strings.Contains(c.tail.String(), "address already in use") && attempt < 3 {
-					b.Logf("the controller could not bind a port picked free; starting it again:\n%s", c.tail)
-				} else {
-					b.Fatalf("the controller exited before it was ready (%v); its log ends:\n%s", c.cmd.ProcessState, c.tail)
-				}
-			case <-time.After(50 * time.Millisecond):
-				if time.Now().After(deadline) {
-					c.stop()
-					b.Fatalf("%s not OK within 2 minutes; the controller's log ends:\n%s", endpoint, c.tail)
-				}
-				continue
-			}
-			break
+		}
+		select {
+		case <-c.exited:
+			return fmt.Errorf("%w (%v)", errExited, c.cmd.ProcessState)
+		case <-deadline:
+			return fmt.Errorf("%s not OK within %s", endpoint, timeout)
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
+
+// tail is the end of the controller's log, for a failure message.
+func (c *controllerProc) tail() string { return harness.LastLines(c.log.String(), 30) }
 
 // stop interrupts the controller and waits until it has exited.
 func (c *controllerProc) stop() {
@@ -486,37 +500,34 @@ func (c *controllerProc) stop() {
 	}
 }
 
-// logTail keeps the last lines of a log.
-type logTail struct {
-	mu    sync.Mutex
-	lines []string
+// lockedBuffer is a buffer one goroutine writes while another may read it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
 }
 
-func (t *logTail) add(line string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if len(t.lines) == 30 {
-		t.lines = slices.Delete(t.lines, 0, 1)
-	}
-	t.lines = append(t.lines, line)
+func (l *lockedBuffer) WriteLine(line string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.WriteString(line)
+	l.buf.WriteByte('\n')
 }
 
-func (t *logTail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return strings.Join(t.lines, "\n")
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
 
 // watchControllerLog reads the controller's log, copies it to stderr with -v and
-// its last lines to tail, and closes working once the IPPool controller has
-// started its workers.
-func watchControllerLog(logs io.Reader, working chan<- struct{}, tail *logTail) {
+// to keep, and closes working once the IPPool controller has started its workers.
+func watchControllerLog(logs io.Reader, working chan<- struct{}, keep *lockedBuffer) {
 	sc := bufio.NewScanner(logs)
 	sc.Buffer(make([]byte, 64*1024), 1<<20)
 	started := false
 	for sc.Scan() {
 		line := sc.Text()
-		tail.add(line)
+		keep.WriteLine(line)
 		if testing.Verbose() {
 			fmt.Fprintln(os.Stderr, line)
 		}
