@@ -24,6 +24,7 @@ import (
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/daemon"
 	"github.com/hwipam/hwipam/pkg/poolcontroller"
+	"github.com/hwipam/hwipam/pkg/poolwatch"
 	"github.com/hwipam/hwipam/pkg/version"
 )
 
@@ -130,10 +131,18 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return err
 	}
+	// Pools are watched with a decoder that reads a watch event in one pass: a
+	// status write of a 5,000-node pool is some 400 kB, which the controller reads
+	// back as its informer's echo. (Over a connection of its own: the manager
+	// makes its HTTP client only when it is created.)
+	newInformer, err := poolwatch.NewInformerFunc(cfg, scheme, o.PoolsNamespace)
+	if err != nil {
+		return err
+	}
 	inPoolsNamespace := cache.ByObject{Namespaces: map[string]cache.Config{o.PoolsNamespace: {}}}
 	mopts := ctrl.Options{
 		Scheme: scheme,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+		Cache: cache.Options{NewInformer: newInformer, ByObject: map[client.Object]cache.ByObject{
 			&v1alpha1.IPPool{}:   inPoolsNamespace,
 			&v1alpha1.CIDRPool{}: inPoolsNamespace,
 		},

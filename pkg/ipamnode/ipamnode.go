@@ -45,6 +45,7 @@ import (
 	"github.com/hwipam/hwipam/pkg/ipamwire"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/nodeservice"
+	"github.com/hwipam/hwipam/pkg/poolwatch"
 	"github.com/hwipam/hwipam/pkg/store"
 	"github.com/hwipam/hwipam/pkg/version"
 )
@@ -143,10 +144,16 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return err
 	}
+	// Every status write of every pool reaches every node: a 5,000-node pool's is
+	// some 400 kB, which this decoder reads in one pass.
+	newInformer, err := poolwatch.NewInformerFunc(cfg, scheme, o.PoolsNamespace)
+	if err != nil {
+		return err
+	}
 	inPoolsNamespace := cache.ByObject{Namespaces: map[string]cache.Config{o.PoolsNamespace: {}}}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+		Cache: cache.Options{NewInformer: newInformer, ByObject: map[client.Object]cache.ByObject{
 			&v1alpha1.IPPool{}:   inPoolsNamespace,
 			&v1alpha1.CIDRPool{}: inPoolsNamespace,
 		}},
