@@ -111,3 +111,40 @@ func had(m map[string]uint64, k string) bool {
 	_, ok := m[k]
 	return ok
 }
+
+// BenchmarkMakePlan plans a pool of 5,000 selected nodes, as the controller does
+// once per pool when the pool is created (none has a block) and on every later
+// reconcile (all keep theirs).
+func BenchmarkMakePlan(b *testing.B) {
+	layout, err := blocks.NewIPPool(&v1alpha1.IPPoolSpec{Subnet: "10.0.0.0/14", PerNodeBlockSize: 8})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const n = 5000
+	nodes := make(map[string]nodeState, n)
+	var selected []string
+	for i := range n {
+		name := fmt.Sprintf("node-%05d", i)
+		nodes[name] = nodeState{Exists: true, Selected: true}
+		selected = append(selected, name)
+	}
+	first := makePlan(planInput{Layout: layout, Selected: selected, Nodes: nodes, Departed: map[string]time.Time{}})
+	if len(first.Assignments) != n {
+		b.Fatalf("%d of %d nodes got a block", len(first.Assignments), n)
+	}
+	for _, c := range []struct {
+		name     string
+		existing []assignment
+	}{{"new-pool", nil}, {"all-assigned", first.Assignments}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				out := makePlan(planInput{Layout: layout, Existing: c.existing, Selected: selected, Nodes: nodes,
+					Departed: map[string]time.Time{}})
+				if len(out.Assignments) != n {
+					b.Fatalf("%d of %d nodes got a block", len(out.Assignments), n)
+				}
+			}
+		})
+	}
+}
