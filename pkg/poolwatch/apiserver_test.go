@@ -1,4 +1,4 @@
-package poolwatch_test
+package poolwatch
 
 import (
 	"context"
@@ -6,23 +6,18 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"reflect"
-	"strconv"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
-	"github.com/hwipam/hwipam/pkg/poolwatch"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -33,15 +28,7 @@ import (
 // has must end with the same 410 Gone; and a controller-runtime cache built with
 // NewInformerFunc must hold what the server holds.
 func TestAgainstTheAPIServer(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("HWIPAM_POOLWATCH_SEED"); s != "" {
-		var err error
-		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Logf("seed %d (replay with HWIPAM_POOLWATCH_SEED=%d)", seed, seed)
-	r := rand.New(rand.NewPCG(seed, 1))
+	r := rand.New(rand.NewPCG(testSeed(t), 1))
 
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	ctx := t.Context()
@@ -49,18 +36,18 @@ func TestAgainstTheAPIServer(t *testing.T) {
 	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)
 	}
-	scheme := cp.Client.Scheme()
+	s := cp.Client.Scheme()
 	httpClient, err := rest.HTTPClientFor(cp.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	// The cache, started before anything exists.
-	newInformer, err := poolwatch.NewInformerFunc(cp.Config, scheme, ns)
+	newInformer, err := NewInformerFunc(cp.Config, s, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := ctrlcache.New(cp.Config, ctrlcache.Options{Scheme: scheme, NewInformer: newInformer,
+	c, err := ctrlcache.New(cp.Config, ctrlcache.Options{Scheme: s, NewInformer: newInformer,
 		DefaultNamespaces: map[string]ctrlcache.Config{ns: {}}})
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +72,7 @@ func TestAgainstTheAPIServer(t *testing.T) {
 	type pair struct{ ours, theirs watch.Interface }
 	watches := map[string]pair{}
 	for _, kind := range []string{v1alpha1.KindIPPool, v1alpha1.KindCIDRPool} {
-		w, err := poolwatch.NewWatcher(cp.Config, httpClient, scheme, kind, ns)
+		w, err := NewWatcher(cp.Config, httpClient, s, kind, ns)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +80,7 @@ func TestAgainstTheAPIServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		watches[kind] = pair{ours, clientGoWatch(t, cp, kind, ns, from)}
+		watches[kind] = pair{ours, clientGoWatch(t, cp.Config, httpClient, s, kind, ns, from)}
 	}
 
 	// Random operations; how many events each kind's watch must deliver.
@@ -180,7 +167,7 @@ func TestAgainstTheAPIServer(t *testing.T) {
 	}
 
 	// Too old a resourceVersion: the server ends the watch with 410 Gone.
-	w, err := poolwatch.NewWatcher(cp.Config, httpClient, scheme, v1alpha1.KindIPPool, ns)
+	w, err := NewWatcher(cp.Config, httpClient, s, v1alpha1.KindIPPool, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +176,7 @@ func TestAgainstTheAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o, th := collect(t, ours, 1), collect(t, clientGoWatch(t, cp, v1alpha1.KindIPPool, ns, old), 1)
+	o, th := collect(t, ours, 1), collect(t, clientGoWatch(t, cp.Config, httpClient, s, v1alpha1.KindIPPool, ns, old), 1)
 	if len(o) != 1 || len(th) != 1 || o[0].Type != watch.Error || th[0].Type != watch.Error {
 		t.Fatalf("a watch from resourceVersion 1: %v, client-go's %v", o, th)
 	}
@@ -214,44 +201,4 @@ func sameVersions(a, b []v1alpha1.IPPool) bool {
 		}
 	}
 	return true
-}
-
-func clientGoWatch(t *testing.T, cp *harness.ControlPlane, kind, ns string, opts metav1.ListOptions) watch.Interface {
-	t.Helper()
-	httpClient, err := rest.HTTPClientFor(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := apiutil.RESTClientForGVK(v1alpha1.GroupVersion.WithKind(kind), false, false, cp.Config,
-		serializer.NewCodecFactory(cp.Client.Scheme()), httpClient)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.Watch = true
-	resource := map[string]string{v1alpha1.KindIPPool: "ippools", v1alpha1.KindCIDRPool: "cidrpools"}[kind]
-	w, err := rc.Get().Namespace(ns).Resource(resource).VersionedParams(&opts, metav1.ParameterCodec).Watch(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return w
-}
-
-// collect reads n events from w, or fewer if it closes first.
-func collect(t *testing.T, w watch.Interface, n int) []watch.Event {
-	t.Helper()
-	defer w.Stop()
-	var got []watch.Event
-	timeout := time.After(time.Minute)
-	for len(got) < n {
-		select {
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				return got
-			}
-			got = append(got, ev)
-		case <-timeout:
-			t.Fatalf("%d of %d events in a minute", len(got), n)
-		}
-	}
-	return got
 }

@@ -170,9 +170,9 @@ func serve(t *testing.T, body []byte) *rest.Config {
 }
 
 // clientGoWatch is the watch controller-runtime's informers start, through client-go.
-func clientGoWatch(t *testing.T, cfg *rest.Config, s *runtime.Scheme, kind, ns string, opts metav1.ListOptions) watch.Interface {
+func clientGoWatch(t *testing.T, cfg *rest.Config, httpClient *http.Client, s *runtime.Scheme, kind, ns string, opts metav1.ListOptions) watch.Interface {
 	t.Helper()
-	rc, err := apiutil.RESTClientForGVK(v1alpha1.GroupVersion.WithKind(kind), false, false, cfg, serializer.NewCodecFactory(s), http.DefaultClient)
+	rc, err := apiutil.RESTClientForGVK(v1alpha1.GroupVersion.WithKind(kind), false, false, cfg, serializer.NewCodecFactory(s), httpClient)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +298,7 @@ func TestDecodesAsClientGo(t *testing.T) {
 		}
 		cfg := serve(t, body)
 		ours := collect(t, ourWatch(t, cfg, s, kind, "ns", metav1.ListOptions{}), 0)
-		theirs := collect(t, clientGoWatch(t, cfg, s, kind, "ns", metav1.ListOptions{}), 0)
+		theirs := collect(t, clientGoWatch(t, cfg, http.DefaultClient, s, kind, "ns", metav1.ListOptions{}), 0)
 		t.Run(fmt.Sprintf("round-%d-%s-%d-bytes", round, kind, len(body)), func(t *testing.T) {
 			sameEvents(t, ours, theirs)
 		})
