@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -233,18 +234,18 @@ func sameEvents(t *testing.T, ours, theirs []watch.Event) {
 			t.Fatalf("event %d is %s, client-go's %s", i, o.Type, c.Type)
 		}
 		if o.Type == watch.Error {
-			os, ok1 := o.Object.(*metav1.Status)
-			cs, ok2 := c.Object.(*metav1.Status)
+			ost, ok1 := o.Object.(*metav1.Status)
+			cst, ok2 := c.Object.(*metav1.Status)
 			if !ok1 || !ok2 {
 				t.Fatalf("ERROR event %d holds %T, client-go's %T", i, o.Object, c.Object)
 			}
 			// A stream that cannot be decoded: both say so, in their own words.
-			if decodingFailure(os) && decodingFailure(cs) {
+			if decodingFailure(ost) && decodingFailure(cst) {
 				continue
 			}
-			if os.Code != cs.Code || os.Reason != cs.Reason || !reflect.DeepEqual(os.Details, cs.Details) ||
-				os.Message != cs.Message {
-				t.Fatalf("ERROR event %d: %+v, client-go's %+v", i, os, cs)
+			if ost.Code != cst.Code || ost.Reason != cst.Reason || !reflect.DeepEqual(ost.Details, cst.Details) ||
+				ost.Message != cst.Message {
+				t.Fatalf("ERROR event %d: %+v, client-go's %+v", i, ost, cst)
 			}
 			continue
 		}
@@ -362,7 +363,7 @@ func BenchmarkDecode(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	body := append(event, '\n')
+	body := append(slices.Clip(event), '\n')
 	s := scheme(b)
 	for _, c := range []struct {
 		name  string

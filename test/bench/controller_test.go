@@ -658,8 +658,8 @@ func scrapeSum(b *testing.B, endpoint, series string) float64 {
 	var sum float64
 	for sc.Scan() {
 		line := sc.Text()
-		rest, ok := strings.CutPrefix(line, series)
-		if !ok || strings.HasPrefix(line, "#") || (rest != "" && rest[0] != ' ' && rest[0] != '{' && rest[0] != ',') {
+		after, ok := strings.CutPrefix(line, series)
+		if !ok || strings.HasPrefix(line, "#") || (after != "" && after[0] != ' ' && after[0] != '{' && after[0] != ',') {
 			continue
 		}
 		f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
