@@ -101,6 +101,9 @@ type world struct {
 	kubeconfig string
 	nodeBin    string
 	pluginBin  string
+	ctrlBin    string
+	ctrl       *exec.Cmd
+	ctrlExited chan struct{}
 	nodes      []*simNode
 	step       int
 	trace      []string
@@ -188,9 +191,8 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 	if err := os.WriteFile(w.kubeconfig, []byte(strings.ReplaceAll(string(raw), host, w.proxy.Addr())), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctrl := exec.Command(bins["ipam-controller"], "--kubeconfig", w.kubeconfig, "--ippools-namespace", namespace,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--release-grace-period", grace)
-	w.startProcess(ctrl, "ipam-controller")
+	w.ctrlBin = bins["ipam-controller"]
+	w.startController()
 	for i := range nodeCount {
 		n := &simNode{name: fmt.Sprintf("sys-n%d", i), dir: t.TempDir(), group: []string{"a", "b"}[i%2]}
 		n.socket = filepath.Join(n.dir, "daemon.sock")
@@ -223,6 +225,42 @@ func (w *world) startProcess(cmd *exec.Cmd, what string) chan struct{} {
 		<-exited
 	})
 	return exited
+}
+
+// startController starts ipam-controller. It keeps what daemons report in memory
+// only, so a restart loses what a silent daemon (down, its Node re-registered
+// without annotations) holds.
+func (w *world) startController() {
+	w.t.Helper()
+	w.ctrl = exec.Command(w.ctrlBin, "--kubeconfig", w.kubeconfig, "--ippools-namespace", namespace,
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--release-grace-period", grace)
+	w.ctrlExited = w.startProcess(w.ctrl, "ipam-controller")
+}
+
+// everyDaemonReports tells whether every daemon runs and every Node carries its
+// daemon's held report. Only then is the controller restarted: it keeps the report
+// of a Node re-registered without annotations in memory only, so a restart while
+// such a node's daemon is down forgets what that daemon holds, and may give
+// another node a block over it (a known gap, docs/pools.md; replay
+// HWIPAM_SYSTEM_SEED=411767 HWIPAM_SYSTEM_STEPS=150 with this condition removed).
+func (w *world) everyDaemonReports() bool {
+	var nodes corev1.NodeList
+	if err := w.c.List(w.ctx, &nodes); err != nil || len(nodes.Items) != len(w.nodes) {
+		return false
+	}
+	for _, n := range nodes.Items {
+		if _, ok := n.Annotations[v1alpha1.HeldAnnotation]; !ok {
+			return false
+		}
+	}
+	return !slices.ContainsFunc(w.nodes, func(n *simNode) bool { return n.cmd == nil })
+}
+
+func (w *world) controllerRestart() {
+	_ = w.ctrl.Process.Signal(syscall.SIGKILL)
+	<-w.ctrlExited
+	w.startController()
+	w.tracef("kill -9 ipam-controller and start it again")
 }
 
 func (w *world) startDaemon(i int) {
@@ -360,6 +398,17 @@ func (w *world) fail(format string, args ...any) {
 		lines := strings.Split(strings.TrimSpace(l.w.String()), "\n")
 		w.t.Logf("last lines of %s:\n  %s", l.what, strings.Join(lines[max(0, len(lines)-15):], "\n  "))
 	}
+	// What the controller plans from: each Node's held report and each pool's blocks.
+	var nodes corev1.NodeList
+	if err := w.c.List(w.ctx, &nodes); err == nil {
+		for _, n := range nodes.Items {
+			w.t.Logf("node %s (created %s): %s=%s", n.Name, n.CreationTimestamp.Format(time.TimeOnly),
+				v1alpha1.HeldAnnotation, n.Annotations[v1alpha1.HeldAnnotation])
+		}
+	}
+	for pool, bs := range w.blocks() {
+		w.t.Logf("pool %s blocks: %v", pool, bs)
+	}
 	w.t.Fatalf("seed %d, step %d: %s\nlast actions:\n  %s\nreplay: HWIPAM_SYSTEM_SEED=%d go test ./test/system/ -run TestWholeSystemInvariants -v",
 		w.seed, w.step, fmt.Sprintf(format, args...), strings.Join(tail, "\n  "), w.seed)
 }
@@ -385,6 +434,12 @@ func (w *world) run(steps int) {
 		{"node-relabel", func() int { return 5 }, w.nodeRelabel},
 		{"node-recreate", func() int { return 3 }, w.nodeRecreate},
 		{"daemon-kill", func() int { return 3 }, w.daemonKill},
+		{"controller-restart", func() int {
+			if w.everyDaemonReports() {
+				return 2
+			}
+			return 0
+		}, w.controllerRestart},
 		{"daemon-restart", func() int {
 			if anyDown() {
 				return 12
