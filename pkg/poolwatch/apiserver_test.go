@@ -3,17 +3,22 @@ package poolwatch
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"reflect"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -165,6 +170,50 @@ func TestAgainstTheAPIServer(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+
+	// An informer started now, with pools in place, fills its cache through the
+	// watch (client-go's WatchListClient: the initial events, then a bookmark that
+	// ends them), not through a list; a watch that failed at it would go unnoticed
+	// otherwise, as the reflector then lists instead.
+	extra := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "initial", Namespace: ns},
+		Spec: v1alpha1.IPPoolSpec{Subnet: "10.250.0.0/16", PerNodeBlockSize: 4}}
+	if err := cp.Client.Create(ctx, extra); err != nil {
+		t.Fatal(err)
+	}
+	var lists atomic.Int32
+	inf := newInformer(&toolscache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			lists.Add(1)
+			var l v1alpha1.IPPoolList
+			err := cp.Client.List(ctx, &l, client.InNamespace(ns), &client.ListOptions{Raw: &opts})
+			return &l, err
+		},
+		WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) {
+			t.Error("the informer watched through the ListWatch it was given, not poolwatch's")
+			return nil, errors.New("not this watch")
+		},
+	}, &v1alpha1.IPPool{}, 0, toolscache.Indexers{})
+	infCtx, stopInf := context.WithTimeout(ctx, 30*time.Second)
+	defer stopInf()
+	go inf.RunWithContext(infCtx)
+	if !toolscache.WaitForCacheSync(infCtx.Done(), inf.HasSynced) {
+		t.Fatal("the informer did not sync within 30 s")
+	}
+	var fromServer v1alpha1.IPPoolList
+	if err := cp.Client.List(ctx, &fromServer, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	var fromInformer []v1alpha1.IPPool
+	for _, obj := range inf.GetStore().List() {
+		fromInformer = append(fromInformer, *obj.(*v1alpha1.IPPool))
+	}
+	if !sameVersions(fromServer.Items, fromInformer) {
+		t.Fatalf("the informer synced %d IPPools, the server holds %d", len(fromInformer), len(fromServer.Items))
+	}
+	if clientfeatures.FeatureGates().Enabled(clientfeatures.WatchListClient) && lists.Load() != 0 {
+		t.Fatalf("the informer listed %d times: its watch did not deliver the initial events", lists.Load())
+	}
+	t.Logf("a new informer synced %d IPPools, listing %d times", len(fromInformer), lists.Load())
 
 	// Too old a resourceVersion: the server ends the watch with 410 Gone.
 	w, err := NewWatcher(cp.Config, httpClient, s, v1alpha1.KindIPPool, ns)

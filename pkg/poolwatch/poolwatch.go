@@ -10,7 +10,9 @@
 // object are decoded straight from the stream into the pool type: one scan to find
 // the event's end, one decode.
 //
-// Only the watch is replaced; the informer's list stays client-go's.
+// The informer fills its cache through this watch too: client-go's reflector
+// (WatchListClient, on by default) asks the watch for the initial events
+// (sendInitialEvents) and lists only when the server cannot stream them.
 package poolwatch
 
 import (
@@ -31,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/flowcontrol"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
@@ -202,6 +205,10 @@ func NewWatcher(cfg *rest.Config, httpClient *http.Client, scheme *runtime.Schem
 	default:
 		return nil, fmt.Errorf("watching %s: not a pool kind", kind)
 	}
+	// Like client-go's Request.Watch, which is not rate limited: a watch is
+	// started rarely, and a throttled start only delays the informer.
+	cfg = rest.CopyConfig(cfg)
+	cfg.RateLimiter = flowcontrol.NewFakeAlwaysRateLimiter()
 	rc, err := apiutil.RESTClientForGVK(v1alpha1.GroupVersion.WithKind(kind), false, false, cfg,
 		serializer.NewCodecFactory(scheme), httpClient)
 	if err != nil {
@@ -228,8 +235,11 @@ func (w *Watcher) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Int
 }
 
 // NewInformerFunc returns a controller-runtime cache.Options.NewInformer whose
-// informers of IPPools and CIDRPools watch with a Watcher: the cache must watch
-// pools in namespace only. Informers of other types are client-go's.
+// informers of IPPools and CIDRPools watch with a Watcher. Informers of other
+// types are client-go's. The cache must watch pools in namespace only and without
+// label or field selectors: controller-runtime applies those in the watch it
+// builds, which this one replaces (its list keeps them, so a cache configured
+// otherwise would list one set of pools and watch another).
 func NewInformerFunc(cfg *rest.Config, scheme *runtime.Scheme, namespace string) (
 	func(toolscache.ListerWatcher, runtime.Object, time.Duration, toolscache.Indexers) toolscache.SharedIndexInformer, error) {
 	httpClient, err := rest.HTTPClientFor(cfg)
