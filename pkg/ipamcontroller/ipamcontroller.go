@@ -16,7 +16,6 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -131,26 +130,21 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return err
 	}
-	// Pools are watched with a decoder that reads a watch event in one pass: a
-	// status write of a 5,000-node pool is some 400 kB, which the controller reads
-	// back as its informer's echo. (Over a connection of its own: the manager
-	// makes its HTTP client only when it is created.)
-	newInformer, err := poolwatch.NewInformerFunc(cfg, scheme, o.PoolsNamespace)
+	// Pools are cached in their namespace and watched with a decoder that reads a
+	// watch event in one pass: a status write of a 5,000-node pool is some 400 kB,
+	// which the controller reads back as its informer's echo. (Over a connection of
+	// its own: the manager makes its HTTP client only when it is created.)
+	cacheOpts, err := poolwatch.CacheOptions(cfg, scheme, o.PoolsNamespace)
 	if err != nil {
 		return err
 	}
-	inPoolsNamespace := cache.ByObject{Namespaces: map[string]cache.Config{o.PoolsNamespace: {}}}
+	// Nothing reads managedFields, which on a real Node are several kB (kubelet's
+	// status fields) of every cached node's metadata. A status update sent from a
+	// cached pool without them leaves them as stored.
+	cacheOpts.DefaultTransform = cache.TransformStripManagedFields()
 	mopts := ctrl.Options{
-		Scheme: scheme,
-		Cache: cache.Options{NewInformer: newInformer, ByObject: map[client.Object]cache.ByObject{
-			&v1alpha1.IPPool{}:   inPoolsNamespace,
-			&v1alpha1.CIDRPool{}: inPoolsNamespace,
-		},
-			// Nothing reads managedFields, which on a real Node are several kB
-			// (kubelet's status fields) of every cached node's metadata. A status
-			// update sent from a cached pool without them leaves them as stored.
-			DefaultTransform: cache.TransformStripManagedFields(),
-		},
+		Scheme:                        scheme,
+		Cache:                         cacheOpts,
 		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
 		PprofBindAddress:              o.PprofBindAddress,

@@ -32,8 +32,6 @@ import (
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -144,19 +142,16 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return err
 	}
-	// Every status write of every pool reaches every node: a 5,000-node pool's is
-	// some 400 kB, which this decoder reads in one pass.
-	newInformer, err := poolwatch.NewInformerFunc(cfg, scheme, o.PoolsNamespace)
+	// Pools are cached in their namespace and watched with a decoder that reads
+	// each event in one pass: every status write of every pool reaches every node,
+	// some 400 kB for a 5,000-node pool.
+	cacheOpts, err := poolwatch.CacheOptions(cfg, scheme, o.PoolsNamespace)
 	if err != nil {
 		return err
 	}
-	inPoolsNamespace := cache.ByObject{Namespaces: map[string]cache.Config{o.PoolsNamespace: {}}}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: scheme,
-		Cache: cache.Options{NewInformer: newInformer, ByObject: map[client.Object]cache.ByObject{
-			&v1alpha1.IPPool{}:   inPoolsNamespace,
-			&v1alpha1.CIDRPool{}: inPoolsNamespace,
-		}},
+		Scheme:                 scheme,
+		Cache:                  cacheOpts,
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsBindAddress},
 		HealthProbeBindAddress: o.HealthProbeBindAddress,
 		Logger:                 logger,

@@ -31,7 +31,7 @@ import (
 // the same resourceVersion with client-go's watch and with poolwatch's, and
 // requires the same events; a watch from a resourceVersion the server no longer
 // has must end with the same 410 Gone; and a controller-runtime cache built with
-// NewInformerFunc must hold what the server holds.
+// CacheOptions must hold what the server holds.
 func TestAgainstTheAPIServer(t *testing.T) {
 	r := rand.New(rand.NewPCG(testSeed(t), 1))
 
@@ -48,12 +48,12 @@ func TestAgainstTheAPIServer(t *testing.T) {
 	}
 
 	// The cache, started before anything exists.
-	newInformer, err := NewInformerFunc(cp.Config, s, ns)
+	opts, err := CacheOptions(cp.Config, s, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := ctrlcache.New(cp.Config, ctrlcache.Options{Scheme: s, NewInformer: newInformer,
-		DefaultNamespaces: map[string]ctrlcache.Config{ns: {}}})
+	opts.Scheme = s
+	c, err := ctrlcache.New(cp.Config, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestAgainstTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	var lists atomic.Int32
-	inf := newInformer(&toolscache.ListWatch{
+	inf := opts.NewInformer(&toolscache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			lists.Add(1)
 			var l v1alpha1.IPPoolList

@@ -34,6 +34,8 @@ import (
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/flowcontrol"
+	ctrlcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
@@ -83,12 +85,16 @@ func (f *cidrPoolFrame) parts() (watch.EventType, *metav1.TypeMeta, runtime.Obje
 	return f.Type, &f.Object.TypeMeta, &f.Object.CIDRPool, &f.Object.failure
 }
 
+// decoded is a frame after decoding: parts returns the event's type, and its
+// object's type, the object as a pool, and as a failure.
+type decoded interface {
+	parts() (watch.EventType, *metav1.TypeMeta, runtime.Object, *failure)
+}
+
 // frame is implemented by the pointer to each frame type.
 type frame[F any] interface {
 	*F
-	// parts returns the event's type, and its object's type, the object as a pool,
-	// and as a failure.
-	parts() (watch.EventType, *metav1.TypeMeta, runtime.Object, *failure)
+	decoded
 }
 
 // decodeEvent reads the next event of a watch stream of pools of kind.
@@ -100,7 +106,7 @@ func decodeEvent[F any, PF frame[F]](kind string) func(*json.Decoder) (watch.Eve
 	}
 }
 
-func event[F any, PF frame[F]](err error, want metav1.TypeMeta, f PF) (watch.Event, error) {
+func event(err error, want metav1.TypeMeta, f decoded) (watch.Event, error) {
 	typ, tm, obj, fail := f.parts()
 	var typeErr *json.UnmarshalTypeError
 	if typ == watch.Error && errors.As(err, &typeErr) {
@@ -234,13 +240,29 @@ func (w *Watcher) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Int
 	return newStreamWatch(body, w.next), nil
 }
 
-// NewInformerFunc returns a controller-runtime cache.Options.NewInformer whose
-// informers of IPPools and CIDRPools watch with a Watcher. Informers of other
-// types are client-go's. The cache must watch pools in namespace only and without
-// label or field selectors: controller-runtime applies those in the watch it
-// builds, which this one replaces (its list keeps them, so a cache configured
-// otherwise would list one set of pools and watch another).
-func NewInformerFunc(cfg *rest.Config, scheme *runtime.Scheme, namespace string) (
+// CacheOptions returns controller-runtime cache options that cache IPPools and
+// CIDRPools of namespace only, and watch them with a Watcher. Other types are
+// cached as controller-runtime does by default. Callers may add to the options but
+// must not give pools label or field selectors or other namespaces:
+// controller-runtime applies those in the watch it builds, which a Watcher
+// replaces (the list would keep them, so the cache would list one set of pools
+// and watch another).
+func CacheOptions(cfg *rest.Config, scheme *runtime.Scheme, namespace string) (ctrlcache.Options, error) {
+	newInformer, err := newInformerFunc(cfg, scheme, namespace)
+	if err != nil {
+		return ctrlcache.Options{}, err
+	}
+	inNamespace := ctrlcache.ByObject{Namespaces: map[string]ctrlcache.Config{namespace: {}}}
+	return ctrlcache.Options{NewInformer: newInformer, ByObject: map[client.Object]ctrlcache.ByObject{
+		&v1alpha1.IPPool{}:   inNamespace,
+		&v1alpha1.CIDRPool{}: inNamespace,
+	}}, nil
+}
+
+// newInformerFunc returns a cache.Options.NewInformer whose informers of IPPools
+// and CIDRPools watch with a Watcher of namespace; informers of other types are
+// client-go's.
+func newInformerFunc(cfg *rest.Config, scheme *runtime.Scheme, namespace string) (
 	func(toolscache.ListerWatcher, runtime.Object, time.Duration, toolscache.Indexers) toolscache.SharedIndexInformer, error) {
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
