@@ -423,7 +423,7 @@ type controllerProc struct {
 	metricsPort, healthPort, pprofPort int
 	// working is closed once its IPPool workers run, exited once it has exited.
 	working, exited chan struct{}
-	log             *lockedBuffer
+	log             *harness.LogBuffer
 }
 
 // errExited says the controller exited before it was ready.
@@ -438,7 +438,7 @@ func startController(b *testing.B, bin, kubeconfig, ns string) *controllerProc {
 	b.Helper()
 	for attempt := 1; ; attempt++ {
 		c := &controllerProc{metricsPort: freePort(b), healthPort: freePort(b), pprofPort: freePort(b),
-			working: make(chan struct{}), exited: make(chan struct{}), log: &lockedBuffer{}}
+			working: make(chan struct{}), exited: make(chan struct{}), log: &harness.LogBuffer{}}
 		args := []string{"--kubeconfig", kubeconfig, "--ippools-namespace", ns, "--release-grace-period", "0",
 			"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", c.metricsPort),
 			"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", c.healthPort)}
@@ -509,34 +509,15 @@ func (c *controllerProc) stop() {
 	}
 }
 
-// lockedBuffer is a buffer one goroutine writes while another may read it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (l *lockedBuffer) WriteLine(line string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.buf.WriteString(line)
-	l.buf.WriteByte('\n')
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // watchControllerLog reads the controller's log, copies it to stderr with -v and
 // to keep, and closes working once the IPPool controller has started its workers.
-func watchControllerLog(logs io.Reader, working chan<- struct{}, keep *lockedBuffer) {
+func watchControllerLog(logs io.Reader, working chan<- struct{}, keep *harness.LogBuffer) {
 	sc := bufio.NewScanner(logs)
 	sc.Buffer(make([]byte, 64*1024), 1<<20)
 	started := false
 	for sc.Scan() {
 		line := sc.Text()
-		keep.WriteLine(line)
+		fmt.Fprintln(keep, line)
 		if testing.Verbose() {
 			fmt.Fprintln(os.Stderr, line)
 		}

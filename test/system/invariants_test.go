@@ -121,7 +121,7 @@ type world struct {
 // namedLog is the output of one process the test started.
 type namedLog struct {
 	what string
-	w    *lockedWriter
+	w    *harness.LogBuffer
 }
 
 // TestWholeSystemInvariants is the model-based whole-system test. Each seed runs
@@ -209,7 +209,7 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 
 func (w *world) startProcess(cmd *exec.Cmd, what string) chan struct{} {
 	w.t.Helper()
-	logw := &lockedWriter{w: &strings.Builder{}}
+	logw := &harness.LogBuffer{}
 	w.logs = append(w.logs, namedLog{what, logw})
 	cmd.Stdout, cmd.Stderr = logw, logw
 	if os.Getenv("HWIPAM_TEST_LOG") != "" {
