@@ -140,9 +140,15 @@ type wal struct {
 	closeOnce sync.Once
 	kick      chan struct{} // a checkpoint now
 	due       chan struct{} // a checkpoint after checkpointDelay
-	stop      chan struct{}
-	ended     chan struct{} // the checkpointer has returned
-	flushEnd  chan struct{} // the flusher has returned
+	// dueSet: the checkpointer's timer runs, and the checkpoint it starts will
+	// apply every record saved before the flag is cleared; a commit that finds
+	// it set does not signal due. Each signal wakes the checkpointer (a thread
+	// to wake, with an interrupt to another CPU) while the caller waits for its
+	// commit; without this every commit paid that, to start a timer that ran.
+	dueSet   atomic.Bool
+	stop     chan struct{}
+	ended    chan struct{} // the checkpointer has returned
+	flushEnd chan struct{} // the flusher has returned
 }
 
 func encodeOps(ops []walOp) []byte {
@@ -558,10 +564,13 @@ func (s *Store) log(ops []walOp) error {
 		return err
 	}
 	// A checkpoint at once as the log fills up (so that the commit that wraps
-	// it has little to apply), else after checkpointDelay.
+	// it has little to apply), else after checkpointDelay unless one is due.
 	ch := w.due
-	if now {
+	switch {
+	case now:
 		ch = w.kick
+	case w.dueSet.Load():
+		return nil
 	}
 	select {
 	case ch <- struct{}{}:
@@ -770,11 +779,14 @@ func (s *Store) checkpointer() {
 			if !armed {
 				timer.Reset(checkpointDelay)
 				armed = true
+				w.dueSet.Store(true)
 			}
 			continue
 		case <-w.kick:
 		case <-timer.C:
 			armed = false
+			// Before the checkpoint: a record saved after this signals again.
+			w.dueSet.Store(false)
 		case <-w.stop:
 			timer.Stop()
 			return

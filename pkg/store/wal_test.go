@@ -393,28 +393,45 @@ func TestFailedFlushStopsWrites(t *testing.T) {
 func TestCheckpointerAppliesTheLog(t *testing.T) {
 	s, path := openNew(t, store.Options{})
 	defer s.Close()
-	if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc("c1", "net1", "10.0.0.1")}}, nil); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		c, err := store.Open(withoutLog(t, path), store.Options{})
-		if err != nil {
+	commit := func(cid string) {
+		t.Helper()
+		if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc(cid, "net1", "10.0.0.1")}}, nil); err != nil {
 			t.Fatal(err)
 		}
-		pools, err := c.Load()
-		_ = c.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p := pools["p"]; p != nil && len(p.Allocations) == 1 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the commit is not in the bbolt file 5 s later")
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
+	inFile := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			c, err := store.Open(withoutLog(t, path), store.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pools, err := c.Load()
+			_ = c.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := pools["p"]; p != nil && len(p.Allocations) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d commits are not in the bbolt file 5 s later", want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	commit("c1") // starts the checkpointer's timer
+	inFile(1)
+	// A commit while the timer runs does not signal the checkpointer; the
+	// checkpoint the timer starts applies it all the same.
+	commit("c2")
+	time.Sleep(300 * time.Millisecond)
+	commit("c3")
+	inFile(3)
+	// After that checkpoint, a commit starts the timer again.
+	commit("c4")
+	inFile(4)
 }
 
 // TestCheckpointsAreFewPerGeneration: commits spaced as a burst of pods spaces
