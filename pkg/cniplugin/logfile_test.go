@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -123,6 +124,11 @@ func TestLogFileCreatedPrivateAndOneLinePerEntry(t *testing.T) {
 	must(t, err)
 	if !strings.HasPrefix(string(data), "before\n") || strings.Count(string(data), "\n") != 2 {
 		t.Errorf("existing log file = %q, want the old line and one new one", data)
+	}
+	// The line as the fmt-built one was: a UTC timestamp, then the call.
+	added := strings.TrimPrefix(strings.TrimSuffix(string(data), "\n"), "before\n")
+	if !regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z nv-ipam: ADD c2/net1 pools \[[a-z0-9-]+( [a-z0-9-]+)*\]: [0-9a-f.:]+/\d+(,[0-9a-f.:]+/\d+)*$`).MatchString(added) {
+		t.Errorf("ADD's log line = %q, want <UTC time> nv-ipam: ADD c2/net1 pools [<pools>]: <addresses>", added)
 	}
 	if st, _ := os.Stat(existing); st.Mode().Perm() != 0o644 {
 		t.Errorf("existing log file's mode changed to %v", st.Mode())

@@ -161,7 +161,7 @@ func (p *Plugin) add(s *session, args *CmdArgs, write func(w io.Writer, res *cur
 		}
 	}
 	if s.log.f != nil { // the addresses are formatted only for a log that is kept
-		s.log.printf("ADD %s/%s pools %v: %v", args.ContainerID, args.IfName, s.cfg.Pools, ips(res))
+		s.log.line("ADD " + args.ContainerID + "/" + args.IfName + " pools " + list(s.cfg.Pools) + ": " + ips(res))
 	}
 	return write(p.Stdout, res, s.cfg.CNIVersion)
 }
@@ -202,7 +202,7 @@ func (p *Plugin) del(s *session, args *CmdArgs) error {
 		s.log.printf("DEL %s/%s: %v", args.ContainerID, args.IfName, err)
 		return s.grpcError("DEL", err)
 	}
-	s.log.printf("DEL %s/%s pools %v", args.ContainerID, args.IfName, s.cfg.Pools)
+	s.log.line("DEL " + args.ContainerID + "/" + args.IfName + " pools " + list(s.cfg.Pools))
 	return p.checkNetNS(args.Netns)
 }
 
@@ -437,8 +437,29 @@ func newLogger(c *Config, stderr io.Writer) *logger {
 // and the characters a shell acts on are escaped (see escapeLine).
 func (l *logger) printf(format string, a ...any) {
 	if l.f != nil {
-		fmt.Fprintf(l.f, "%s nv-ipam: %s\n", time.Now().UTC().Format(time.RFC3339Nano), escapeLine(fmt.Sprintf(format, a...)))
+		l.line(fmt.Sprintf(format, a...))
 	}
+}
+
+// line writes msg as printf does, in one write. The lines of every ADD and DEL
+// are built without fmt: its first use in a process that lives for one call
+// cost the call about 30 microseconds (a third of what the daemon takes to
+// allocate), for a log line nobody waits for.
+func (l *logger) line(msg string) {
+	if l.f == nil {
+		return
+	}
+	b := make([]byte, 0, len(time.RFC3339Nano)+len(" nv-ipam: \n")+len(msg))
+	b = time.Now().UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, " nv-ipam: "...)
+	b = append(b, escapeLine(msg)...)
+	b = append(b, '\n')
+	_, _ = l.f.Write(b)
+}
+
+// list is a list of names as printf's %v prints it: [a b].
+func list(names []string) string {
+	return "[" + strings.Join(names, " ") + "]"
 }
 
 // shellActive are the characters that make a shell do more than pass words to
