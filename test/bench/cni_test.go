@@ -84,9 +84,9 @@ func (p *cniPlugin) exec(cmd, cid string) ([]string, error) {
 // 10,000 allocations write files for 30-130 ms, and the call after those pays for
 // them), and each plugin's ratio to the floor.
 // Then ADD throughput with 16 and 64 concurrent execs (1,200 ADDs per plugin in 4
-// rounds, the plugins taking turns), and a check that no address was handed out
-// twice or lost: the addresses printed are distinct and are exactly those the
-// daemon holds for them.
+// rounds, the plugins taking turns in an order shuffled every round), and a check
+// that no address was handed out twice or lost: the addresses printed are
+// distinct and are exactly those the daemon holds for them.
 func BenchmarkCNI(b *testing.B) {
 	ctx := context.Background()
 	_, kubeconfig := benchPool(b, "10.0.0.0/8", 65536, "10.0.0.1", "10.1.0.0")
@@ -186,9 +186,9 @@ func BenchmarkCNI(b *testing.B) {
 	}
 	for _, execs := range []int{16, 64} {
 		b.Run(fmt.Sprintf("concurrent/execs=%d", execs), func(b *testing.B) {
-			// The plugins take turns, a quarter of the ADDs each per round, so that
-			// the machine's drift over a run hits all alike; a plugin's rate is its
-			// ADDs over its summed time.
+			// The plugins take turns, a quarter of the ADDs each per round, in an
+			// order shuffled every round, so that the machine's drift over a run
+			// hits all alike; a plugin's rate is its ADDs over its summed time.
 			const total, rounds = 1200, 4
 			type tally struct {
 				seconds, execCPU, daemonCPU float64
@@ -199,8 +199,17 @@ func BenchmarkCNI(b *testing.B) {
 				tallies[pi].printed = map[string]string{}
 			}
 			prefix := fmt.Sprintf("conc-%d-", execs)
+			turns := make([]int, len(plugins))
+			for pi := range turns {
+				turns[pi] = pi
+			}
+			rng := rand.New(rand.NewPCG(uint64(execs), 2)) // the same orders every run
 			for round := range rounds {
-				for pi, p := range plugins {
+				// As in the sequential part, an order shuffled every round: in a
+				// fixed one the floor's turn always came right after host-local's.
+				rng.Shuffle(len(turns), func(a, b int) { turns[a], turns[b] = turns[b], turns[a] })
+				for _, pi := range turns {
+					p := plugins[pi]
 					t := &tallies[pi]
 					var mu sync.Mutex
 					// CPU time: the plugin processes' (children that have been waited
