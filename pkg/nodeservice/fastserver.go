@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -75,19 +76,30 @@ func chainUnary(interceptors []grpc.UnaryServerInterceptor) grpc.UnaryServerInte
 	}
 }
 
-// Serve accepts connections until the listener is closed.
+// Serve accepts connections until the listener is closed. When accepting fails
+// for want of a resource (descriptors, buffers, memory), it waits and tries
+// again, as grpc-go's server does: ipam-node stopping over it would fail the
+// CNI calls of every pod on the node, not only those that find it short.
 func (s *FastServer) Serve(lis net.Listener) error {
 	s.mu.Lock()
 	s.lis = lis
 	s.mu.Unlock()
+	var wait time.Duration
 	for {
 		conn, err := lis.Accept()
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
+			if errors.Is(err, net.ErrClosed) || s.closing.Load() {
 				return nil
 			}
-			return err
+			if !transientAcceptError(err) {
+				return err
+			}
+			wait = min(max(2*wait, 5*time.Millisecond), time.Second)
+			s.log.Info("compact endpoint: accepting a connection failed; trying again", "error", err.Error(), "in", wait.String())
+			time.Sleep(wait)
+			continue
 		}
+		wait = 0
 		s.mu.Lock()
 		s.conns[conn] = true
 		s.mu.Unlock()
@@ -98,6 +110,18 @@ func (s *FastServer) Serve(lis net.Listener) error {
 			s.mu.Unlock()
 		})
 	}
+}
+
+// transientAcceptError: accepting failed for want of a resource that may come
+// back (the kernel's and Go's own retries cover the others, such as a
+// connection aborted before it was taken).
+func transientAcceptError(err error) bool {
+	for _, e := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *FastServer) serveConn(conn net.Conn) {
