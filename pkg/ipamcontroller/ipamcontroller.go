@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -165,8 +166,16 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return err
 	}
+	// The daemons' held reports the Nodes may no longer show, kept in a Lease
+	// beside the leader election's across restarts (see poolcontroller.Memory).
+	memory := &poolcontroller.Memory{Lease: types.NamespacedName{Namespace: o.LeaderElectNamespace, Name: poolcontroller.MemoryLeaseName},
+		Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), Log: logger.WithName("held-reports")}
+	if err := mgr.Add(memory); err != nil {
+		return fmt.Errorf("adding the held reports' keeper: %w", err)
+	}
 	for _, kind := range []string{v1alpha1.KindIPPool, v1alpha1.KindCIDRPool} {
 		r := &poolcontroller.Reconciler{
+			Memory:             memory,
 			Client:             mgr.GetClient(),
 			Reader:             mgr.GetAPIReader(),
 			StatusWriter:       statusWriter,

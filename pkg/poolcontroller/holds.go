@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/iprange"
 )
@@ -30,47 +28,6 @@ type reports struct {
 	foreign []iprange.Range
 	// orphans: "node: ranges" of addresses held outside the node's current block.
 	orphans []string
-}
-
-// seenReport is a node's held report and when the controller last saw it.
-type seenReport struct {
-	raw  string
-	seen time.Time
-}
-
-// lastReports returns every node's held report by node name. A Node re-registered
-// without annotations keeps the report last seen for as long as it exists, until
-// its daemon reports again: the daemon still holds what it reported, and if it is
-// down (killed, crash-looping) it cannot say otherwise, however long that takes. A
-// node whose Node object is gone keeps it for the grace period.
-func (r *Reconciler) lastReports(nodes []client.Object, now time.Time) map[string]string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.reports == nil {
-		r.reports = map[string]seenReport{}
-	}
-	out := map[string]string{}
-	for _, n := range nodes {
-		if raw, ok := n.GetAnnotations()[v1alpha1.HeldAnnotation]; ok {
-			r.reports[n.GetName()] = seenReport{raw: raw, seen: now}
-		} else if rep, ok := r.reports[n.GetName()]; ok {
-			rep.seen = now
-			r.reports[n.GetName()] = rep
-		}
-	}
-	for name, rep := range r.reports {
-		if now.Sub(rep.seen) >= r.ReleaseGracePeriod {
-			delete(r.reports, name)
-			continue
-		}
-		out[name] = rep.raw
-	}
-	for _, n := range nodes {
-		if raw, ok := n.GetAnnotations()[v1alpha1.HeldAnnotation]; ok {
-			out[n.GetName()] = raw
-		}
-	}
-	return out
 }
 
 // readReports collects, for the pool with key, what every node's daemon reports:

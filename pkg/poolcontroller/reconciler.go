@@ -52,9 +52,20 @@ type Reconciler struct {
 
 	mu    sync.Mutex
 	state map[types.NamespacedName]*poolState
-	// reports remembers each node's last held report (see lastReports).
-	reports map[string]seenReport
-	writes  atomic.Uint64
+	// Memory keeps the daemons' held reports the Nodes may no longer show; nil: a
+	// memory of this reconciler's own, in this process only.
+	Memory *Memory
+	writes atomic.Uint64
+}
+
+// memory returns r.Memory, made on first use when not set.
+func (r *Reconciler) memory() *Memory {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.Memory == nil {
+		r.Memory = &Memory{}
+	}
+	return r.Memory
 }
 
 // poolState is what the reconciler remembers of one pool between reconciles.
@@ -273,7 +284,11 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	for i := range nodes.Items {
 		objs[i] = &nodes.Items[i]
 	}
-	rep := readReports(r.lastReports(objs, now), p.storeKey(), layout.Range(), own)
+	mem := r.memory()
+	if err := mem.load(ctx, now); err != nil {
+		return planInput{}, nil, time.Time{}, err
+	}
+	rep := readReports(mem.lastReports(objs, now, r.ReleaseGracePeriod), p.storeKey(), layout.Range(), own)
 	live, until := st.liveReservations(now)
 	for _, res := range live {
 		rep.held[res.Node] = append(rep.held[res.Node], res.Range)
