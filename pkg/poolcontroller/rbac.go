@@ -12,13 +12,14 @@ package poolcontroller
 // Nodes: a metadata informer (list, watch); the controller never writes a Node.
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=list;watch
 //
-// Leader election (a Lease: get, create, update) and events are namespaced: the
-// Lease lives in --leader-elect-namespace, pool events in the pools' namespace, both
-// kube-system in deploy/. Pool events go through events.k8s.io; leader election
-// (controller-runtime's resource lock) records its events through the core/v1 Events
-// API - without that rule the API server rejects them ("events is forbidden ... in
-// API group \"\"", seen on a real node). Both recorders create and patch (a repeated
-// event is patched), never update.
+// Leader election (a Lease: get, create, update), the Lease that keeps the daemons'
+// held reports across restarts (see Memory; the same verbs), and events are
+// namespaced: the Leases live in --leader-elect-namespace, pool events in the pools'
+// namespace, both kube-system in deploy/. Pool events go through events.k8s.io;
+// leader election (controller-runtime's resource lock) records its events through
+// the core/v1 Events API - without that rule the API server rejects them ("events
+// is forbidden ... in API group \"\"", seen on a real node). Both recorders create
+// and patch (a repeated event is patched), never update.
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=kube-system,resources=leases,verbs=get;create;update
 // +kubebuilder:rbac:groups=events.k8s.io,namespace=kube-system,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",namespace=kube-system,resources=events,verbs=create;patch
