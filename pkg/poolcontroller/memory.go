@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/iprange"
 )
 
 // MemoryLeaseName is the Lease, in the leader election's namespace, that keeps
@@ -44,14 +45,14 @@ const maxMemoryBytes = 200 << 10
 //
 // With Lease set it is also kept in that Lease, so that a controller that
 // restarts (killed, rescheduled, a new leader) still knows it: before the first
-// reconcile reads the reports, the Lease is read, and Start writes it again
-// whenever what it would keep changes. It keeps, per node:
-//   - the whole last report of a node whose Node lacks the annotation (or is
-//     gone);
+// reconcile plans blocks, the Lease is read, and Start writes it again within
+// Interval of a change. It keeps, per node:
+//   - the whole last report of a node whose Node lacks the annotation or is gone;
 //   - of a node whose Node shows its report, the pools in which the daemon holds
-//     addresses outside its block (what no pool status records), so that a Node
-//     re-registered while the controller is down too is still covered. A block
-//     the daemon reports is in its pool's status, as long as the pool exists.
+//     addresses outside its block, or reports a block the pool's status does not
+//     give it (as its last reconcile read it): what no status records. So a Node
+//     re-registered while the controller is down is covered too, unless its
+//     report changed in the last Interval or a pool's status changed meanwhile.
 //
 // A Lease, because the controller may already write Leases in that namespace
 // (leader election), under hwipam's RBAC and under network-operator's.
@@ -66,69 +67,120 @@ type Memory struct {
 	// Interval is how often Start saves a change; 0 means one second.
 	Interval time.Duration
 
+	loadMu  sync.Mutex // one first read at a time; the others wait for it
 	mu      sync.Mutex
 	reports map[string]seenReport
-	loaded  bool
-	saved   string // the payload the Lease holds (as far as this process knows)
-	warned  string // the last save error logged
+	// status: per pool key, the blocks its status gave nodes at its last
+	// reconcile; an empty map for a pool that is gone.
+	status  map[string]map[string]iprange.Range
+	loaded  bool      // the first read is done (or there is no Lease)
+	unread  bool      // the Lease could not be read (forbidden): it is not written until it is
+	now     time.Time // the reconcilers' time at the last call
+	version uint64    // bumped by every change the payload depends on
+	savedAt uint64    // the version the Lease holds
+	saved   string    // the payload the Lease holds (as far as this process knows)
+	warned  string    // the last save error logged
 }
 
 // seenReport is a node's held report and when the controller last saw it.
 type seenReport struct {
-	raw  string
-	seen time.Time
+	raw   string
+	holds map[string]v1alpha1.PoolHold // raw decoded; nil if it cannot be
+	seen  time.Time
 	// live: the Node showed the report when last seen.
 	live bool
 }
 
+func newReport(raw string, seen time.Time, live bool) seenReport {
+	r := seenReport{raw: raw, seen: seen, live: live}
+	if err := json.Unmarshal([]byte(raw), &r.holds); err != nil {
+		r.holds = nil // reports nothing (see readReports)
+	}
+	return r
+}
+
 // load reads the Lease once, before the first reports are used; a reconcile
 // that gets an error requeues. A Lease the controller may not read (RBAC) leaves
-// the memory in this process alone, logged once; one that cannot be decoded is
-// logged and ignored.
+// the memory in this process alone, logged once (Save tries again); one that
+// cannot be decoded is logged and ignored.
 func (m *Memory) load(ctx context.Context, now time.Time) error {
+	if m.isLoaded() {
+		return nil
+	}
+	m.loadMu.Lock()
+	defer m.loadMu.Unlock()
+	if m.isLoaded() {
+		return nil
+	}
+	var err error
+	if m.Lease.Name != "" {
+		err = m.read(ctx, now)
+	}
+	switch {
+	case apierrors.IsForbidden(err):
+		m.Log.Error(err, "cannot read the Lease that keeps the daemons' held reports across restarts; they are kept in "+
+			"memory only, and the Lease is not written until it can be read: grant get, create and update on leases "+
+			"in its namespace", "lease", m.Lease.String())
+		m.mu.Lock()
+		m.unread = true
+		m.mu.Unlock()
+	case err != nil:
+		return err
+	}
+	m.mu.Lock()
+	m.loaded = true
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *Memory) isLoaded() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.loaded {
-		return nil
-	}
+	return m.loaded
+}
+
+// init makes the maps; with mu held.
+func (m *Memory) init() {
 	if m.reports == nil {
 		m.reports = map[string]seenReport{}
+		m.status = map[string]map[string]iprange.Range{}
 	}
-	if m.Lease.Name == "" {
-		m.loaded = true
-		return nil
-	}
+}
+
+// read reads the Lease and adds the reports it keeps to the memory, seen at now
+// (a report the memory has already is newer and stays).
+func (m *Memory) read(ctx context.Context, now time.Time) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	var lease coordinationv1.Lease
 	err := m.Reader.Get(ctx, m.Lease, &lease)
-	switch {
-	case apierrors.IsNotFound(err):
-		m.loaded = true
-		return nil
-	case apierrors.IsForbidden(err):
-		m.Log.Error(err, "cannot read the Lease that keeps the daemons' held reports across restarts; "+
-			"they are kept in memory only: grant get, create and update on leases in its namespace", "lease", m.Lease.String())
-		m.loaded = true
-		return nil
-	case err != nil:
+	if apierrors.IsNotFound(err) {
+		err = nil
+	}
+	if err != nil {
 		return fmt.Errorf("reading Lease %s (the daemons' held reports): %w", m.Lease, err)
 	}
-	m.loaded = true
-	value := lease.Annotations[MemoryAnnotation]
-	if value == "" {
-		return nil
-	}
-	payload, kept, err := decodeMemory(value)
-	if err != nil {
-		m.Log.Error(err, "ignoring the held reports kept in the Lease", "lease", m.Lease.String())
-		return nil
-	}
-	for node, raw := range kept {
-		if _, ok := m.reports[node]; !ok {
-			m.reports[node] = seenReport{raw: raw, seen: now}
+	var payload string
+	var kept map[string]string
+	if value := lease.Annotations[MemoryAnnotation]; value != "" {
+		if payload, kept, err = decodeMemory(value); err != nil {
+			m.Log.Error(err, "ignoring the held reports kept in the Lease", "lease", m.Lease.String())
+			payload = ""
 		}
 	}
-	m.saved = payload
-	m.Log.Info("read the daemons' held reports kept in the Lease", "lease", m.Lease.String(), "nodes", len(kept))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	for node, raw := range kept {
+		if _, ok := m.reports[node]; !ok {
+			m.reports[node] = newReport(raw, now, false)
+		}
+	}
+	m.saved, m.unread = payload, false
+	m.version++
+	if len(kept) > 0 {
+		m.Log.Info("read the daemons' held reports kept in the Lease", "lease", m.Lease.String(), "nodes", len(kept))
+	}
 	return nil
 }
 
@@ -140,31 +192,64 @@ func (m *Memory) load(ctx context.Context, now time.Time) error {
 func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Duration) map[string]string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.reports == nil {
-		m.reports = map[string]seenReport{}
-	}
-	out := map[string]string{}
+	m.init()
+	m.now = now
+	listed := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
-		if raw, ok := n.GetAnnotations()[v1alpha1.HeldAnnotation]; ok {
-			m.reports[n.GetName()] = seenReport{raw: raw, seen: now, live: true}
-		} else if rep, ok := m.reports[n.GetName()]; ok {
+		name := n.GetName()
+		listed[name] = true
+		raw, shown := n.GetAnnotations()[v1alpha1.HeldAnnotation]
+		rep, had := m.reports[name]
+		switch {
+		case shown && had && rep.live && rep.raw == raw:
+			rep.seen = now
+		case shown:
+			rep = newReport(raw, now, true)
+			m.version++
+		case had:
+			if rep.live {
+				m.version++
+			}
 			rep.seen, rep.live = now, false
-			m.reports[n.GetName()] = rep
-		}
-	}
-	for name, rep := range m.reports {
-		if now.Sub(rep.seen) >= grace {
-			delete(m.reports, name)
+		default:
 			continue
+		}
+		m.reports[name] = rep
+	}
+	out := make(map[string]string, len(m.reports))
+	for name, rep := range m.reports {
+		if !listed[name] {
+			// The Node is gone: its whole report is kept, for grace.
+			if now.Sub(rep.seen) >= grace {
+				delete(m.reports, name)
+				m.version++
+				continue
+			}
+			if rep.live {
+				rep.live = false
+				m.reports[name] = rep
+				m.version++
+			}
 		}
 		out[name] = rep.raw
 	}
-	for _, n := range nodes {
-		if raw, ok := n.GetAnnotations()[v1alpha1.HeldAnnotation]; ok {
-			out[n.GetName()] = raw
-		}
-	}
 	return out
+}
+
+// blocksOf records the blocks the status of the pool with key gives nodes, as
+// a reconcile of it read them; nil for a pool that is gone.
+func (m *Memory) blocksOf(key string, own map[string]iprange.Range) {
+	if own == nil {
+		own = map[string]iprange.Range{}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	if old, ok := m.status[key]; ok && maps.Equal(old, own) {
+		return
+	}
+	m.status[key] = maps.Clone(own)
+	m.version++
 }
 
 // payload is what the Lease is to keep (see Memory), as JSON; with mu held.
@@ -175,46 +260,88 @@ func (m *Memory) payload() string {
 			kept[node] = rep.raw
 			continue
 		}
-		var holds map[string]v1alpha1.PoolHold
-		if err := json.Unmarshal([]byte(rep.raw), &holds); err != nil {
-			continue // reports nothing (see readReports)
+		var part map[string]v1alpha1.PoolHold
+		for key, h := range rep.holds {
+			if len(h.Held) == 0 && !m.blockBeyondStatus(node, key, h.Block) {
+				continue
+			}
+			if part == nil {
+				part = map[string]v1alpha1.PoolHold{}
+			}
+			part[key] = h
 		}
-		maps.DeleteFunc(holds, func(_ string, h v1alpha1.PoolHold) bool { return len(h.Held) == 0 })
-		if len(holds) == 0 {
+		if part == nil {
 			continue
 		}
-		b, err := json.Marshal(holds)
-		if err != nil {
-			continue
+		if b, err := json.Marshal(part); err == nil {
+			kept[node] = string(b)
 		}
-		kept[node] = string(b)
 	}
 	b, _ := json.Marshal(kept) // a map of strings: sorted keys, cannot fail
 	return string(b)
 }
 
+// blockBeyondStatus tells whether node reports a block in the pool with key that
+// the pool's status, as its last reconcile read it, does not give it. A pool no
+// reconcile has read yet tells nothing (it will soon); with mu held.
+func (m *Memory) blockBeyondStatus(node, key, block string) bool {
+	b, err := iprange.ParseRange(block)
+	if err != nil {
+		return false // readReports ignores it too
+	}
+	status, known := m.status[key]
+	if !known {
+		return false
+	}
+	cur, assigned := status[node]
+	return !assigned || !cur.Covers(b)
+}
+
+// errTooLarge: the memory does not fit in the Lease's annotation.
+var errTooLarge = fmt.Errorf("the daemons' held reports take more than %d bytes compressed, more than a Lease "+
+	"annotation may hold; changes are kept in memory only", maxMemoryBytes)
+
 // Save writes the memory to the Lease if it changed since the last save (or
-// load), creating the Lease when missing. Nothing is written before the Lease
+// read), creating the Lease when missing. Nothing is written before the Lease
 // was read: what it kept would be lost.
 func (m *Memory) Save(ctx context.Context) error {
 	m.mu.Lock()
-	if !m.loaded || m.Lease.Name == "" {
+	loaded, unread, now := m.loaded, m.unread, m.now
+	m.mu.Unlock()
+	if !loaded || m.Lease.Name == "" {
+		return nil
+	}
+	if unread {
+		if err := m.read(ctx, now); err != nil {
+			return fmt.Errorf("not writing the Lease before it can be read: %w", err)
+		}
+	}
+	m.mu.Lock()
+	if m.version == m.savedAt {
 		m.mu.Unlock()
 		return nil
 	}
-	payload := m.payload()
-	saved := m.saved
+	version, payload, saved := m.version, m.payload(), m.saved
 	m.mu.Unlock()
-	if payload == saved || saved == "" && payload == "{}" {
-		return nil
+	if payload != saved && (saved != "" || payload != "{}") {
+		if err := m.write(ctx, payload); err != nil {
+			return err
+		}
 	}
+	m.mu.Lock()
+	m.saved, m.savedAt = payload, max(m.savedAt, version)
+	m.mu.Unlock()
+	return nil
+}
+
+// write stores payload in the Lease, creating it if missing.
+func (m *Memory) write(ctx context.Context, payload string) error {
 	value, err := encodeMemory(payload)
 	if err != nil {
 		return err
 	}
 	if len(value) > maxMemoryBytes {
-		return fmt.Errorf("the daemons' held reports take %d bytes compressed, more than a Lease annotation may hold "+
-			"(%d); the change is kept in memory only", len(value), maxMemoryBytes)
+		return errTooLarge
 	}
 	var lease coordinationv1.Lease
 	err = m.Reader.Get(ctx, m.Lease, &lease)
@@ -233,14 +360,11 @@ func (m *Memory) Save(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("writing Lease %s (the daemons' held reports): %w", m.Lease, err)
 	}
-	m.mu.Lock()
-	m.saved = payload
-	m.mu.Unlock()
 	return nil
 }
 
-// Start saves the memory every Interval until ctx ends; a failed save is logged
-// (once until the error changes) and tried again.
+// Start saves the memory every Interval until ctx ends, and once more then; a
+// failed save is logged (once until the error changes) and tried again.
 func (m *Memory) Start(ctx context.Context) error {
 	interval := m.Interval
 	if interval == 0 {
@@ -251,6 +375,12 @@ func (m *Memory) Start(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			// A last save, of what changed since the last tick.
+			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := m.Save(final); err != nil {
+				m.Log.Error(err, "saving the daemons' held reports on the way out")
+			}
 			return nil
 		case <-t.C:
 		}

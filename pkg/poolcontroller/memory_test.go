@@ -1,15 +1,20 @@
 package poolcontroller_test
 
 import (
+	"context"
+	"errors"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr/testr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/poolcontroller"
@@ -51,52 +56,68 @@ func (f *fixture) lease() (*coordinationv1.Lease, map[string]string) {
 	return &l, kept
 }
 
-// A controller that restarts still honours what a daemon holds when that
-// daemon's Node was re-registered without annotations, its daemon down: found
-// by the whole-system test, seed 411767, where the restarted controller gave
-// another node a block over an address a node held from a pool deleted and
-// re-created. Both orders: the re-registration seen by the controller before it
-// restarts (a), and while it was down (c).
+// A controller that restarts still honours what daemons hold: found by the
+// whole-system test, seed 411767, where the restarted controller gave another
+// node a block over an address a node held from a pool deleted and re-created,
+// its Node re-registered while its daemon was down. The re-registration seen by
+// the controller before it restarts (a), and while it was down (c, e); a held
+// address (a, c, g), a reported block the status does not give the node (e); a
+// Node that is gone (g).
 func TestHeldReportsOutliveARestart(t *testing.T) {
 	f := newFixture(t, time.Minute)
-	aReport := `{"p":{"block":"10.93.0.9-10.93.0.12","held":["10.93.0.2"]},"x":{"block":"10.90.0.1-10.90.0.4"}}`
+	aReport := `{"p":{"held":["10.93.0.2"]},"x":{"block":"10.90.0.1-10.90.0.4"}}`
+	gReport := `{"p":{"held":["10.93.0.14"]},"z":{"block":"10.92.0.1-10.92.0.4"}}`
 	f.node("a", false, map[string]string{v1alpha1.HeldAnnotation: aReport})
 	f.node("c", false, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"held":["10.93.0.6"]},"y":{"block":"10.91.0.1-10.91.0.4"}}`})
+	f.node("e", false, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"block":"10.93.0.9-10.93.0.12"}}`})
+	f.node("g", false, map[string]string{v1alpha1.HeldAnnotation: gReport})
 	f.node("b", true, nil)
-	f.newIPPool("q", "10.94.0.0/24", 4, nil)
+	f.newIPPool("p", "10.93.0.0/24", 4, nil)
 	first, mem := f.restarted(true)
+	f.reconcile(first, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"b=10.93.0.17-10.93.0.20"})
 	f.save(mem)
-	if l, _ := f.lease(); l != nil {
-		t.Errorf("the Lease was written before the memory was read from it")
-	}
-	f.reconcile(first, "q") // sees both reports
-	f.save(mem)
-	f.deleteNode("a")
-	f.node("a", false, nil)
-	f.reconcile(first, "q")
-	f.save(mem)
-	f.deleteNode("c")
-	f.node("c", false, nil)
-	// Of a (its Node shows no report) the whole report; of c (its Node showed it)
-	// the pools it holds addresses outside its block in.
+	// Of the Nodes that show their reports, the pools with something no status
+	// records.
 	_, kept := f.lease()
-	want := map[string]string{f.nodeName("a"): aReport, f.nodeName("c"): `{"p":{"held":["10.93.0.6"]}}`}
+	want := map[string]string{f.nodeName("a"): `{"p":{"held":["10.93.0.2"]}}`, f.nodeName("c"): `{"p":{"held":["10.93.0.6"]}}`,
+		f.nodeName("e"): `{"p":{"block":"10.93.0.9-10.93.0.12"}}`, f.nodeName("g"): `{"p":{"held":["10.93.0.14"]}}`}
 	if !maps.Equal(kept, want) {
 		t.Errorf("the Lease keeps %v, want %v", kept, want)
 	}
+	// a re-registered and g gone while this controller runs: their whole reports.
+	f.deleteNode("a")
+	f.node("a", false, nil)
+	f.deleteNode("g")
+	f.reconcile(first, "p")
+	f.save(mem)
+	_, kept = f.lease()
+	want[f.nodeName("a")], want[f.nodeName("g")] = aReport, gReport
+	if !maps.Equal(kept, want) {
+		t.Errorf("the Lease keeps %v, want %v", kept, want)
+	}
+	// c and e re-registered while it is down; the pool is re-created.
+	f.deleteNode("c")
+	f.node("c", false, nil)
+	f.deleteNode("e")
+	f.node("e", false, nil)
+	recreate := func() {
+		t.Helper()
+		if err := f.c.Delete(t.Context(), f.ipPool("p")); err != nil {
+			t.Fatal(err)
+		}
+		f.newIPPool("p", "10.93.0.0/24", 4, nil)
+	}
+	recreate()
 
-	// Without the Lease, a restarted controller gives b a block over both.
-	f.newIPPool("p", "10.93.0.0/24", 4, nil)
+	// Without the Lease, a restarted controller gives b a block over a's address.
 	forgetful, _ := f.restarted(false)
 	f.reconcile(forgetful, "p")
 	wantStrings(t, "blocks by a restarted controller without the Lease", f.blocksOf(f.ipPool("p")), []string{"b=10.93.0.1-10.93.0.4"})
-	if err := f.c.Delete(t.Context(), f.ipPool("p")); err != nil {
-		t.Fatal(err)
-	}
-	f.newIPPool("p", "10.93.0.0/24", 4, nil)
+	recreate()
 	again, mem2 := f.restarted(true)
 	f.reconcile(again, "p")
-	wantStrings(t, "blocks by a restarted controller", f.blocksOf(f.ipPool("p")), []string{"b=10.93.0.13-10.93.0.16"})
+	wantStrings(t, "blocks by a restarted controller", f.blocksOf(f.ipPool("p")), []string{"b=10.93.0.17-10.93.0.20"})
 
 	before, _ := f.lease()
 	f.save(mem2)
@@ -104,10 +125,11 @@ func TestHeldReportsOutliveARestart(t *testing.T) {
 		t.Errorf("a memory that did not change was written again")
 	}
 
-	// a's daemon reports again (nothing held outside its block), c's Node has been
-	// gone for the grace period: the Lease keeps nothing.
-	f.report("a", map[string]v1alpha1.PoolHold{"p": {Block: "10.93.0.21-10.93.0.24"}})
+	// a's daemon reports again (nothing outside its block), c and e are gone,
+	// and the grace period passes: the Lease keeps nothing.
+	f.report("a", map[string]v1alpha1.PoolHold{"x": {Block: "10.90.0.1-10.90.0.4"}})
 	f.deleteNode("c")
+	f.deleteNode("e")
 	f.reconcile(again, "p")
 	f.clock.Advance(time.Minute)
 	f.reconcile(again, "p")
@@ -117,6 +139,59 @@ func TestHeldReportsOutliveARestart(t *testing.T) {
 	}
 	if got := mem2.Nodes(); !slices.Equal(got, []string{f.nodeName("a")}) {
 		t.Errorf("the memory has reports of %v, want only a's", got)
+	}
+}
+
+// forbidding reads through Reader, or refuses as RBAC would while forbid is set.
+type forbidding struct {
+	client.Reader
+	forbid atomic.Bool
+}
+
+func (r *forbidding) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if r.forbid.Load() {
+		return apierrors.NewForbidden(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, key.Name,
+			errors.New("not in the test's role"))
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+// A controller that may not read the Lease reconciles with what it sees, and
+// does not write the Lease until it can read it: then it adds what the Lease
+// kept to its own.
+func TestForbiddenLeaseIsNotOverwritten(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.node("a", false, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"held":["10.93.0.6"]}}`})
+	f.node("b", true, nil)
+	old := map[string]string{"elsewhere": `{"p":{"held":["10.93.0.2"]}}`}
+	value, err := poolcontroller.EncodeMemory(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := &coordinationv1.Lease{}
+	lease.Name, lease.Namespace = poolcontroller.MemoryLeaseName, f.ns
+	lease.Annotations = map[string]string{poolcontroller.MemoryAnnotation: value}
+	if err := f.c.Create(t.Context(), lease); err != nil {
+		t.Fatal(err)
+	}
+	f.newIPPool("p", "10.93.0.0/24", 4, nil)
+	r, mem := f.restarted(true)
+	reader := &forbidding{Reader: f.c}
+	reader.forbid.Store(true)
+	mem.Reader = reader
+	f.reconcile(r, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"b=10.93.0.1-10.93.0.4"})
+	if err := mem.Save(t.Context()); err == nil || !apierrors.IsForbidden(err) {
+		t.Errorf("Save while the Lease cannot be read: %v, want forbidden", err)
+	}
+	if _, kept := f.lease(); !maps.Equal(kept, old) {
+		t.Errorf("the Lease keeps %v, want what it kept before, %v", kept, old)
+	}
+	reader.forbid.Store(false)
+	f.save(mem)
+	want := map[string]string{"elsewhere": old["elsewhere"], f.nodeName("a"): `{"p":{"held":["10.93.0.6"]}}`}
+	if _, kept := f.lease(); !maps.Equal(kept, want) {
+		t.Errorf("the Lease keeps %v, want %v", kept, want)
 	}
 }
 

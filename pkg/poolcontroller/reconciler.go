@@ -150,6 +150,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		if apierrors.IsNotFound(err) {
 			forgetMetrics(r.Kind, req.Namespace, req.Name)
 			r.forget(req.NamespacedName)
+			r.memory().blocksOf(v1alpha1.PoolKey(r.Kind, req.Name), nil)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading %s %s: %w", r.Kind, req, err)
@@ -288,6 +289,7 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	if err := mem.load(ctx, now); err != nil {
 		return planInput{}, nil, time.Time{}, err
 	}
+	mem.blocksOf(p.storeKey(), own)
 	rep := readReports(mem.lastReports(objs, now, r.ReleaseGracePeriod), p.storeKey(), layout.Range(), own)
 	live, until := st.liveReservations(now)
 	for _, res := range live {
