@@ -375,12 +375,7 @@ func (m *Memory) Start(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			// A last save, of what changed since the last tick.
-			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := m.Save(final); err != nil {
-				m.Log.Error(err, "saving the daemons' held reports on the way out")
-			}
+			m.lastSave(ctx)
 			return nil
 		case <-t.C:
 		}
@@ -393,6 +388,15 @@ func (m *Memory) Start(ctx context.Context) error {
 			m.Log.Info("saved the daemons' held reports again")
 			m.warned = ""
 		}
+	}
+}
+
+// lastSave saves what changed since the last tick, on the way out.
+func (m *Memory) lastSave(ctx context.Context) {
+	final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := m.Save(final); err != nil {
+		m.Log.Error(err, "saving the daemons' held reports on the way out")
 	}
 }
 

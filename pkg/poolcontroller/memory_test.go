@@ -217,3 +217,23 @@ func TestUnreadableMemoryIsReplaced(t *testing.T) {
 		t.Errorf("the Lease keeps %v, want a's report", kept)
 	}
 }
+
+// What changed since the last save is saved when the controller stops.
+func TestMemorySavedOnTheWayOut(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.node("a", false, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"held":["10.93.0.6"]}}`})
+	f.newIPPool("p", "10.93.0.0/24", 4, nil)
+	r, mem := f.restarted(true)
+	mem.Interval = time.Hour
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- mem.Start(ctx) }()
+	f.reconcile(r, "p")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, kept := f.lease(); !maps.Equal(kept, map[string]string{f.nodeName("a"): `{"p":{"held":["10.93.0.6"]}}`}) {
+		t.Errorf("the Lease keeps %v after the controller stopped, want a's report", kept)
+	}
+}
