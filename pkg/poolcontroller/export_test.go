@@ -5,12 +5,25 @@ import "encoding/json"
 // DecodeMemory returns the reports a MemoryAnnotation value keeps, by node.
 func DecodeMemory(value string) (map[string]string, error) {
 	_, kept, err := decodeMemory(value)
-	return kept, err
+	return kept.Reports, err
+}
+
+// DecodeReserved returns the ranges a MemoryAnnotation value keeps reserved,
+// by pool (namespace/name), as "node range".
+func DecodeReserved(value string) (map[string][]string, error) {
+	_, kept, err := decodeMemory(value)
+	out := map[string][]string{}
+	for pool, rs := range kept.Reserved {
+		for _, r := range rs.Ranges {
+			out[pool] = append(out[pool], r.Node+" "+r.Range)
+		}
+	}
+	return out, err
 }
 
 // EncodeMemory returns the MemoryAnnotation value that keeps reports.
 func EncodeMemory(reports map[string]string) (string, error) {
-	b, err := json.Marshal(reports)
+	b, err := json.Marshal(memoryPayload{Reports: reports})
 	if err != nil {
 		return "", err
 	}

@@ -95,14 +95,20 @@ func (st *poolState) liveReservations(now time.Time) ([]reservation, time.Time) 
 }
 
 // addReservations keeps the ranges retired in a reconcile out of other nodes'
-// reach for the grace period.
-func (st *poolState) addReservations(retired []misfit, now time.Time, grace time.Duration) {
+// reach for the grace period, and tells whether it added any.
+func (st *poolState) addReservations(retired []misfit, now time.Time, grace time.Duration) bool {
 	if grace <= 0 {
-		return
+		return false
 	}
+	added := false
 	for _, m := range retired {
-		if m.Range.Start.IsValid() {
+		// Again after a reconcile that failed before its status write (the
+		// Lease could not be written): the first one stands.
+		again := slices.ContainsFunc(st.reserved, func(r reservation) bool { return r.misfit == m })
+		if m.Range.Start.IsValid() && !again {
 			st.reserved = append(st.reserved, reservation{misfit: m, Until: now.Add(grace)})
+			added = true
 		}
 	}
+	return added
 }

@@ -54,6 +54,12 @@ const maxMemoryBytes = 200 << 10
 //     re-registered while the controller is down is covered too, unless its
 //     report changed in the last Interval or a pool's status changed meanwhile.
 //
+// It also keeps the pools' reservations (see poolState.reserved): the blocks
+// retired from nodes, held back for the grace period whatever the daemons
+// report, which is all that holds them where daemons cannot annotate their
+// Nodes. A reconcile that retires a block saves them before it writes the status
+// that no longer lists it.
+//
 // A Lease, because the controller may already write Leases in that namespace
 // (leader election), under hwipam's RBAC and under network-operator's.
 type Memory struct {
@@ -68,19 +74,23 @@ type Memory struct {
 	Interval time.Duration
 
 	loadMu  sync.Mutex // one first read at a time; the others wait for it
+	saveMu  sync.Mutex // one save at a time: a later payload is never overwritten by an older one
 	mu      sync.Mutex
 	reports map[string]seenReport
 	// status: per pool key, the blocks its status gave nodes at its last
 	// reconcile; an empty map for a pool that is gone.
-	status  map[string]map[string]iprange.Range
-	loaded  bool      // the first read is done (or there is no Lease)
-	unread  bool      // the Lease could not be read (forbidden): it is not written until it is
-	now     time.Time // the reconcilers' time at the last call
-	pass    uint64    // lastReports calls
-	version uint64    // bumped by every change the payload depends on
-	savedAt uint64    // the version the Lease holds
-	saved   string    // the payload the Lease holds (as far as this process knows)
-	warned  string    // the last save error logged
+	status map[string]map[string]iprange.Range
+	loaded bool      // the first read is done (or there is no Lease)
+	unread bool      // the Lease could not be read (forbidden): it is not written until it is
+	now    time.Time // the reconcilers' time at the last call
+	// reserved: per pool (namespace/name), the ranges retired from its nodes
+	// and held back until a time (see poolState.reserved).
+	reserved map[string]keptReservations
+	pass     uint64 // lastReports calls
+	version  uint64 // bumped by every change the payload depends on
+	savedAt  uint64 // the version the Lease holds
+	saved    string // the payload the Lease holds (as far as this process knows)
+	warned   string // the last save error logged
 }
 
 // seenReport is a node's held report and when the controller last saw it.
@@ -91,6 +101,24 @@ type seenReport struct {
 	// live: the Node showed the report when last seen.
 	live bool
 	pass uint64 // the lastReports call that last found the Node
+}
+
+// keptReservations are a pool's reservations as the Lease keeps them.
+type keptReservations struct {
+	UID    types.UID   `json:"uid"`
+	Ranges []keptRange `json:"ranges"`
+}
+
+type keptRange struct {
+	Node  string    `json:"node"`
+	Range string    `json:"range"`
+	Until time.Time `json:"until"`
+}
+
+// memoryPayload is what the Lease's annotation holds, as JSON.
+type memoryPayload struct {
+	Reports  map[string]string           `json:"reports"`
+	Reserved map[string]keptReservations `json:"reserved,omitempty"`
 }
 
 func newReport(raw string, seen time.Time, live bool) seenReport {
@@ -146,6 +174,7 @@ func (m *Memory) init() {
 	if m.reports == nil {
 		m.reports = map[string]seenReport{}
 		m.status = map[string]map[string]iprange.Range{}
+		m.reserved = map[string]keptReservations{}
 	}
 }
 
@@ -163,7 +192,7 @@ func (m *Memory) read(ctx context.Context, now time.Time) error {
 		return fmt.Errorf("reading Lease %s (the daemons' held reports): %w", m.Lease, err)
 	}
 	var payload string
-	var kept map[string]string
+	var kept memoryPayload
 	if value := lease.Annotations[MemoryAnnotation]; value != "" {
 		if payload, kept, err = decodeMemory(value); err != nil {
 			m.Log.Error(err, "ignoring the held reports kept in the Lease", "lease", m.Lease.String())
@@ -173,15 +202,21 @@ func (m *Memory) read(ctx context.Context, now time.Time) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.init()
-	for node, raw := range kept {
+	for node, raw := range kept.Reports {
 		if _, ok := m.reports[node]; !ok {
 			m.reports[node] = newReport(raw, now, false)
 		}
 	}
+	for pool, rs := range kept.Reserved {
+		if _, ok := m.reserved[pool]; !ok {
+			m.reserved[pool] = rs
+		}
+	}
 	m.saved, m.unread = payload, false
 	m.version++
-	if len(kept) > 0 {
-		m.Log.Info("read the daemons' held reports kept in the Lease", "lease", m.Lease.String(), "nodes", len(kept))
+	if len(kept.Reports)+len(kept.Reserved) > 0 {
+		m.Log.Info("read the daemons' held reports and reservations kept in the Lease", "lease", m.Lease.String(),
+			"nodes", len(kept.Reports), "pools with reservations", len(kept.Reserved))
 	}
 	return nil
 }
@@ -280,8 +315,58 @@ func (m *Memory) payload() string {
 			kept[node] = string(b)
 		}
 	}
-	b, _ := json.Marshal(kept) // a map of strings: sorted keys, cannot fail
+	b, _ := json.Marshal(memoryPayload{Reports: kept, Reserved: m.reserved}) // maps: sorted keys
 	return string(b)
+}
+
+// emptyPayload is the payload of a memory that keeps nothing: no Lease is
+// created for it.
+const emptyPayload = `{"reports":{}}`
+
+// keepReservations records the reservations of pool (with uid) that are live:
+// none drops the pool's.
+func (m *Memory) keepReservations(pool types.NamespacedName, uid types.UID, rs []reservation) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	kept := keptReservations{UID: uid}
+	for _, r := range rs {
+		kept.Ranges = append(kept.Ranges, keptRange{Node: r.Node, Range: r.Range.String(), Until: r.Until.UTC()})
+	}
+	old, had := m.reserved[pool.String()]
+	switch {
+	case len(rs) == 0 && !had:
+		return
+	case len(rs) == 0:
+		delete(m.reserved, pool.String())
+	case had && old.UID == uid && slices.EqualFunc(old.Ranges, kept.Ranges, func(a, b keptRange) bool {
+		return a.Node == b.Node && a.Range == b.Range && a.Until.Equal(b.Until)
+	}):
+		return
+	default:
+		m.reserved[pool.String()] = kept
+	}
+	m.version++
+}
+
+// reservationsOf returns the reservations kept of pool, if it is the same pool
+// (uid), for a reconciler that knows none of its own.
+func (m *Memory) reservationsOf(pool types.NamespacedName, uid types.UID) []reservation {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	kept, ok := m.reserved[pool.String()]
+	if !ok || kept.UID != uid {
+		return nil
+	}
+	var out []reservation
+	for _, r := range kept.Ranges {
+		rg, err := iprange.ParseRange(r.Range)
+		if err != nil {
+			continue
+		}
+		out = append(out, reservation{misfit: misfit{Node: r.Node, Range: rg}, Until: r.Until})
+	}
+	return out
 }
 
 // blockBeyondStatus tells whether node reports a block in the pool with key that
@@ -308,6 +393,8 @@ var errTooLarge = fmt.Errorf("the daemons' held reports take more than %d bytes 
 // read), creating the Lease when missing. Nothing is written before the Lease
 // was read: what it kept would be lost.
 func (m *Memory) Save(ctx context.Context) error {
+	m.saveMu.Lock()
+	defer m.saveMu.Unlock()
 	m.mu.Lock()
 	loaded, unread, now := m.loaded, m.unread, m.now
 	m.mu.Unlock()
@@ -326,7 +413,7 @@ func (m *Memory) Save(ctx context.Context) error {
 	}
 	version, payload, saved := m.version, m.payload(), m.saved
 	m.mu.Unlock()
-	if payload != saved && (saved != "" || payload != "{}") {
+	if payload != saved && (saved != "" || payload != emptyPayload) {
 		if err := m.write(ctx, payload); err != nil {
 			return err
 		}
@@ -419,26 +506,26 @@ func encodeMemory(payload string) (string, error) {
 	return base64.StdEncoding.EncodeToString(b.Bytes()), nil
 }
 
-// decodeMemory returns the payload an annotation value holds and its reports.
-func decodeMemory(value string) (string, map[string]string, error) {
+// decodeMemory returns the payload an annotation value holds, decoded.
+func decodeMemory(value string) (string, memoryPayload, error) {
+	var kept memoryPayload
 	gz, err := base64.StdEncoding.DecodeString(value)
 	if err != nil {
-		return "", nil, fmt.Errorf("annotation %s: %w", MemoryAnnotation, err)
+		return "", kept, fmt.Errorf("annotation %s: %w", MemoryAnnotation, err)
 	}
 	zr, err := gzip.NewReader(bytes.NewReader(gz))
 	if err != nil {
-		return "", nil, fmt.Errorf("annotation %s: %w", MemoryAnnotation, err)
+		return "", kept, fmt.Errorf("annotation %s: %w", MemoryAnnotation, err)
 	}
 	data, err := io.ReadAll(io.LimitReader(zr, 64<<20))
 	if err != nil {
-		return "", nil, fmt.Errorf("annotation %s: %w", MemoryAnnotation, err)
+		return "", kept, fmt.Errorf("annotation %s: %w", MemoryAnnotation, err)
 	}
-	var kept map[string]string
 	if err := json.Unmarshal(data, &kept); err != nil {
-		return "", nil, fmt.Errorf("annotation %s: %w", MemoryAnnotation, err)
+		return "", kept, fmt.Errorf("annotation %s: %w", MemoryAnnotation, err)
 	}
-	if kept == nil {
-		return "", nil, errors.New("annotation " + MemoryAnnotation + " holds no object")
+	if kept.Reports == nil {
+		return "", kept, errors.New("annotation " + MemoryAnnotation + " holds no reports")
 	}
 	return string(data), kept, nil
 }

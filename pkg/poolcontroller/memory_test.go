@@ -237,3 +237,56 @@ func TestMemorySavedOnTheWayOut(t *testing.T) {
 		t.Errorf("the Lease keeps %v after the controller stopped, want a's report", kept)
 	}
 }
+
+// Without the daemons' reports (no RBAC to annotate Nodes), a block retired by
+// an edit is held back for the grace period only by the controller's
+// reservation: the Lease keeps it, written before the status drops the block,
+// so a controller that restarts within the grace period still holds it back.
+func TestReservationsOutliveARestart(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.node("a", true, nil)
+	f.newIPPool("p", "10.89.0.0/24", 10, nil)
+	first, _ := f.restarted(true)
+	f.reconcile(first, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"a=10.89.0.1-10.89.0.10"})
+	f.updateIPPool("p", func(s *v1alpha1.IPPoolSpec) { s.PerNodeBlockSize = 5 })
+	f.reconcile(first, "p") // no Save by Start: the reconcile saved it
+	wantStrings(t, "blocks after the edit", f.blocksOf(f.ipPool("p")), []string{"a=10.89.0.1-10.89.0.5"})
+	l, _ := f.lease()
+	if l == nil {
+		t.Fatal("no Lease after a block was retired")
+	}
+	reserved, err := poolcontroller.DecodeReserved(l.Annotations[poolcontroller.MemoryAnnotation])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{f.nodeName("a") + " 10.89.0.1-10.89.0.10"}; !slices.Equal(reserved[f.ns+"/p"], want) {
+		t.Errorf("the Lease keeps reservations %v, want %v for %s/p", reserved, want, f.ns)
+	}
+	f.node("b", true, nil)
+
+	// What a restarted controller without the Lease does, then undone.
+	before := f.ipPool("p").Status
+	forgetful, _ := f.restarted(false)
+	f.reconcile(forgetful, "p")
+	wantStrings(t, "blocks by a restarted controller without the Lease", f.blocksOf(f.ipPool("p")),
+		[]string{"a=10.89.0.1-10.89.0.5", "b=10.89.0.6-10.89.0.10"})
+	undo := f.ipPool("p")
+	undo.Status = before
+	if err := f.c.Status().Update(t.Context(), undo); err != nil {
+		t.Fatal(err)
+	}
+
+	again, mem := f.restarted(true)
+	f.reconcile(again, "p")
+	wantStrings(t, "blocks by a restarted controller", f.blocksOf(f.ipPool("p")),
+		[]string{"a=10.89.0.1-10.89.0.5", "b=10.89.0.11-10.89.0.15"})
+	// Once the grace period is over, the Lease keeps no reservation.
+	f.clock.Advance(time.Minute)
+	f.reconcile(again, "p")
+	f.save(mem)
+	l, _ = f.lease()
+	if reserved, _ := poolcontroller.DecodeReserved(l.Annotations[poolcontroller.MemoryAnnotation]); len(reserved) != 0 {
+		t.Errorf("the Lease keeps reservations %v past the grace period", reserved)
+	}
+}

@@ -7,6 +7,7 @@ package poolcontroller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -113,7 +114,7 @@ func (r *Reconciler) newPool() pool {
 
 // poolState returns the remembered state of a pool, fresh when the pool is new or
 // was re-created under the same name.
-func (r *Reconciler) poolState(obj client.Object) *poolState {
+func (r *Reconciler) poolState(obj client.Object, mem *Memory) *poolState {
 	key := client.ObjectKeyFromObject(obj)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -122,7 +123,7 @@ func (r *Reconciler) poolState(obj client.Object) *poolState {
 	}
 	st, ok := r.state[key]
 	if !ok || st.uid != obj.GetUID() {
-		st = &poolState{uid: obj.GetUID(), departed: map[string]time.Time{}}
+		st = &poolState{uid: obj.GetUID(), departed: map[string]time.Time{}, reserved: mem.reservationsOf(key, obj.GetUID())}
 		r.state[key] = st
 	}
 	return st
@@ -151,6 +152,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			forgetMetrics(r.Kind, req.Namespace, req.Name)
 			r.forget(req.NamespacedName)
 			r.memory().blocksOf(v1alpha1.PoolKey(r.Kind, req.Name), nil)
+			r.memory().keepReservations(req.NamespacedName, "", nil)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading %s %s: %w", r.Kind, req, err)
@@ -158,7 +160,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if !p.object().GetDeletionTimestamp().IsZero() {
 		return ctrl.Result{}, nil
 	}
-	st := r.poolState(p.object())
+	// What a controller before this one kept (reservations, reports) is read
+	// before this pool's state is made.
+	mem := r.memory()
+	if err := mem.load(ctx, r.now()); err != nil {
+		return ctrl.Result{}, err
+	}
+	st := r.poolState(p.object(), mem)
 	p = st.caughtUp(p)
 	c := p.common()
 	c.ObservedGeneration = p.object().GetGeneration()
@@ -205,7 +213,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	in.Foreign = append(in.Foreign, foreign...)
 	out := makePlan(in)
-	st.addReservations(out.Retired, in.Now, r.ReleaseGracePeriod)
+	if st.addReservations(out.Retired, in.Now, r.ReleaseGracePeriod) {
+		// Kept in the Lease before the status no longer lists the retired
+		// blocks: a restart in between would forget them. Without the Lease's
+		// RBAC, or over its size, they are kept in memory only (logged by Start).
+		mem.keepReservations(req.NamespacedName, p.object().GetUID(), st.reserved)
+		if err := mem.Save(ctx); err != nil && !apierrors.IsForbidden(err) && !errors.Is(err, errTooLarge) {
+			return ctrl.Result{}, err
+		}
+	}
 	if len(out.Unassigned) > 0 && !reservedUntil.IsZero() {
 		// Nodes wait for ranges held back only by time: look again when that ends.
 		if left := reservedUntil.Sub(in.Now); out.RequeueAfter == 0 || left < out.RequeueAfter {
@@ -292,6 +308,7 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	mem.blocksOf(p.storeKey(), own)
 	rep := readReports(mem.lastReports(objs, now, r.ReleaseGracePeriod), p.storeKey(), layout.Range(), own)
 	live, until := st.liveReservations(now)
+	mem.keepReservations(client.ObjectKeyFromObject(p.object()), p.object().GetUID(), live)
 	for _, res := range live {
 		rep.held[res.Node] = append(rep.held[res.Node], res.Range)
 	}
