@@ -95,20 +95,23 @@ func (st *poolState) liveReservations(now time.Time) ([]reservation, time.Time) 
 }
 
 // addReservations keeps the ranges retired in a reconcile out of other nodes'
-// reach for the grace period, and tells whether it added any.
+// reach for the grace period, and tells whether it retired any (new, or again
+// after a reconcile that failed before its status write).
 func (st *poolState) addReservations(retired []misfit, now time.Time, grace time.Duration) bool {
 	if grace <= 0 {
 		return false
 	}
-	added := false
+	found := false
 	for _, m := range retired {
-		// Again after a reconcile that failed before its status write (the
-		// Lease could not be written): the first one stands.
-		again := slices.ContainsFunc(st.reserved, func(r reservation) bool { return r.misfit == m })
-		if m.Range.Start.IsValid() && !again {
+		if !m.Range.Start.IsValid() {
+			continue
+		}
+		found = true
+		// Retired again after a reconcile that failed before its status write
+		// (the Lease could not be written): the first reservation stands.
+		if !slices.ContainsFunc(st.reserved, func(r reservation) bool { return r.misfit == m }) {
 			st.reserved = append(st.reserved, reservation{misfit: m, Until: now.Add(grace)})
-			added = true
 		}
 	}
-	return added
+	return found
 }

@@ -275,10 +275,8 @@ func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Du
 }
 
 // blocksOf records the blocks the status of the pool with key gives nodes, as
-// a reconcile of it read them (own, which the caller no longer changes); nil
-// for a pool that is gone. Neither copied nor compared: with 5,000 nodes that
-// cost each reconcile more than the rest of the memory's work; a Save that
-// finds the same payload writes nothing.
+// a reconcile of it read them (own, which the caller no longer changes, is kept
+// as it is); nil for a pool that is gone.
 func (m *Memory) blocksOf(key string, own map[string]iprange.Range) {
 	if own == nil {
 		own = map[string]iprange.Range{}
@@ -286,6 +284,9 @@ func (m *Memory) blocksOf(key string, own map[string]iprange.Range) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.init()
+	if old, ok := m.status[key]; ok && maps.Equal(old, own) {
+		return
+	}
 	m.status[key] = own
 	m.version++
 }
@@ -315,7 +316,16 @@ func (m *Memory) payload() string {
 			kept[node] = string(b)
 		}
 	}
-	b, _ := json.Marshal(memoryPayload{Reports: kept, Reserved: m.reserved}) // maps: sorted keys
+	// Reservations that ended are left out (of a pool gone while the
+	// controller was down, nothing else would remove them).
+	reserved := make(map[string]keptReservations, len(m.reserved))
+	for pool, rs := range m.reserved {
+		live := slices.DeleteFunc(slices.Clone(rs.Ranges), func(r keptRange) bool { return !m.now.Before(r.Until) })
+		if len(live) > 0 {
+			reserved[pool] = keptReservations{UID: rs.UID, Ranges: live}
+		}
+	}
+	b, _ := json.Marshal(memoryPayload{Reports: kept, Reserved: reserved}) // maps: sorted keys
 	return string(b)
 }
 
@@ -325,7 +335,7 @@ const emptyPayload = `{"reports":{}}`
 
 // keepReservations records the reservations of pool (with uid) that are live:
 // none drops the pool's.
-func (m *Memory) keepReservations(pool types.NamespacedName, uid types.UID, rs []reservation) {
+func (m *Memory) keepReservations(pool string, uid types.UID, rs []reservation) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.init()
@@ -333,40 +343,54 @@ func (m *Memory) keepReservations(pool types.NamespacedName, uid types.UID, rs [
 	for _, r := range rs {
 		kept.Ranges = append(kept.Ranges, keptRange{Node: r.Node, Range: r.Range.String(), Until: r.Until.UTC()})
 	}
-	old, had := m.reserved[pool.String()]
+	old, had := m.reserved[pool]
 	switch {
 	case len(rs) == 0 && !had:
 		return
 	case len(rs) == 0:
-		delete(m.reserved, pool.String())
+		delete(m.reserved, pool)
 	case had && old.UID == uid && slices.EqualFunc(old.Ranges, kept.Ranges, func(a, b keptRange) bool {
 		return a.Node == b.Node && a.Range == b.Range && a.Until.Equal(b.Until)
 	}):
 		return
 	default:
-		m.reserved[pool.String()] = kept
+		m.reserved[pool] = kept
 	}
 	m.version++
 }
 
 // reservationsOf returns the reservations kept of pool, if it is the same pool
-// (uid), for a reconciler that knows none of its own.
-func (m *Memory) reservationsOf(pool types.NamespacedName, uid types.UID) []reservation {
+// (uid), for a reconciler that knows none of its own; none ends later than
+// grace from now (the grace period may have been shortened, the clock moved).
+func (m *Memory) reservationsOf(pool string, uid types.UID, now time.Time, grace time.Duration) []reservation {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	kept, ok := m.reserved[pool.String()]
+	kept, ok := m.reserved[pool]
 	if !ok || kept.UID != uid {
 		return nil
 	}
 	var out []reservation
 	for _, r := range kept.Ranges {
 		rg, err := iprange.ParseRange(r.Range)
-		if err != nil {
+		if err != nil || !now.Before(r.Until) {
 			continue
 		}
-		out = append(out, reservation{misfit: misfit{Node: r.Node, Range: rg}, Until: r.Until})
+		out = append(out, reservation{misfit: misfit{Node: r.Node, Range: rg}, Until: minTime(r.Until, now.Add(grace))})
 	}
 	return out
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// reservationKey names a pool's reservations: its namespace and its key in the
+// daemons' stores (an IPPool and a CIDRPool may share a name).
+func reservationKey(namespace, kind, name string) string {
+	return namespace + "/" + v1alpha1.PoolKey(kind, name)
 }
 
 // blockBeyondStatus tells whether node reports a block in the pool with key that
@@ -426,6 +450,8 @@ func (m *Memory) Save(ctx context.Context) error {
 
 // write stores payload in the Lease, creating it if missing.
 func (m *Memory) write(ctx context.Context, payload string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	value, err := encodeMemory(payload)
 	if err != nil {
 		return err

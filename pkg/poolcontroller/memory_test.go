@@ -12,8 +12,10 @@ import (
 	"github.com/go-logr/logr/testr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
@@ -288,5 +290,88 @@ func TestReservationsOutliveARestart(t *testing.T) {
 	l, _ = f.lease()
 	if reserved, _ := poolcontroller.DecodeReserved(l.Annotations[poolcontroller.MemoryAnnotation]); len(reserved) != 0 {
 		t.Errorf("the Lease keeps reservations %v past the grace period", reserved)
+	}
+}
+
+// leaseWatcher is the controller's status writer, which first checks what the
+// Lease keeps.
+type leaseWatcher struct {
+	poolcontroller.StatusWriter
+	check func(pool client.Object)
+}
+
+func (w *leaseWatcher) UpdateStatus(ctx context.Context, pool client.Object) (string, error) {
+	w.check(pool)
+	return w.StatusWriter.UpdateStatus(ctx, pool)
+}
+
+// failingWrites fails the next fails writes as an API server in trouble would.
+type failingWrites struct {
+	client.Client
+	fails atomic.Int32
+}
+
+func (c *failingWrites) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	if c.fails.Add(-1) >= 0 {
+		return apierrors.NewInternalError(errors.New("the test's API server is in trouble"))
+	}
+	return c.Client.Create(ctx, obj, opts...)
+}
+
+func (c *failingWrites) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	if c.fails.Add(-1) >= 0 {
+		return apierrors.NewInternalError(errors.New("the test's API server is in trouble"))
+	}
+	return c.Client.Update(ctx, obj, opts...)
+}
+
+// The status that drops a retired block is written only once the Lease keeps
+// its reservation: a reconcile whose save fails writes nothing and the next one
+// saves it. A CIDRPool of the same name, sharing the memory, leaves the
+// IPPool's reservation alone.
+func TestReservationSavedBeforeTheStatus(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.node("a", true, nil)
+	f.newIPPool("p", "10.89.0.0/24", 10, nil)
+	f.create(&v1alpha1.CIDRPool{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: v1alpha1.CIDRPoolSpec{
+		CIDR: "10.88.0.0/16", PerNodeNetworkPrefix: 24, NodeSelector: f.selector()}})
+	ip, mem := f.restarted(true)
+	writes := &failingWrites{Client: f.c}
+	mem.Client = writes
+	edited := false
+	ip.StatusWriter = &leaseWatcher{StatusWriter: ip.StatusWriter, check: func(pool client.Object) {
+		p, ok := pool.(*v1alpha1.IPPool)
+		if !ok || !edited || slices.Contains(f.blocksOf(p), "a=10.89.0.1-10.89.0.10") {
+			return
+		}
+		l, _ := f.lease()
+		if l == nil {
+			t.Errorf("status without a's old block written while no Lease exists")
+			return
+		}
+		if r, _ := poolcontroller.DecodeReserved(l.Annotations[poolcontroller.MemoryAnnotation]); len(r[f.ns+"/p"]) != 1 {
+			t.Errorf("status without a's old block written while the Lease keeps reservations %v", r)
+		}
+	}}
+	cidr := &poolcontroller.Reconciler{Client: f.c, StatusWriter: newStatusWriter(t, cp), Kind: v1alpha1.KindCIDRPool,
+		ReleaseGracePeriod: time.Minute, Now: f.clock.Now, Memory: mem}
+	f.reconcile(ip, "p")
+	f.reconcile(cidr, "p")
+	f.updateIPPool("p", func(s *v1alpha1.IPPoolSpec) { s.PerNodeBlockSize = 5 })
+	edited = true
+	writes.fails.Store(1)
+	if _, err := ip.Reconcile(t.Context(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: f.ns, Name: "p"}}); err == nil {
+		t.Error("a reconcile whose save failed succeeded")
+	}
+	wantStrings(t, "blocks after the failed reconcile", f.blocksOf(f.ipPool("p")), []string{"a=10.89.0.1-10.89.0.10"})
+	f.reconcile(ip, "p")
+	wantStrings(t, "blocks after the edit", f.blocksOf(f.ipPool("p")), []string{"a=10.89.0.1-10.89.0.5"})
+	f.reconcile(cidr, "p")
+	f.save(mem)
+	l, _ := f.lease()
+	reserved, err := poolcontroller.DecodeReserved(l.Annotations[poolcontroller.MemoryAnnotation])
+	if want := map[string][]string{f.ns + "/p": {f.nodeName("a") + " 10.89.0.1-10.89.0.10"}}; err != nil ||
+		!maps.EqualFunc(reserved, want, slices.Equal) {
+		t.Errorf("the Lease keeps reservations %v (%v), want %v", reserved, err, want)
 	}
 }

@@ -123,7 +123,8 @@ func (r *Reconciler) poolState(obj client.Object, mem *Memory) *poolState {
 	}
 	st, ok := r.state[key]
 	if !ok || st.uid != obj.GetUID() {
-		st = &poolState{uid: obj.GetUID(), departed: map[string]time.Time{}, reserved: mem.reservationsOf(key, obj.GetUID())}
+		st = &poolState{uid: obj.GetUID(), departed: map[string]time.Time{},
+			reserved: mem.reservationsOf(reservationKey(key.Namespace, r.Kind, key.Name), obj.GetUID(), r.now(), r.ReleaseGracePeriod)}
 		r.state[key] = st
 	}
 	return st
@@ -152,7 +153,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			forgetMetrics(r.Kind, req.Namespace, req.Name)
 			r.forget(req.NamespacedName)
 			r.memory().blocksOf(v1alpha1.PoolKey(r.Kind, req.Name), nil)
-			r.memory().keepReservations(req.NamespacedName, "", nil)
+			r.memory().keepReservations(reservationKey(req.Namespace, r.Kind, req.Name), "", nil)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading %s %s: %w", r.Kind, req, err)
@@ -215,9 +216,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	out := makePlan(in)
 	if st.addReservations(out.Retired, in.Now, r.ReleaseGracePeriod) {
 		// Kept in the Lease before the status no longer lists the retired
-		// blocks: a restart in between would forget them. Without the Lease's
-		// RBAC, or over its size, they are kept in memory only (logged by Start).
-		mem.keepReservations(req.NamespacedName, p.object().GetUID(), st.reserved)
+		// blocks: a restart in between would forget them. Also when a reconcile
+		// that failed to save retires them again. Without the Lease's RBAC, or
+		// over its size, they are kept in memory only (logged by Start).
+		mem.keepReservations(reservationKey(req.Namespace, r.Kind, req.Name), p.object().GetUID(), st.reserved)
 		if err := mem.Save(ctx); err != nil && !apierrors.IsForbidden(err) && !errors.Is(err, errTooLarge) {
 			return ctrl.Result{}, err
 		}
@@ -308,7 +310,7 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	mem.blocksOf(p.storeKey(), own)
 	rep := readReports(mem.lastReports(objs, now, r.ReleaseGracePeriod), p.storeKey(), layout.Range(), own)
 	live, until := st.liveReservations(now)
-	mem.keepReservations(client.ObjectKeyFromObject(p.object()), p.object().GetUID(), live)
+	mem.keepReservations(reservationKey(p.object().GetNamespace(), r.Kind, p.object().GetName()), p.object().GetUID(), live)
 	for _, res := range live {
 		rep.held[res.Node] = append(rep.held[res.Node], res.Range)
 	}
