@@ -15,6 +15,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -304,13 +305,42 @@ func (c *Cluster) logTail(name string, n int) string {
 	return name + ".log: " + strings.Join(lines, "\n  ")
 }
 
+// freePort returns a TCP port that is free on host and on every address, below
+// the kernel's ephemeral range. A port the kernel hands out (listening on port
+// 0) is in that range, and between this check and the component's own bind
+// (seconds later, in a pod) any outgoing connection on the node may take it as
+// its local port: a daemon then crash-looped for the whole of a run on "bind:
+// address already in use" for its metrics port, which the kubelet's or the
+// controller's connection to the API server held.
 func freePort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, err
+	low := 32768
+	if data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(data)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	const from = 20000
+	if low <= from+100 {
+		return 0, fmt.Errorf("the ephemeral port range starts at %d; the real-node test needs ports below it, from %d", low, from)
+	}
+	for range 200 {
+		port := from + rand.IntN(low-from)
+		// Free on every address (the daemon listens on ":port") and on host.
+		all, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
+		if err != nil {
+			continue
+		}
+		_ = all.Close()
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		return port, nil
+	}
+	return 0, fmt.Errorf("no free TCP port between %d and %d", from, low)
 }
 
 // startNetwork makes the pod bridge with the node's address on it. The index of the
