@@ -1,6 +1,10 @@
 package poolcontroller
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"maps"
+	"slices"
+)
 
 // DecodeMemory returns the reports a MemoryAnnotation value keeps, by node.
 func DecodeMemory(value string) (map[string]string, error) {
@@ -28,4 +32,11 @@ func EncodeMemory(reports map[string]string) (string, error) {
 		return "", err
 	}
 	return encodeMemory(string(b))
+}
+
+// Nodes returns the nodes the memory has a report of, sorted.
+func (m *Memory) Nodes() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Sorted(maps.Keys(m.reports))
 }

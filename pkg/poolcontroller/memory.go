@@ -73,7 +73,7 @@ type Memory struct {
 	// Interval is how often Start saves a change; 0 means one second.
 	Interval time.Duration
 
-	loadMu  sync.Mutex // one first read at a time; the others wait for it
+	loadMu  sync.Mutex // one first read; the others wait for it
 	saveMu  sync.Mutex // one save at a time: a later payload is never overwritten by an older one
 	mu      sync.Mutex
 	reports map[string]seenReport
@@ -134,9 +134,6 @@ func newReport(raw string, seen time.Time, live bool) seenReport {
 // the memory in this process alone, logged once (Save tries again); one that
 // cannot be decoded is logged and ignored.
 func (m *Memory) load(ctx context.Context, now time.Time) error {
-	if m.isLoaded() {
-		return nil
-	}
 	m.loadMu.Lock()
 	defer m.loadMu.Unlock()
 	if m.isLoaded() {
@@ -387,12 +384,6 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-// reservationKey names a pool's reservations: its namespace and its key in the
-// daemons' stores (an IPPool and a CIDRPool may share a name).
-func reservationKey(namespace, kind, name string) string {
-	return namespace + "/" + v1alpha1.PoolKey(kind, name)
-}
-
 // blockBeyondStatus tells whether node reports a block in the pool with key that
 // the pool's status, as its last reconcile read it, does not give it. A pool no
 // reconcile has read yet tells nothing (it will soon); with mu held.
@@ -554,12 +545,4 @@ func decodeMemory(value string) (string, memoryPayload, error) {
 		return "", kept, errors.New("annotation " + MemoryAnnotation + " holds no reports")
 	}
 	return string(data), kept, nil
-}
-
-// Nodes returns the nodes the memory has a report of, sorted (for tests and
-// logs).
-func (m *Memory) Nodes() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return slices.Sorted(maps.Keys(m.reports))
 }

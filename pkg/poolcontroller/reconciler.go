@@ -59,6 +59,12 @@ type Reconciler struct {
 	writes atomic.Uint64
 }
 
+// reservationKey names a pool's reservations in the memory: its namespace and
+// its key in the daemons' stores (an IPPool and a CIDRPool may share a name).
+func (r *Reconciler) reservationKey(pool types.NamespacedName) string {
+	return pool.Namespace + "/" + v1alpha1.PoolKey(r.Kind, pool.Name)
+}
+
 // memory returns r.Memory, made on first use when not set.
 func (r *Reconciler) memory() *Memory {
 	r.mu.Lock()
@@ -124,7 +130,7 @@ func (r *Reconciler) poolState(obj client.Object, mem *Memory) *poolState {
 	st, ok := r.state[key]
 	if !ok || st.uid != obj.GetUID() {
 		st = &poolState{uid: obj.GetUID(), departed: map[string]time.Time{},
-			reserved: mem.reservationsOf(reservationKey(key.Namespace, r.Kind, key.Name), obj.GetUID(), r.now(), r.ReleaseGracePeriod)}
+			reserved: mem.reservationsOf(r.reservationKey(key), obj.GetUID(), r.now(), r.ReleaseGracePeriod)}
 		r.state[key] = st
 	}
 	return st
@@ -153,7 +159,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			forgetMetrics(r.Kind, req.Namespace, req.Name)
 			r.forget(req.NamespacedName)
 			r.memory().blocksOf(v1alpha1.PoolKey(r.Kind, req.Name), nil)
-			r.memory().keepReservations(reservationKey(req.Namespace, r.Kind, req.Name), "", nil)
+			r.memory().keepReservations(r.reservationKey(req.NamespacedName), "", nil)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading %s %s: %w", r.Kind, req, err)
@@ -219,7 +225,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		// blocks: a restart in between would forget them. Also when a reconcile
 		// that failed to save retires them again. Without the Lease's RBAC, or
 		// over its size, they are kept in memory only (logged by Start).
-		mem.keepReservations(reservationKey(req.Namespace, r.Kind, req.Name), p.object().GetUID(), st.reserved)
+		mem.keepReservations(r.reservationKey(req.NamespacedName), p.object().GetUID(), st.reserved)
 		if err := mem.Save(ctx); err != nil && !apierrors.IsForbidden(err) && !errors.Is(err, errTooLarge) {
 			return ctrl.Result{}, err
 		}
@@ -303,14 +309,11 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	for i := range nodes.Items {
 		objs[i] = &nodes.Items[i]
 	}
-	mem := r.memory()
-	if err := mem.load(ctx, now); err != nil {
-		return planInput{}, nil, time.Time{}, err
-	}
+	mem := r.memory() // loaded by Reconcile
 	mem.blocksOf(p.storeKey(), own)
 	rep := readReports(mem.lastReports(objs, now, r.ReleaseGracePeriod), p.storeKey(), layout.Range(), own)
 	live, until := st.liveReservations(now)
-	mem.keepReservations(reservationKey(p.object().GetNamespace(), r.Kind, p.object().GetName()), p.object().GetUID(), live)
+	mem.keepReservations(r.reservationKey(client.ObjectKeyFromObject(p.object())), p.object().GetUID(), live)
 	for _, res := range live {
 		rep.held[res.Node] = append(rep.held[res.Node], res.Range)
 	}

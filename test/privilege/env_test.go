@@ -17,7 +17,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -303,25 +302,15 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() er
 	}
 }
 
-// logBuffer collects a process's output for assertions (and echoes it with -v).
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
+// logBuffer collects a process's output for assertions (harness.LogBuffer),
+// and echoes it with -v.
+type logBuffer struct{ harness.LogBuffer }
 
 func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	if testing.Verbose() {
 		_, _ = os.Stderr.Write(p)
 	}
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	return b.LogBuffer.Write(p)
 }
 
 // start runs a binary until the test ends, its output in the returned buffer.
