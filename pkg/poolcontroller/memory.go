@@ -30,7 +30,8 @@ import (
 const MemoryLeaseName = "hwipam-held-reports"
 
 // MemoryAnnotation is the annotation of that Lease that holds the memory: the
-// JSON object {node: report} (see Memory.payload), gzipped, in base64.
+// JSON object {"reports": {node: report}, "reserved": {pool: reservations}} (see
+// memoryPayload), gzipped, in base64.
 const MemoryAnnotation = "ipam.hwipam.io/held-reports"
 
 // maxMemoryBytes bounds the annotation's value: the API server refuses an

@@ -158,8 +158,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		if apierrors.IsNotFound(err) {
 			forgetMetrics(r.Kind, req.Namespace, req.Name)
 			r.forget(req.NamespacedName)
-			r.memory().blocksOf(v1alpha1.PoolKey(r.Kind, req.Name), nil)
-			r.memory().keepReservations(r.reservationKey(req.NamespacedName), "", nil)
+			mem := r.memory()
+			mem.blocksOf(v1alpha1.PoolKey(r.Kind, req.Name), nil)
+			mem.keepReservations(r.reservationKey(req.NamespacedName), "", nil)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading %s %s: %w", r.Kind, req, err)

@@ -772,19 +772,17 @@ func (s *Store) checkpointer() {
 	defer close(w.ended)
 	timer := time.NewTimer(checkpointDelay)
 	timer.Stop()
-	armed := false
 	for {
 		select {
 		case <-w.due:
-			if !armed {
+			// Only this goroutine sets or clears dueSet: set, the timer runs.
+			if !w.dueSet.Load() {
 				timer.Reset(checkpointDelay)
-				armed = true
 				w.dueSet.Store(true)
 			}
 			continue
 		case <-w.kick:
 		case <-timer.C:
-			armed = false
 			// Before the checkpoint: a record saved after this signals again.
 			w.dueSet.Store(false)
 		case <-w.stop:
