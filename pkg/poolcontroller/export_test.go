@@ -40,3 +40,9 @@ func (m *Memory) Nodes() []string {
 	defer m.mu.Unlock()
 	return slices.Sorted(maps.Keys(m.reports))
 }
+
+// DecodePayload returns the JSON a MemoryAnnotation value holds.
+func DecodePayload(value string) (string, error) {
+	payload, _, err := decodeMemory(value)
+	return payload, err
+}

@@ -1,14 +1,10 @@
 package poolcontroller
 
 import (
-	"encoding/json"
-	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/iprange"
 )
 
@@ -28,49 +24,6 @@ type reports struct {
 	foreign []iprange.Range
 	// orphans: "node: ranges" of addresses held outside the node's current block.
 	orphans []string
-}
-
-// readReports collects, for the pool with key, what every node's daemon reports:
-// the addresses it holds outside its block, and a reported block that status (own,
-// the node's valid assignments) no longer gives it, which the daemon may still be
-// allocating from until it reports again. Ranges of other pools count only inside
-// network. A missing or unreadable annotation reports nothing.
-func readReports(byNode map[string]string, key string, network iprange.Range, own map[string]iprange.Range) reports {
-	out := reports{held: map[string][]iprange.Range{}}
-	for _, name := range slices.Sorted(maps.Keys(byNode)) {
-		raw := byNode[name]
-		var rep map[string]v1alpha1.PoolHold
-		if err := json.Unmarshal([]byte(raw), &rep); err != nil {
-			continue
-		}
-		for k, h := range rep {
-			var rs []iprange.Range
-			for _, s := range h.Held {
-				if r, err := iprange.ParseRange(s); err == nil {
-					rs = append(rs, r)
-				}
-			}
-			if k == key && len(rs) > 0 {
-				out.orphans = append(out.orphans, fmt.Sprintf("%s: %s", name, joinRanges(rs)))
-			}
-			if b, err := iprange.ParseRange(h.Block); err == nil {
-				if cur, assigned := own[name]; k != key || !assigned || !cur.Covers(b) {
-					rs = append(rs, b)
-				}
-			}
-			if k == key {
-				out.held[name] = append(out.held[name], rs...)
-				continue
-			}
-			for _, r := range rs {
-				if r.Overlaps(network) {
-					out.foreign = append(out.foreign, r)
-				}
-			}
-		}
-	}
-	slices.Sort(out.orphans)
-	return out
 }
 
 func joinRanges(rs []iprange.Range) string {

@@ -88,6 +88,23 @@ type Memory struct {
 	// and held back until a time (see poolState.reserved).
 	reserved map[string]keptReservations
 	pass     uint64 // lastReports calls
+	// given: per pool key and node, the blocks taken from the node that its
+	// daemon may still hold addresses in (see trust.go); pools: the pools the
+	// controller has reconciled.
+	given map[string]map[string][]grant
+	pools map[string]knownPool
+	// trustFirst: the memory has no grants to check reports against (no Lease,
+	// or one written before grants were kept): each pool's first reconcile
+	// adopts its reports (see adopt). seen: the pools reconciled in this
+	// process; adoptPending: pools whose reports are to be adopted, with the
+	// network that bounds them.
+	trustFirst   bool
+	seen         map[string]bool
+	adoptPending map[string]iprange.Range
+	goneChecked  bool
+	listed       map[string]bool // the pools that existed when goneChecked was set
+	// flags: per node, the ignored parts of its current report already reported.
+	flags    map[string]map[string]bool
 	version  uint64 // bumped by every change the payload depends on
 	savedAt  uint64 // the version the Lease holds
 	saved    string // the payload the Lease holds (as far as this process knows)
@@ -96,9 +113,13 @@ type Memory struct {
 
 // seenReport is a node's held report and when the controller last saw it.
 type seenReport struct {
-	raw   string
-	holds map[string]v1alpha1.PoolHold // raw decoded; nil if it cannot be
-	seen  time.Time
+	raw string
+	// parsed is raw decoded; opaque says why it cannot be (see parseReport),
+	// bad lists its entries that are not ranges.
+	parsed map[string]parsedHold
+	opaque string
+	bad    []string
+	seen   time.Time
 	// live: the Node showed the report when last seen.
 	live bool
 	pass uint64 // the lastReports call that last found the Node
@@ -120,13 +141,16 @@ type keptRange struct {
 type memoryPayload struct {
 	Reports  map[string]string           `json:"reports"`
 	Reserved map[string]keptReservations `json:"reserved,omitempty"`
+	// Given are the grants (see trust.go) by pool key and node; Pools the pools
+	// the controller knows. A payload without Pools was written before grants
+	// were kept.
+	Given map[string]map[string][]keptGrant `json:"given,omitempty"`
+	Pools map[string]knownPool            `json:"pools"`
 }
 
 func newReport(raw string, seen time.Time, live bool) seenReport {
 	r := seenReport{raw: raw, seen: seen, live: live}
-	if err := json.Unmarshal([]byte(raw), &r.holds); err != nil {
-		r.holds = nil // reports nothing (see readReports)
-	}
+	r.parsed, r.opaque, r.bad = parseReport(raw)
 	return r
 }
 
@@ -143,6 +167,11 @@ func (m *Memory) load(ctx context.Context, now time.Time) error {
 	var err error
 	if m.Lease.Name != "" {
 		err = m.read(ctx, now)
+	} else {
+		m.mu.Lock()
+		m.init()
+		m.trustFirst = true
+		m.mu.Unlock()
 	}
 	switch {
 	case apierrors.IsForbidden(err):
@@ -150,7 +179,8 @@ func (m *Memory) load(ctx context.Context, now time.Time) error {
 			"memory only, and the Lease is not written until it can be read: grant get, create and update on leases "+
 			"in its namespace", "lease", m.Lease.String())
 		m.mu.Lock()
-		m.unread = true
+		m.init()
+		m.unread, m.trustFirst = true, true
 		m.mu.Unlock()
 	case err != nil:
 		return err
@@ -173,6 +203,12 @@ func (m *Memory) init() {
 		m.reports = map[string]seenReport{}
 		m.status = map[string]map[string]iprange.Range{}
 		m.reserved = map[string]keptReservations{}
+		m.given = map[string]map[string][]grant{}
+		m.pools = map[string]knownPool{}
+		m.seen = map[string]bool{}
+		m.adoptPending = map[string]iprange.Range{}
+		m.flags = map[string]map[string]bool{}
+		m.listed = map[string]bool{}
 	}
 }
 
@@ -210,6 +246,25 @@ func (m *Memory) read(ctx context.Context, now time.Time) error {
 			m.reserved[pool] = rs
 		}
 	}
+	m.restoreGrants(kept.Given)
+	for key, kp := range kept.Pools {
+		if _, ok := m.pools[key]; !ok {
+			m.pools[key] = kp
+		}
+	}
+	// No grants kept (no Lease, or one from before they were): nothing to check
+	// reports against until each pool's first reconcile adopts them.
+	m.trustFirst = kept.Pools == nil
+	if m.trustFirst {
+		// The pools reconciled before the Lease could be read adopt the
+		// reports it kept too (those of a controller before grants were kept).
+		for key := range m.seen {
+			if network, err := iprange.ParseRange(m.pools[key].Network); err == nil {
+				m.adoptPending[key] = network
+			}
+		}
+		m.adoptReports(now)
+	}
 	m.saved, m.unread = payload, false
 	m.version++
 	if len(kept.Reports)+len(kept.Reserved) > 0 {
@@ -219,15 +274,26 @@ func (m *Memory) read(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// lastReports returns every node's held report by node name. A Node re-registered
-// without annotations keeps the report last seen for as long as it exists, until
-// its daemon reports again: the daemon still holds what it reported, and if it is
-// down (killed, crash-looping) it cannot say otherwise, however long that takes. A
-// node whose Node object is gone keeps it for grace.
-func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Duration) map[string]string {
+// reportsFor returns, for the pool with key and network, what the daemons'
+// reports count for (see readReports), after taking in the Nodes' reports (see
+// lastReports), adopting what is to be adopted and pruning the grants.
+func (m *Memory) reportsFor(nodes []client.Object, now time.Time, grace time.Duration, key string,
+	network iprange.Range) (reports, []ignoredReport) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.init()
+	m.lastReports(nodes, now, grace)
+	m.adoptReports(now)
+	m.pruneGrants(now, grace)
+	return m.readReports(key, network)
+}
+
+// lastReports takes in every node's held report. A Node re-registered without
+// annotations keeps the report last seen for as long as it exists, until its
+// daemon reports again: the daemon still holds what it reported, and if it is
+// down (killed, crash-looping) it cannot say otherwise, however long that takes.
+// A node whose Node object is gone keeps it for grace. With mu held.
+func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Duration) {
 	m.now = now
 	// Reports of listed Nodes get this pass's number (no set of 5,000 names).
 	m.pass++
@@ -239,6 +305,9 @@ func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Du
 		case shown && had && rep.live && rep.raw == raw:
 			rep.seen = now
 		case shown:
+			if !had || rep.raw != raw {
+				delete(m.flags, name) // a new report: what it ignores is reported anew
+			}
 			rep = newReport(raw, now, true)
 			m.version++
 		case had:
@@ -252,12 +321,12 @@ func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Du
 		rep.pass = m.pass
 		m.reports[name] = rep
 	}
-	out := make(map[string]string, len(m.reports))
 	for name, rep := range m.reports {
 		if rep.pass != m.pass {
 			// The Node is gone: its whole report is kept, for grace.
 			if now.Sub(rep.seen) >= grace {
 				delete(m.reports, name)
+				delete(m.flags, name)
 				m.version++
 				continue
 			}
@@ -267,24 +336,29 @@ func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Du
 				m.version++
 			}
 		}
-		out[name] = rep.raw
 	}
-	return out
 }
 
 // blocksOf records the blocks the status of the pool with key gives nodes, as
 // a reconcile of it read them (own, which the caller no longer changes, is kept
-// as it is); nil for a pool that is gone.
-func (m *Memory) blocksOf(key string, own map[string]iprange.Range) {
-	if own == nil {
-		own = map[string]iprange.Range{}
-	}
+// as it is). A block the status gave a node at the last reconcile and no longer
+// does becomes a grant of the node (the reconcile that took it recorded it
+// already, unless the status changed otherwise).
+func (m *Memory) blocksOf(key string, own map[string]iprange.Range, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.init()
-	if old, ok := m.status[key]; ok && maps.Equal(old, own) {
+	old, ok := m.status[key]
+	if ok && maps.Equal(old, own) {
 		return
 	}
+	var taken []misfit
+	for node, b := range old {
+		if cur, still := own[node]; !still || cur != b {
+			taken = append(taken, misfit{Node: node, Range: b})
+		}
+	}
+	m.retireLocked(key, taken, now)
 	m.status[key] = own
 	m.version++
 }
@@ -293,20 +367,7 @@ func (m *Memory) blocksOf(key string, own map[string]iprange.Range) {
 func (m *Memory) payload() string {
 	kept := make(map[string]string, len(m.reports))
 	for node, rep := range m.reports {
-		if !rep.live {
-			kept[node] = rep.raw
-			continue
-		}
-		var part map[string]v1alpha1.PoolHold
-		for key, h := range rep.holds {
-			if len(h.Held) == 0 && !m.blockBeyondStatus(node, key, h.Block) {
-				continue
-			}
-			if part == nil {
-				part = map[string]v1alpha1.PoolHold{}
-			}
-			part[key] = h
-		}
+		part := m.keptReport(node, rep)
 		if part == nil {
 			continue
 		}
@@ -323,13 +384,13 @@ func (m *Memory) payload() string {
 			reserved[pool] = keptReservations{UID: rs.UID, Ranges: live}
 		}
 	}
-	b, _ := json.Marshal(memoryPayload{Reports: kept, Reserved: reserved}) // maps: sorted keys
+	b, _ := json.Marshal(memoryPayload{Reports: kept, Reserved: reserved, Given: m.keptGrants(), Pools: m.pools}) // maps: sorted keys
 	return string(b)
 }
 
 // emptyPayload is the payload of a memory that keeps nothing: no Lease is
 // created for it.
-const emptyPayload = `{"reports":{}}`
+const emptyPayload = `{"reports":{},"pools":{}}`
 
 // keepReservations records the reservations of pool (with uid) that are live:
 // none drops the pool's.
@@ -383,22 +444,6 @@ func minTime(a, b time.Time) time.Time {
 		return b
 	}
 	return a
-}
-
-// blockBeyondStatus tells whether node reports a block in the pool with key that
-// the pool's status, as its last reconcile read it, does not give it. A pool no
-// reconcile has read yet tells nothing (it will soon); with mu held.
-func (m *Memory) blockBeyondStatus(node, key, block string) bool {
-	b, err := iprange.ParseRange(block)
-	if err != nil {
-		return false // readReports ignores it too
-	}
-	status, known := m.status[key]
-	if !known {
-		return false
-	}
-	cur, assigned := status[node]
-	return !assigned || !cur.Covers(b)
 }
 
 // errTooLarge: the memory does not fit in the Lease's annotation.

@@ -37,6 +37,11 @@ var (
 		Name: "hwipam_pool_reconcile_errors_total",
 		Help: "Pool reconciles that returned an error.",
 	}, []string{"kind"})
+	heldReportsIgnored = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "hwipam_controller_held_reports_ignored_total",
+		Help: "Parts of nodes' held reports ignored for planning, counted once per report: oversized or malformed " +
+			"reports, pools the node has no block in (noBlock), ranges outside its blocks (outsideBlocks).",
+	}, []string{"reason"})
 	statusWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "hwipam_pool_status_writes_total",
 		Help: "Pool status updates sent to the API server.",
@@ -45,7 +50,7 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(blocksTotal, blocksAssigned, nodesWithoutBlock, statusTooLarge,
-		reconcileDuration, reconcileErrors, statusWrites)
+		reconcileDuration, reconcileErrors, statusWrites, heldReportsIgnored)
 }
 
 func updateMetrics(kind string, obj client.Object, l blocks.Layout, assigned, without int) {

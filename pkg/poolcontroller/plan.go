@@ -68,6 +68,10 @@ type plan struct {
 	// longer fit the spec, which the reconciler keeps out of other nodes' reach for
 	// the grace period.
 	Retired []misfit
+	// Taken are all the blocks taken from nodes in this reconcile (Retired,
+	// released blocks, status entries that no longer fit): the reconciler keeps
+	// them as the nodes' grants (see trust.go).
+	Taken []misfit
 	// Unassigned are selected nodes left without a block: the pool is exhausted.
 	Unassigned []string
 	// RequeueAfter is when the next grace period ends, 0 if none is running.
@@ -115,6 +119,7 @@ func makePlan(in planInput) plan {
 		}
 		if r.Start.IsValid() {
 			held[node] = append(held[node], r)
+			out.Taken = append(out.Taken, misfit{Node: node, Range: r})
 		}
 	}
 	// free: no other node may hold addresses in the block; n itself may.

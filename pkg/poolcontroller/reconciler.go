@@ -159,8 +159,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			forgetMetrics(r.Kind, req.Namespace, req.Name)
 			r.forget(req.NamespacedName)
 			mem := r.memory()
-			mem.blocksOf(v1alpha1.PoolKey(r.Kind, req.Name), nil)
+			mem.forgetPool(v1alpha1.PoolKey(r.Kind, req.Name), r.now())
 			mem.keepReservations(r.reservationKey(req.NamespacedName), "", nil)
+			// The pool's blocks are its nodes' grants now: kept in the Lease
+			// at once, before a restart could forget them.
+			if err := mem.Save(ctx); err != nil && !apierrors.IsForbidden(err) && !errors.Is(err, errTooLarge) {
+				return ctrl.Result{}, err
+			}
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("reading %s %s: %w", r.Kind, req, err)
@@ -221,12 +226,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	in.Foreign = append(in.Foreign, foreign...)
 	out := makePlan(in)
+	granted := mem.retire(p.storeKey(), out.Taken, in.Now)
 	if st.addReservations(out.Retired, in.Now, r.ReleaseGracePeriod) {
+		mem.keepReservations(r.reservationKey(req.NamespacedName), p.object().GetUID(), st.reserved)
+		granted = true
+	}
+	if granted {
 		// Kept in the Lease before the status no longer lists the retired
 		// blocks: a restart in between would forget them. Also when a reconcile
 		// that failed to save retires them again. Without the Lease's RBAC, or
 		// over its size, they are kept in memory only (logged by Start).
-		mem.keepReservations(r.reservationKey(req.NamespacedName), p.object().GetUID(), st.reserved)
 		if err := mem.Save(ctx); err != nil && !apierrors.IsForbidden(err) && !errors.Is(err, errTooLarge) {
 			return ctrl.Result{}, err
 		}
@@ -265,6 +274,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if err := r.writeStatus(ctx, st, p, p.withStatus(layout, out.Assignments, false, c)); err != nil {
 		return ctrl.Result{}, err
 	}
+	// The blocks now given are the nodes' grants (see trust.go), whatever
+	// happens before the next reconcile reads them back.
+	given := make(map[string]iprange.Range, len(out.Assignments))
+	for _, a := range out.Assignments {
+		given[a.Node] = layout.Block(a.Index)
+	}
+	mem.blocksOf(p.storeKey(), given, in.Now)
 	return ctrl.Result{RequeueAfter: out.RequeueAfter}, nil
 }
 
@@ -311,8 +327,12 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 		objs[i] = &nodes.Items[i]
 	}
 	mem := r.memory() // loaded by Reconcile
-	mem.blocksOf(p.storeKey(), own)
-	rep := readReports(mem.lastReports(objs, now, r.ReleaseGracePeriod), p.storeKey(), layout.Range(), own)
+	key := p.storeKey()
+	mem.blocksOf(key, own, now)
+	mem.retire(key, invalid, now)
+	mem.know(key, p.object().GetUID(), layout.Range())
+	rep, ignored := mem.reportsFor(objs, now, r.ReleaseGracePeriod, key, layout.Range())
+	r.reportIgnored(ctx, p, ignored, nodes.Items)
 	live, until := st.liveReservations(now)
 	mem.keepReservations(r.reservationKey(client.ObjectKeyFromObject(p.object())), p.object().GetUID(), live)
 	for _, res := range live {
@@ -330,7 +350,6 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 		Now:      now,
 		Grace:    r.ReleaseGracePeriod,
 	}
-	key := p.storeKey()
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		s := nodeState{Exists: true, Selected: selector.match(n), InUse: poolsInUse(n, key)}
@@ -486,6 +505,7 @@ func (r *Reconciler) overlaps(ctx context.Context, p pool, mine iprange.Range) (
 	if err != nil {
 		return "", nil, err
 	}
+	r.memory().checkGone(others)
 	var older []string
 	var foreign []iprange.Range
 	for _, o := range others {

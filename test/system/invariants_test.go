@@ -29,6 +29,7 @@ import (
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/blocks"
 	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/store"
 	"github.com/hwipam/hwipam/test/harness"
@@ -38,6 +39,10 @@ const (
 	namespace  = "default"
 	groupLabel = "system.hwipam.io/group"
 	nodeCount  = 4
+	// hostileNode is a Node without a daemon whose held report the test writes
+	// as a compromised daemon could (its own Node only): forged, malformed,
+	// oversized and foreign reports. It sorts after the honest nodes.
+	hostileNode = "sys-zz-hostile"
 	// grace is the controller's release grace period: longer than a Node object is
 	// ever away in this test (deleted and re-registered at once), so that a block is
 	// never released under a node that is merely re-registering.
@@ -199,6 +204,10 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 		w.nodes = append(w.nodes, n)
 		w.createNode(i)
 		w.startDaemon(i)
+	}
+	if err := w.c.Create(w.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: hostileNode,
+		Labels: map[string]string{groupLabel: []string{"a", "b"}[w.rng.IntN(2)]}}}); err != nil {
+		t.Fatalf("creating node %s: %v", hostileNode, err)
 	}
 	for _, p := range poolDefs[:2] {
 		w.createPool(p)
@@ -419,6 +428,7 @@ func (w *world) run(steps int) {
 		{"node-relabel", func() int { return 5 }, w.nodeRelabel},
 		{"node-recreate", func() int { return 3 }, w.nodeRecreate},
 		{"daemon-kill", func() int { return 3 }, w.daemonKill},
+		{"hostile-report", func() int { return 4 }, w.hostileReport},
 		// At any moment, also while a re-registered Node's daemon is down: the
 		// controller keeps the reports the Nodes no longer show in a Lease (seed
 		// 411767 failed before it did).
@@ -484,6 +494,10 @@ func (w *world) run(steps int) {
 			w.fail("node %s still holds %v after every attachment was deleted", w.nodes[i].name, got)
 		}
 	}
+	// With nothing held by the honest nodes, whatever the hostile node reports,
+	// every honest node a pool selects gets a block where the pool has room.
+	w.hostileReport()
+	w.checkHonestBlocks()
 	w.t.Logf("seed %d: %d steps, actions %v", w.seed, steps, w.counts)
 }
 
@@ -783,6 +797,125 @@ func (w *world) apiStop() {
 func (w *world) apiStart() {
 	w.proxy.SetUp(true)
 	w.tracef("API server reachable")
+}
+
+// hostileReport writes the hostile node's held report, as a compromised daemon
+// could: a claim of whole pools, a pool that does not exist, garbage, a report
+// over the controller's limit, or an honest-looking empty one.
+func (w *world) hostileReport() {
+	var raw, what string
+	p := poolDefs[w.rng.IntN(len(poolDefs))]
+	net := iprange.PrefixRange(netip.MustParsePrefix(p.network))
+	key := v1alpha1.PoolKey(p.kind, p.name)
+	switch w.rng.IntN(5) {
+	case 0:
+		raw, what = fmt.Sprintf(`{%q:{"block":%q,"held":[%q]}}`, key, net.String(), net.String()), "claims all of "+key
+	case 1:
+		raw, what = `{"no-such-pool":{"held":["0.0.0.0-255.255.255.255"]},"cidrpool/gone":{"held":["::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"]}}`,
+			"claims every address for pools that do not exist"
+	case 2:
+		raw, what = []string{`{"p0":`, `not json`, `{"p0":{"held":["10.100.0.9-x","10.100.0.300"]}}`, `[]`}[w.rng.IntN(4)], "malformed"
+	case 3:
+		var b strings.Builder
+		fmt.Fprintf(&b, `{%q:{"held":[`, key)
+		for i := 0; b.Len() < 100<<10; i++ {
+			a, _ := iprange.Add(net.Start, iprange.U64(uint64(w.rng.IntN(200))))
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "%q", a.String())
+		}
+		b.WriteString(`]}}`)
+		raw, what = b.String(), "oversized (100 KiB)"
+	default:
+		raw, what = `{}`, "empty"
+	}
+	var obj corev1.Node
+	if err := w.c.Get(w.ctx, client.ObjectKey{Name: hostileNode}, &obj); err != nil {
+		w.fail("reading node %s: %v", hostileNode, err)
+	}
+	if obj.Annotations == nil {
+		obj.Annotations = map[string]string{}
+	}
+	obj.Annotations[v1alpha1.HeldAnnotation] = raw
+	if err := w.c.Update(w.ctx, &obj); err != nil {
+		w.tracef("hostile report refused: %v", firstLine(err))
+		return
+	}
+	w.tracef("hostile node reports: %s", what)
+}
+
+// checkHonestBlocks waits until every honest node that a pool selects has a
+// block in it, for every pool with a usable block for each node (the hostile
+// node's included): what the hostile node reports must not keep them from one.
+func (w *world) checkHonestBlocks() {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		missing := w.honestWithoutBlock()
+		if len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			w.fail("honest nodes without a block they should have: %s", strings.Join(missing, "; "))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func (w *world) honestWithoutBlock() []string {
+	var missing []string
+	have := w.blocks()
+	for _, p := range poolDefs {
+		obj, err := w.getPool(p)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			w.fail("reading %s: %v", p.name, err)
+		}
+		var sel *corev1.NodeSelector
+		var usable uint64
+		switch o := obj.(type) {
+		case *v1alpha1.IPPool:
+			sel = o.Spec.NodeSelector
+			if l, err := blocks.NewIPPool(&o.Spec); err == nil {
+				for i, ok := l.NextUsable(0); ok; i, ok = l.NextUsable(i + 1) {
+					usable++
+				}
+			}
+		case *v1alpha1.CIDRPool:
+			sel = o.Spec.NodeSelector
+			if l, err := blocks.NewCIDRPool(&o.Spec); err == nil {
+				for i, ok := l.NextUsable(0); ok; i, ok = l.NextUsable(i + 1) {
+					usable++
+				}
+			}
+		}
+		var want []string
+		for _, n := range w.nodes {
+			if sel == nil || slices.ContainsFunc(sel.NodeSelectorTerms, func(t corev1.NodeSelectorTerm) bool {
+				return slices.ContainsFunc(t.MatchExpressions, func(e corev1.NodeSelectorRequirement) bool {
+					return e.Key == groupLabel && slices.Contains(e.Values, n.group)
+				})
+			}) {
+				want = append(want, n.name)
+			}
+		}
+		if usable < uint64(len(want)+1) {
+			continue
+		}
+		for _, n := range want {
+			if !slices.ContainsFunc(have[p.name], func(b struct {
+				node string
+				r    iprange.Range
+			}) bool {
+				return b.node == n
+			}) {
+				missing = append(missing, fmt.Sprintf("%s in %s", n, p.name))
+			}
+		}
+	}
+	return missing
 }
 
 // ---- the invariants ----

@@ -1,0 +1,653 @@
+package poolcontroller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/iprange"
+)
+
+// The trust boundary of the daemons' held reports (v1alpha1.HeldAnnotation).
+//
+// A daemon may write only its own Node (deploy/policy), but what it reports
+// decides where other nodes may get blocks. So a report counts only within what
+// the controller gave that node: in each pool, the node's block in the pool's
+// status and the blocks taken from it since (by an edit, a release, the pool's
+// deletion: grants, kept in the Memory and its Lease for as long as the daemon
+// reports holding something in them, and at least the grace period). Whatever a
+// report says beyond that — pools the node never had a block in, ranges outside
+// its blocks — is ignored for planning, reported once per report (a log line, an
+// event on the Node, hwipam_controller_held_reports_ignored_total) and never
+// reduces what other nodes get.
+//
+// A report the controller cannot read (over maxReportBytes, not JSON) counts as
+// holding every block the controller gave the node: it can cost only the node's
+// own grants, and a daemon that writes one by mistake loses nothing.
+//
+// Two moments have no grants to check against, and there the reports are taken
+// as they stand, clipped to the pool's network (adopt): a controller without a
+// memory of grants (the first start of this version, a Lease that was deleted or
+// cannot be read) at the first reconcile of each pool, and a pool the memory
+// knew that was deleted or re-created while no controller ran.
+
+const (
+	// maxReportBytes: a longer report is not decoded. A daemon's report is a few
+	// hundred bytes per pool; the API server allows 256 KiB of annotations.
+	maxReportBytes = 64 << 10
+	// maxRangesPerPool: more counted ranges in one pool are replaced by their
+	// span within each of the node's grants, which bounds what the memory keeps
+	// of one node by the number of blocks the controller gave it.
+	maxRangesPerPool = 32
+	// minGrantAge: a block taken from a node stays granted to it at least this
+	// long, and at least the grace period, for a daemon that reports late.
+	minGrantAge = time.Minute
+)
+
+// Reasons of hwipam_controller_held_reports_ignored_total.
+const (
+	ignoredOversized = "oversized"
+	ignoredMalformed = "malformed"
+	ignoredNoBlock   = "noBlock"
+	ignoredOutside   = "outsideBlocks"
+)
+
+// grant is a block taken from a node (or adopted for it) that its daemon may
+// still hold addresses in.
+type grant struct {
+	Range iprange.Range
+	Since time.Time
+}
+
+// keptGrant is a grant as the Lease keeps it.
+type keptGrant struct {
+	Range string    `json:"range"`
+	Since time.Time `json:"since"`
+}
+
+// knownPool is a pool the controller has reconciled, as the Lease keeps it: a
+// pool that was deleted or re-created while no controller ran is recognised by
+// its UID, and its network bounds what is adopted for it (see adopt).
+type knownPool struct {
+	UID     types.UID `json:"uid"`
+	Network string    `json:"network"`
+	// Gone: the controller saw the pool deleted, and kept its blocks as grants.
+	Gone bool `json:"gone,omitempty"`
+}
+
+// parsedHold is one pool's entry of a report, parsed.
+type parsedHold struct {
+	block iprange.Range // the zero Range: none
+	held  []iprange.Range
+}
+
+// ignoredReport is a part of a node's report that does not count.
+type ignoredReport struct {
+	node   string
+	reason string // one of the ignored* constants
+	text   string
+}
+
+// parseReport decodes a report; opaque says why it cannot be read ("" when it
+// can), bad lists the entries that are not ranges.
+func parseReport(raw string) (parsed map[string]parsedHold, opaque string, bad []string) {
+	if len(raw) > maxReportBytes {
+		return nil, fmt.Sprintf("is %d bytes, more than the %d the controller reads", len(raw), maxReportBytes), nil
+	}
+	var holds map[string]v1alpha1.PoolHold
+	if err := json.Unmarshal([]byte(raw), &holds); err != nil {
+		return nil, fmt.Sprintf("is not a JSON object of pools (%v)", err), nil
+	}
+	parsed = make(map[string]parsedHold, len(holds))
+	for key, h := range holds {
+		var p parsedHold
+		if h.Block != "" {
+			b, err := iprange.ParseRange(h.Block)
+			if err != nil {
+				bad = append(bad, fmt.Sprintf("%q in pool %q", h.Block, key))
+			}
+			p.block = b
+		}
+		for _, s := range h.Held {
+			r, err := iprange.ParseRange(s)
+			if err != nil {
+				bad = append(bad, fmt.Sprintf("%q in pool %q", s, key))
+				continue
+			}
+			p.held = append(p.held, r)
+		}
+		parsed[key] = p
+	}
+	slices.Sort(bad)
+	return parsed, "", bad
+}
+
+// grantsOf returns what the controller gave node in the pool with key: its
+// block in the pool's status at the last reconcile, and its grants; with mu held.
+func (m *Memory) grantsOf(node, key string) []iprange.Range {
+	var out []iprange.Range
+	if b, ok := m.status[key][node]; ok {
+		out = append(out, b)
+	}
+	for _, g := range m.given[key][node] {
+		out = append(out, g.Range)
+	}
+	return out
+}
+
+// counted is what a report counts for in one pool.
+type counted struct {
+	// block is the reported block, when it lies in a grant; covered tells that
+	// the pool's status gives the node a block covering it.
+	block   iprange.Range
+	covered bool
+	// held are the reported ranges outside the block, clipped to the grants.
+	held []iprange.Range
+}
+
+// count returns what node's report counts for in the pool with key, and a text
+// for what it reports there that does not count ("" when everything does); with
+// mu held.
+func (m *Memory) count(node string, rep seenReport, key string) (counted, string) {
+	grants := m.grantsOf(node, key)
+	var c counted
+	if rep.opaque != "" {
+		// Its block in status is its own anyway (and other pools' blocks are
+		// out of every pool's reach).
+		for _, g := range m.given[key][node] {
+			c.held = append(c.held, g.Range)
+		}
+		return c, ""
+	}
+	h, ok := rep.parsed[key]
+	if !ok {
+		return c, ""
+	}
+	if len(grants) == 0 {
+		if _, reconciled := m.status[key]; !reconciled && m.listed[key] {
+			// A pool not reconciled yet in this process: its blocks are not
+			// known, and its status keeps them from other pools meanwhile.
+			return c, ""
+		}
+		return c, fmt.Sprintf("reports pool %q, in which the controller never gave it a block", key)
+	}
+	var outside []string
+	if h.block.Start.IsValid() {
+		if slices.ContainsFunc(grants, func(g iprange.Range) bool { return g.Covers(h.block) }) {
+			c.block = h.block
+			cur, assigned := m.status[key][node]
+			c.covered = assigned && cur.Covers(h.block)
+		} else {
+			outside = append(outside, "block "+h.block.String())
+		}
+	}
+	for _, r := range h.held {
+		in := clip(r, grants)
+		if len(in) != 1 || in[0] != r {
+			outside = append(outside, r.String())
+		}
+		c.held = append(c.held, in...)
+	}
+	if len(c.held) > maxRangesPerPool {
+		c.held = spans(c.held, grants)
+	}
+	if len(outside) == 0 {
+		return c, ""
+	}
+	const maxListed = 3
+	more := ""
+	if len(outside) > maxListed {
+		more = fmt.Sprintf(" and %d more", len(outside)-maxListed)
+		outside = outside[:maxListed]
+	}
+	return c, fmt.Sprintf("reports %s%s in pool %q, outside the blocks the controller gave it (%s)",
+		strings.Join(outside, ", "), more, key, joinRanges(grants))
+}
+
+// clip returns the parts of r inside the ranges of in (which may overlap).
+func clip(r iprange.Range, in []iprange.Range) []iprange.Range {
+	var out []iprange.Range
+	for _, g := range in {
+		if !g.Overlaps(r) {
+			continue
+		}
+		s, e := r.Start, r.End
+		if s.Less(g.Start) {
+			s = g.Start
+		}
+		if g.End.Less(e) {
+			e = g.End
+		}
+		out = append(out, iprange.Range{Start: s, End: e})
+	}
+	if len(out) > 1 {
+		out = iprange.Merge(out)
+	}
+	return out
+}
+
+// spans replaces ranges by their span within each grant they lie in: at most one
+// range per grant.
+func spans(rs []iprange.Range, grants []iprange.Range) []iprange.Range {
+	var out []iprange.Range
+	for _, g := range grants {
+		var span iprange.Range
+		for _, r := range rs {
+			if !g.Covers(r) {
+				continue
+			}
+			if !span.Start.IsValid() || r.Start.Less(span.Start) {
+				span.Start = r.Start
+			}
+			if !span.End.IsValid() || span.End.Less(r.End) {
+				span.End = r.End
+			}
+		}
+		if span.Start.IsValid() {
+			out = append(out, span)
+		}
+	}
+	return iprange.Merge(out)
+}
+
+// readReports collects, for the pool with key and network, what every node's
+// report counts for (see count): the addresses it holds outside its block, a
+// reported block that the pool's status no longer gives it (its daemon may
+// still allocate from it until it reports again), and what it holds in other
+// pools inside network. It returns what does not count too; with mu held.
+func (m *Memory) readReports(key string, network iprange.Range) (reports, []ignoredReport) {
+	out := reports{held: map[string][]iprange.Range{}}
+	var ignored []ignoredReport
+	for _, name := range slices.Sorted(maps.Keys(m.reports)) {
+		rep := m.reports[name]
+		if rep.opaque != "" {
+			ignored = append(ignored, ignoredReport{node: name, reason: rep.opaqueReason(),
+				text: rep.opaque + ": it counts as holding every block the controller gave the node, nothing more"})
+		}
+		if len(rep.bad) > 0 {
+			ignored = append(ignored, ignoredReport{node: name, reason: ignoredMalformed,
+				text: "has entries that are not address ranges: " + strings.Join(rep.bad, ", ")})
+		}
+		for _, k := range m.reportedKeys(name, rep) {
+			c, why := m.count(name, rep, k)
+			if why != "" {
+				reason := ignoredOutside
+				if len(m.grantsOf(name, k)) == 0 {
+					reason = ignoredNoBlock
+				}
+				ignored = append(ignored, ignoredReport{node: name, reason: reason, text: why})
+			}
+			rs := c.held
+			if k == key && len(rs) > 0 {
+				out.orphans = append(out.orphans, fmt.Sprintf("%s: %s", name, joinRanges(rs)))
+			}
+			if c.block.Start.IsValid() && (k != key || !c.covered) {
+				rs = append(rs, c.block)
+			}
+			if k == key {
+				out.held[name] = append(out.held[name], rs...)
+				continue
+			}
+			for _, r := range rs {
+				if r.Overlaps(network) {
+					out.foreign = append(out.foreign, r)
+				}
+			}
+		}
+	}
+	slices.Sort(out.orphans)
+	return out, ignored
+}
+
+// reportedKeys are the pools node's report speaks of: those it names, and for a
+// report that cannot be read, every pool the node has grants in; with mu held.
+func (m *Memory) reportedKeys(node string, rep seenReport) []string {
+	if rep.opaque == "" {
+		return slices.Sorted(maps.Keys(rep.parsed))
+	}
+	var keys []string
+	for key, st := range m.status {
+		if _, ok := st[node]; ok {
+			keys = append(keys, key)
+		}
+	}
+	for key, byNode := range m.given {
+		if _, ok := byNode[node]; ok && !slices.Contains(keys, key) {
+			keys = append(keys, key)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func (r seenReport) opaqueReason() string {
+	if len(r.raw) > maxReportBytes {
+		return ignoredOversized
+	}
+	return ignoredMalformed
+}
+
+// retire records blocks taken from nodes in the pool with key as grants, since
+// now; it tells whether it recorded any that were not yet.
+func (m *Memory) retire(key string, taken []misfit, now time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	return m.retireLocked(key, taken, now)
+}
+
+func (m *Memory) retireLocked(key string, taken []misfit, now time.Time) bool {
+	added := false
+	for _, t := range taken {
+		if !t.Range.Start.IsValid() {
+			continue
+		}
+		byNode := m.given[key]
+		if byNode == nil {
+			byNode = map[string][]grant{}
+			m.given[key] = byNode
+		}
+		if slices.ContainsFunc(byNode[t.Node], func(g grant) bool { return g.Range == t.Range }) {
+			continue
+		}
+		byNode[t.Node] = append(byNode[t.Node], grant{Range: t.Range, Since: now})
+		added = true
+	}
+	if added {
+		m.version++
+	}
+	return added
+}
+
+// know records the pool with key as the controller sees it in a reconcile. A
+// memory without grants (see trustFirst) adopts the reports of a pool at its
+// first reconcile in this process.
+func (m *Memory) know(key string, uid types.UID, network iprange.Range) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	if m.trustFirst && !m.seen[key] {
+		m.adoptPending[key] = network
+	}
+	m.seen[key] = true
+	kp := knownPool{UID: uid, Network: network.String()}
+	if m.pools[key] != kp {
+		m.pools[key] = kp
+		m.version++
+	}
+}
+
+// forgetPool records that the pool with key is gone: its blocks become grants
+// of their nodes.
+func (m *Memory) forgetPool(key string, now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	var taken []misfit
+	for node, b := range m.status[key] {
+		taken = append(taken, misfit{Node: node, Range: b})
+	}
+	m.retireLocked(key, taken, now)
+	if len(m.status[key]) > 0 {
+		m.status[key] = map[string]iprange.Range{}
+		m.version++
+	}
+	if kp, ok := m.pools[key]; ok && !kp.Gone {
+		kp.Gone = true
+		m.pools[key] = kp
+		m.version++
+	}
+}
+
+// checkGone adopts, once per process, the reports of the pools the memory knew
+// that were deleted or re-created while no controller ran (pools: those of the
+// namespace). The memory is loaded.
+func (m *Memory) checkGone(pools []pool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	if m.goneChecked {
+		return
+	}
+	m.goneChecked = true
+	existing := make(map[string]types.UID, len(pools))
+	for _, p := range pools {
+		existing[p.storeKey()] = p.object().GetUID()
+		m.listed[p.storeKey()] = true
+	}
+	for key, kp := range m.pools {
+		if kp.Gone || existing[key] == kp.UID {
+			continue
+		}
+		if network, err := iprange.ParseRange(kp.Network); err == nil {
+			m.adoptPending[key] = network
+		}
+		if _, ok := existing[key]; !ok {
+			kp.Gone = true
+			m.pools[key] = kp
+			m.version++
+		}
+	}
+}
+
+// adoptReports makes grants of what the nodes report in the pools waiting for it
+// (see know, checkGone), within the network recorded for each; with mu held.
+func (m *Memory) adoptReports(now time.Time) {
+	for key, network := range m.adoptPending {
+		adopted := 0
+		for node, rep := range m.reports {
+			h, ok := rep.parsed[key]
+			if !ok {
+				continue
+			}
+			rs := slices.Clone(h.held)
+			if h.block.Start.IsValid() {
+				rs = append(rs, h.block)
+			}
+			var taken []misfit
+			for _, r := range rs {
+				for _, in := range clip(r, []iprange.Range{network}) {
+					taken = append(taken, misfit{Node: node, Range: in})
+				}
+			}
+			if len(taken) > maxRangesPerPool {
+				taken = taken[:0]
+				for _, r := range spans(clipAll(rs, network), []iprange.Range{network}) {
+					taken = append(taken, misfit{Node: node, Range: r})
+				}
+			}
+			if len(taken) > 0 {
+				m.retireLocked(key, taken, now)
+				adopted++
+			}
+		}
+		if adopted > 0 {
+			m.Log.Info("took the nodes' held reports of a pool as they stand, within its network: no blocks are "+
+				"recorded to check them against (the first start of this version, a Lease lost, or a pool deleted or "+
+				"re-created while no controller ran)", "pool", key, "network", network.String(), "nodes", adopted)
+		}
+		delete(m.adoptPending, key)
+	}
+}
+
+func clipAll(rs []iprange.Range, network iprange.Range) []iprange.Range {
+	var out []iprange.Range
+	for _, r := range rs {
+		out = append(out, clip(r, []iprange.Range{network})...)
+	}
+	return out
+}
+
+// pruneGrants drops the grants that are older than the grace period (and
+// minGrantAge) in which the node's report holds nothing, and the pools gone
+// with no grants left; with mu held.
+func (m *Memory) pruneGrants(now time.Time, grace time.Duration) {
+	age := max(grace, minGrantAge)
+	for key, byNode := range m.given {
+		for node, gs := range byNode {
+			rep, reported := m.reports[node]
+			kept := slices.DeleteFunc(gs, func(g grant) bool {
+				if now.Sub(g.Since) < age {
+					return false
+				}
+				if reported && rep.holdsIn(key, g.Range) {
+					return false
+				}
+				m.version++
+				return true
+			})
+			if len(kept) == 0 {
+				delete(byNode, node)
+			} else {
+				byNode[node] = kept
+			}
+		}
+		if len(byNode) == 0 {
+			delete(m.given, key)
+		}
+	}
+	for key, kp := range m.pools {
+		if _, ok := m.given[key]; kp.Gone && !ok {
+			delete(m.pools, key)
+			m.version++
+		}
+	}
+}
+
+// holdsIn tells whether the report may hold addresses in r in the pool with key.
+func (r seenReport) holdsIn(key string, g iprange.Range) bool {
+	if r.opaque != "" {
+		return true
+	}
+	h := r.parsed[key]
+	return (h.block.Start.IsValid() && h.block.Overlaps(g)) || overlapsAny(g, h.held)
+}
+
+// flag tells whether an ignored part of a report is new (not yet reported for
+// the node's current report), and remembers it.
+func (m *Memory) flag(ig ignoredReport) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	seen := m.flags[ig.node]
+	if seen == nil {
+		seen = map[string]bool{}
+		m.flags[ig.node] = seen
+	}
+	if seen[ig.text] {
+		return false
+	}
+	seen[ig.text] = true
+	return true
+}
+
+// keptReport is what the Lease keeps of node's report: per pool, what counts
+// (see count); of a live report only the pools with something no status
+// records. nil: nothing to keep. With mu held.
+func (m *Memory) keptReport(node string, rep seenReport) map[string]v1alpha1.PoolHold {
+	var out map[string]v1alpha1.PoolHold
+	for _, key := range m.reportedKeys(node, rep) {
+		c, _ := m.count(node, rep, key)
+		var h v1alpha1.PoolHold
+		if c.block.Start.IsValid() && (!rep.live || !c.covered) {
+			h.Block = c.block.String()
+		}
+		for _, r := range c.held {
+			h.Held = append(h.Held, rangeString(r))
+		}
+		if h.Block == "" && len(h.Held) == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[string]v1alpha1.PoolHold{}
+		}
+		out[key] = h
+	}
+	return out
+}
+
+// keptGrants is what the Lease keeps of the grants; with mu held.
+func (m *Memory) keptGrants() map[string]map[string][]keptGrant {
+	out := make(map[string]map[string][]keptGrant, len(m.given))
+	for key, byNode := range m.given {
+		kept := make(map[string][]keptGrant, len(byNode))
+		for node, gs := range byNode {
+			for _, g := range gs {
+				kept[node] = append(kept[node], keptGrant{Range: g.Range.String(), Since: g.Since.UTC()})
+			}
+		}
+		out[key] = kept
+	}
+	return out
+}
+
+// restoreGrants adds the grants the Lease keeps (one the memory has already
+// stays); with mu held.
+func (m *Memory) restoreGrants(kept map[string]map[string][]keptGrant) {
+	for key, byNode := range kept {
+		for node, gs := range byNode {
+			for _, g := range gs {
+				r, err := iprange.ParseRange(g.Range)
+				if err != nil {
+					continue
+				}
+				if m.given[key] == nil {
+					m.given[key] = map[string][]grant{}
+				}
+				if !slices.ContainsFunc(m.given[key][node], func(x grant) bool { return x.Range == r }) {
+					m.given[key][node] = append(m.given[key][node], grant{Range: r, Since: g.Since})
+				}
+			}
+		}
+	}
+}
+
+// reportIgnored reports, once per report, what a node's report says that does
+// not count: one log line naming the node, an event and the metric. The event is
+// on the pool whose reconcile found it, with the Node as its related object: the
+// controller may create events only in its own namespace (docs/rbac.md), and a
+// Node's events live in "default".
+func (r *Reconciler) reportIgnored(ctx context.Context, p pool, ignored []ignoredReport, nodes []metav1.PartialObjectMetadata) {
+	if len(ignored) == 0 {
+		return
+	}
+	mem := r.memory()
+	logger := log.FromContext(ctx)
+	for _, ig := range ignored {
+		if !mem.flag(ig) {
+			continue
+		}
+		heldReportsIgnored.WithLabelValues(ig.reason).Inc()
+		logger.Info("ignoring part of a node's held report: its annotation "+ig.text, "node", ig.node, "reason", ig.reason)
+		if r.Recorder == nil {
+			continue
+		}
+		var related runtime.Object
+		if i := slices.IndexFunc(nodes, func(n metav1.PartialObjectMetadata) bool { return n.Name == ig.node }); i >= 0 {
+			related = &corev1.Node{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
+				ObjectMeta: metav1.ObjectMeta{Name: ig.node, UID: nodes[i].UID}}
+		}
+		r.Recorder.Eventf(p.object(), related, corev1.EventTypeWarning, "HeldReportIgnored", "Plan",
+			"node %s: its %s annotation %s; that part is ignored for planning and takes nothing from other nodes. "+
+				"Check the node's ipam-node daemon (a bug, or a daemon that is not hwipam's)", ig.node, v1alpha1.HeldAnnotation, ig.text)
+	}
+}
+
+// rangeString is r as a daemon writes it in its report: one address alone.
+func rangeString(r iprange.Range) string {
+	if r.Start == r.End {
+		return r.Start.String()
+	}
+	return r.String()
+}

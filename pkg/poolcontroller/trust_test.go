@@ -1,0 +1,205 @@
+package poolcontroller_test
+
+import (
+		"math/rand/v2"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/poolcontroller"
+)
+
+// reportRaw sets node short's held annotation to raw, as a daemon (or whoever
+// holds its credentials) may write it.
+func (f *fixture) reportRaw(short, raw string) {
+	f.t.Helper()
+	var n corev1.Node
+	if err := f.c.Get(f.t.Context(), client.ObjectKey{Name: f.nodeName(short)}, &n); err != nil {
+		f.t.Fatal(err)
+	}
+	if n.Annotations == nil {
+		n.Annotations = map[string]string{}
+	}
+	n.Annotations[v1alpha1.HeldAnnotation] = raw
+	if err := f.c.Update(f.t.Context(), &n); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// wantIgnoredEvent checks that an event on node short tells that its report was
+// ignored, saying why.
+func (f *fixture) wantIgnoredEvent(short, why string) {
+	f.t.Helper()
+	evs := f.events()
+	for _, e := range evs {
+		if strings.Contains(e, "HeldReportIgnored") && strings.Contains(e, why) {
+			return
+		}
+	}
+	f.t.Errorf("no HeldReportIgnored event about node %s saying %q; events: %q", short, why, evs)
+}
+
+// Issue 29, case 1: a report for a pool that does not exist made that range
+// foreign to every pool of the namespace, so no node got a block in any of them.
+func TestReportOfAnUnknownPoolTakesNothing(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.node("h", false, map[string]string{v1alpha1.HeldAnnotation: `{"no-such-pool":{"held":["0.0.0.0-255.255.255.255"]}}`})
+	f.node("a", true, nil)
+	f.newIPPool("p", "10.96.0.0/24", 8, nil)
+	f.reconcile(f.ip, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"a=10.96.0.1-10.96.0.8"})
+	f.wantIgnoredEvent("h", `reports pool "no-such-pool", in which the controller never gave it a block`)
+	// Once per report: the next reconcile says nothing new.
+	f.reconcile(f.ip, "p")
+	if evs := f.events(); len(evs) != 0 {
+		t.Errorf("events on a second reconcile with the same report: %q", evs)
+	}
+}
+
+// Issue 29, case 1: a report claiming a whole pool as the node's orphans, though
+// the node never had a block there, kept every other node from a block in it.
+func TestReportClaimingAPoolTakesNothing(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.node("a", true, nil)
+	f.node("h", false, nil)
+	f.newIPPool("p", "10.97.0.0/24", 8, nil)
+	f.reconcile(f.ip, "p")
+	f.reportRaw("h", `{"p":{"block":"10.97.0.9-10.97.0.16","held":["10.97.0.0-10.97.0.255"]}}`)
+	f.node("b", true, nil)
+	f.reconcile(f.ip, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"a=10.97.0.1-10.97.0.8", "b=10.97.0.9-10.97.0.16"})
+	f.wantIgnoredEvent("h", `reports pool "p", in which the controller never gave it a block`)
+	wantCondition(t, f.ipPool("p").Status.PoolStatusCommon, v1alpha1.ConditionOrphans, "False", "no node holds")
+}
+
+// A node's report counts inside the blocks the controller gave it, now or
+// earlier, and nowhere else: a's orphans in its old block stay its own, what it
+// claims beyond them goes to other nodes.
+func TestReportCountsOnlyInsideTheNodesBlocks(t *testing.T) {
+	f := newFixture(t, 0)
+	f.node("a", true, nil)
+	f.newIPPool("p", "10.98.0.0/24", 10, nil)
+	f.reconcile(f.ip, "p")
+	f.report("a", map[string]v1alpha1.PoolHold{"p": {Block: "10.98.0.1-10.98.0.10"}})
+	f.updateIPPool("p", func(s *v1alpha1.IPPoolSpec) { s.PerNodeBlockSize = 5 })
+	f.reconcile(f.ip, "p")
+	wantStrings(t, "blocks after the edit", f.blocksOf(f.ipPool("p")), []string{"a=10.98.0.1-10.98.0.5"})
+	// Pods left in the old block (.6-.8), and a claim beyond it (.11-.30).
+	f.report("a", map[string]v1alpha1.PoolHold{"p": {Block: "10.98.0.1-10.98.0.5", Held: []string{"10.98.0.6-10.98.0.8", "10.98.0.11-10.98.0.30"}}})
+	f.node("b", true, nil)
+	f.node("c", true, nil)
+	f.reconcile(f.ip, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")),
+		[]string{"a=10.98.0.1-10.98.0.5", "b=10.98.0.11-10.98.0.15", "c=10.98.0.16-10.98.0.20"})
+	f.wantIgnoredEvent("a", `reports 10.98.0.11-10.98.0.30 in pool "p", outside the blocks the controller gave it`)
+	wantCondition(t, f.ipPool("p").Status.PoolStatusCommon, v1alpha1.ConditionOrphans, "True", "10.98.0.6-10.98.0.8")
+}
+
+// What a daemon holds in a pool that was deleted is kept from the pool that
+// takes its range, whether the controller saw the deletion (the blocks become
+// grants, kept in the Lease) or was down then (the pool the Lease knew is gone:
+// its nodes' reports are taken as they stand, inside its network). A report of
+// another pool that never existed takes nothing, nor, when the controller saw the
+// deletion, a claim of a node that had no block in the deleted pool.
+func TestReportsOfADeletedPool(t *testing.T) {
+	for _, down := range []bool{false, true} {
+		t.Run(map[bool]string{false: "seen", true: "down"}[down], func(t *testing.T) {
+			f := newFixture(t, time.Minute)
+			f.node("a", true, nil)
+			f.node("b", true, nil)
+			first, mem := f.restarted(true)
+			f.newIPPool("old", "10.99.0.0/24", 4, nil)
+			f.reconcile(first, "old")
+			wantStrings(t, "blocks of old", f.blocksOf(f.ipPool("old")), []string{"a=10.99.0.1-10.99.0.4", "b=10.99.0.5-10.99.0.8"})
+			f.save(mem)
+			if err := f.c.Delete(t.Context(), f.ipPool("old")); err != nil {
+				t.Fatal(err)
+			}
+			if !down {
+				f.reconcile(first, "old") // NotFound: saved at once
+			}
+			f.report("a", map[string]v1alpha1.PoolHold{"old": {Held: []string{"10.99.0.2"}},
+				"never": {Held: []string{"10.99.0.20-10.99.0.40"}}})
+			f.report("b", map[string]v1alpha1.PoolHold{"old": {Held: []string{"10.99.0.6"}}})
+			if !down {
+				f.node("h", false, map[string]string{v1alpha1.HeldAnnotation: `{"old":{"held":["10.99.0.0-10.99.0.255"]}}`})
+			}
+			l, _ := f.lease()
+			pl, _ := poolcontroller.DecodePayload(l.Annotations[poolcontroller.MemoryAnnotation]); t.Logf("lease: %s", pl)
+			r, _ := f.restarted(true)
+			f.newIPPool("new", "10.99.0.0/24", 4, nil)
+			f.reconcile(r, "new")
+			wantStrings(t, "blocks of new", f.blocksOf(f.ipPool("new")), []string{"a=10.99.0.9-10.99.0.12", "b=10.99.0.13-10.99.0.16"})
+			if !down {
+				f.node("c", true, nil)
+				f.reconcile(r, "new")
+				wantStrings(t, "blocks of new after c joined", f.blocksOf(f.ipPool("new")),
+					[]string{"a=10.99.0.9-10.99.0.12", "b=10.99.0.13-10.99.0.16", "c=10.99.0.17-10.99.0.20"})
+			}
+		})
+	}
+}
+
+// Issue 29, case 2: one node's report of some 190 KiB (under the API server's
+// limit, incompressible) pushed the Lease's payload over its bound, so no other
+// node's orphans were kept across a restart. Now a report over the limit counts
+// as holding the node's grants, and everyone else's is kept.
+func TestOversizedReportDoesNotFillTheMemory(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.node("a", true, nil)
+	f.node("h", true, nil)
+	first, mem := f.restarted(true)
+	first.Recorder = f.recorder
+	f.newIPPool("p", "10.100.0.0/24", 8, nil)
+	f.reconcile(first, "p")
+	f.report("a", map[string]v1alpha1.PoolHold{"p": {Block: "10.100.0.1-10.100.0.8"}})
+	f.updateIPPool("p", func(s *v1alpha1.IPPoolSpec) { s.PerNodeBlockSize = 4 })
+	f.reconcile(first, "p")
+	f.report("a", map[string]v1alpha1.PoolHold{"p": {Block: "10.100.0.1-10.100.0.4", Held: []string{"10.100.0.7"}}})
+
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 29))
+	var held []string
+	size := 0
+	for size < 190<<10 {
+		var b [16]byte
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		s := netip.AddrFrom16(b).String()
+		held = append(held, s)
+		size += len(s) + 3
+	}
+	f.report("h", map[string]v1alpha1.PoolHold{"x": {Held: held}})
+	f.reconcile(first, "p")
+	f.save(mem)
+	f.wantIgnoredEvent("h", "more than the 65536 the controller reads")
+	_, kept := f.lease()
+	if got := kept[f.nodeName("a")]; got != `{"p":{"held":["10.100.0.7"]}}` {
+		t.Errorf("the Lease keeps %q of a's report, want its orphan", got)
+	}
+
+	// a's Node re-registered while the controller is down: the restarted
+	// controller still keeps a's orphan from a new node.
+	f.deleteNode("a")
+	f.node("a", false, nil)
+	again, _ := f.restarted(true)
+	f.node("c", true, nil)
+	f.reconcile(again, "p")
+	var got string
+	for _, b := range f.ipPool("p").Status.Allocations {
+		if b.NodeName == f.nodeName("c") {
+			got = b.StartIP + "-" + b.EndIP
+		}
+	}
+	if r, err := iprange.ParseRange(got); err != nil || r.Contains(netip.MustParseAddr("10.100.0.7")) {
+		t.Errorf("c got block %q, want one clear of a's orphan 10.100.0.7", got)
+	}
+}
