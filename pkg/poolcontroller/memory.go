@@ -104,11 +104,11 @@ type Memory struct {
 	goneChecked  bool
 	listed       map[string]bool // the pools that existed when goneChecked was set
 	// flags: per node, the ignored parts of its current report already reported.
-	flags    map[string]map[string]bool
-	version  uint64 // bumped by every change the payload depends on
-	savedAt  uint64 // the version the Lease holds
-	saved    string // the payload the Lease holds (as far as this process knows)
-	warned   string // the last save error logged
+	flags   map[string]map[string]bool
+	version uint64 // bumped by every change the payload depends on
+	savedAt uint64 // the version the Lease holds
+	saved   string // the payload the Lease holds (as far as this process knows)
+	warned  string // the last save error logged
 }
 
 // seenReport is a node's held report and when the controller last saw it.
@@ -145,7 +145,7 @@ type memoryPayload struct {
 	// the controller knows. A payload without Pools was written before grants
 	// were kept.
 	Given map[string]map[string][]keptGrant `json:"given,omitempty"`
-	Pools map[string]knownPool            `json:"pools"`
+	Pools map[string]knownPool              `json:"pools"`
 }
 
 func newReport(raw string, seen time.Time, live bool) seenReport {

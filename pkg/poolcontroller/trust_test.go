@@ -1,7 +1,7 @@
 package poolcontroller_test
 
 import (
-		"math/rand/v2"
+	"math/rand/v2"
 	"net/netip"
 	"strings"
 	"testing"
@@ -131,7 +131,8 @@ func TestReportsOfADeletedPool(t *testing.T) {
 				f.node("h", false, map[string]string{v1alpha1.HeldAnnotation: `{"old":{"held":["10.99.0.0-10.99.0.255"]}}`})
 			}
 			l, _ := f.lease()
-			pl, _ := poolcontroller.DecodePayload(l.Annotations[poolcontroller.MemoryAnnotation]); t.Logf("lease: %s", pl)
+			pl, _ := poolcontroller.DecodePayload(l.Annotations[poolcontroller.MemoryAnnotation])
+			t.Logf("lease: %s", pl)
 			r, _ := f.restarted(true)
 			f.newIPPool("new", "10.99.0.0/24", 4, nil)
 			f.reconcile(r, "new")
