@@ -495,9 +495,13 @@ func (w *world) run(steps int) {
 		}
 	}
 	// With nothing held by the honest nodes, whatever the hostile node reports,
-	// every honest node a pool selects gets a block where the pool has room.
-	w.hostileReport()
-	w.checkHonestBlocks()
+	// every honest node a pool selects gets a block where the pool has room, also
+	// in pools created anew under the hostile report.
+	for _, kind := range []int{hostileForeign, hostileClaimAll} {
+		w.writeHostileReport(kind)
+		w.recreatePools()
+		w.checkHonestBlocks()
+	}
 	w.t.Logf("seed %d: %d steps, actions %v", w.seed, steps, w.counts)
 }
 
@@ -799,23 +803,44 @@ func (w *world) apiStart() {
 	w.tracef("API server reachable")
 }
 
-// hostileReport writes the hostile node's held report, as a compromised daemon
-// could: a claim of whole pools, a pool that does not exist, garbage, a report
-// over the controller's limit, or an honest-looking empty one.
-func (w *world) hostileReport() {
+// The hostile node's reports (see writeHostileReport).
+const (
+	hostileClaimPool = iota
+	hostileForeign
+	hostileMalformed
+	hostileOversized
+	hostileEmpty
+	hostileClaimAll
+	hostileKinds
+)
+
+func (w *world) hostileReport() { w.writeHostileReport(w.rng.IntN(hostileKinds)) }
+
+// writeHostileReport writes the hostile node's held report, as a compromised
+// daemon could: a claim of a whole pool or of all of them, pools that do not
+// exist, garbage, a report over the controller's limit, or an honest-looking
+// empty one.
+func (w *world) writeHostileReport(kind int) {
 	var raw, what string
 	p := poolDefs[w.rng.IntN(len(poolDefs))]
 	net := iprange.PrefixRange(netip.MustParsePrefix(p.network))
 	key := v1alpha1.PoolKey(p.kind, p.name)
-	switch w.rng.IntN(5) {
-	case 0:
+	switch kind {
+	case hostileClaimAll:
+		var parts []string
+		for _, p := range poolDefs {
+			r := iprange.PrefixRange(netip.MustParsePrefix(p.network)).String()
+			parts = append(parts, fmt.Sprintf(`%q:{"block":%q,"held":[%q]}`, v1alpha1.PoolKey(p.kind, p.name), r, r))
+		}
+		raw, what = "{"+strings.Join(parts, ",")+"}", "claims all of every pool"
+	case hostileClaimPool:
 		raw, what = fmt.Sprintf(`{%q:{"block":%q,"held":[%q]}}`, key, net.String(), net.String()), "claims all of "+key
-	case 1:
+	case hostileForeign:
 		raw, what = `{"no-such-pool":{"held":["0.0.0.0-255.255.255.255"]},"cidrpool/gone":{"held":["::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"]}}`,
 			"claims every address for pools that do not exist"
-	case 2:
+	case hostileMalformed:
 		raw, what = []string{`{"p0":`, `not json`, `{"p0":{"held":["10.100.0.9-x","10.100.0.300"]}}`, `[]`}[w.rng.IntN(4)], "malformed"
-	case 3:
+	case hostileOversized:
 		var b strings.Builder
 		fmt.Fprintf(&b, `{%q:{"held":[`, key)
 		for i := 0; b.Len() < 100<<10; i++ {
@@ -843,6 +868,30 @@ func (w *world) hostileReport() {
 		return
 	}
 	w.tracef("hostile node reports: %s", what)
+}
+
+// recreatePools deletes every pool and creates each again, with a new random
+// spec: every block is assigned anew.
+func (w *world) recreatePools() {
+	for _, p := range poolDefs {
+		obj, err := w.getPool(p)
+		if err == nil {
+			if err := w.c.Delete(w.ctx, obj); err != nil {
+				w.fail("deleting %s: %v", p.name, err)
+			}
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if _, err := w.getPool(p); apierrors.IsNotFound(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				w.fail("%s %s was not deleted", p.kind, p.name)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		w.createPool(p)
+	}
 }
 
 // checkHonestBlocks waits until every honest node that a pool selects has a
