@@ -130,6 +130,10 @@ func parseReport(raw string) (parsed map[string]parsedHold, opaque string, bad [
 		parsed[key] = p
 	}
 	slices.Sort(bad)
+	const maxListed = 3
+	if len(bad) > maxListed {
+		bad = append(bad[:maxListed], fmt.Sprintf("and %d more", len(bad)-maxListed))
+	}
 	return parsed, "", bad
 }
 
