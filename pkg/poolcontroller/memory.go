@@ -55,6 +55,11 @@ const maxMemoryBytes = 200 << 10
 //     re-registered while the controller is down is covered too, unless its
 //     report changed in the last Interval or a pool's status changed meanwhile.
 //
+// Of every report it keeps only what counts: what lies within the blocks the
+// controller gave that node (see trust.go), so one node cannot fill the Lease. It
+// keeps those grants too (the blocks taken from nodes that their daemons may
+// still hold addresses in), and the pools it knows, by UID and network.
+//
 // It also keeps the pools' reservations (see poolState.reserved): the blocks
 // retired from nodes, held back for the grace period whatever the daemons
 // report, which is all that holds them where daemons cannot annotate their
