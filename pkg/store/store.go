@@ -154,9 +154,11 @@ func Open(path string, opts Options) (*Store, error) {
 	if opts.WALSize == 0 {
 		opts.WALSize = DefaultWALSize
 	}
-	if isNVIPAM, err := looksLikeNVIPAMStore(path); err != nil {
+	isNVIPAM, err := looksLikeNVIPAMStore(path)
+	if err != nil {
 		return nil, err
-	} else if isNVIPAM {
+	}
+	if isNVIPAM {
 		if err := importNVIPAM(path, opts); err != nil {
 			return nil, err
 		}
@@ -283,8 +285,11 @@ func (s *Store) init() (err error) {
 			return err
 		}
 		switch v := meta.Get(keySchema); {
-		case v == nil:
+		case v == nil: // a new store: it gets its log ID with its schema (see openWAL)
 			if err := meta.Put(keySchema, []byte(schemaVersion)); err != nil {
+				return err
+			}
+			if err := putStoreID(meta); err != nil {
 				return err
 			}
 		case !bytes.Equal(v, []byte(schemaVersion)):
