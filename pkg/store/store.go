@@ -154,11 +154,9 @@ func Open(path string, opts Options) (*Store, error) {
 	if opts.WALSize == 0 {
 		opts.WALSize = DefaultWALSize
 	}
-	isNVIPAM, err := looksLikeNVIPAMStore(path)
-	if err != nil {
+	if isNVIPAM, err := looksLikeNVIPAMStore(path); err != nil {
 		return nil, err
-	}
-	if isNVIPAM {
+	} else if isNVIPAM {
 		if err := importNVIPAM(path, opts); err != nil {
 			return nil, err
 		}
