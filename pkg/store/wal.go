@@ -410,15 +410,15 @@ func refuseOlderThanLog(storePath, logPath string) error {
 		return nil // no log, or one that holds nothing
 	}
 	entries, _ := parseWAL(data, binary.LittleEndian.Uint64(data[16:]))
-	held := "no change that is not in its own store file"
+	held := ""
 	if len(entries) > 0 {
-		held = fmt.Sprintf("changes %d to %d", entries[0].seq, entries[len(entries)-1].seq)
+		held = fmt.Sprintf(" (its records go up to change %d)", entries[len(entries)-1].seq)
 	}
-	return fmt.Errorf("store %s was written before ipam-node kept a log, but the log beside it, %s, was written by a later "+
-		"store (its log holds %s): the store file is older than its log (put back from a backup?). Nothing was changed. "+
-		"Put back the store file that goes with this log; or, to go back to this older store file, move the log away and "+
-		"restart: the allocations made since the backup are then forgotten, and their addresses may be handed out again",
-		storePath, logPath, held)
+	return fmt.Errorf("store %s has no log ID: it was written before ipam-node kept a log, but the log beside it, %s, "+
+		"belongs to a store that kept one%s: the store file is older than its log (put back from a backup?). Nothing was "+
+		"changed. Put back the store file that goes with this log; or, to go back to this older store file, move the log "+
+		"away and restart: the allocations made since the backup are then forgotten, and their addresses may be handed "+
+		"out again", storePath, logPath, held)
 }
 
 // open opens the log for writing, with a second descriptor for the flusher,
