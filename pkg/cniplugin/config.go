@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/hwipam/hwipam/pkg/devicename"
 )
 
 // Defaults, as nv-ipam's.
@@ -191,6 +193,11 @@ func resolveConfig(nc *netConf, envArgs string, needPod bool, readFile func(stri
 				"names none: it needs deviceID (SR-IOV, as Multus passes it), pciBusID or device (host-device), or master " +
 				"(macvlan, ipvlan, ipoib); or name the rail")
 		}
+		if needPod && nc.IPAM.Rail == "auto" {
+			if err := checkDevice(nc, c.DeviceID); err != nil {
+				return nil, err
+			}
+		}
 		c.Rail = nc.IPAM.Rail
 	case len(args.PoolNames) > 0:
 		c.Pools = args.PoolNames
@@ -246,6 +253,29 @@ func resolveConfig(nc *netConf, envArgs string, needPod bool, readFile func(stri
 		c.RequestedIPs = append(c.RequestedIPs, a)
 	}
 	return c, nil
+}
+
+// checkDevice refuses a device field that is not a name of what it can hold
+// (the daemon, which resolves it, refuses it too): deviceID is what the call
+// sends, from the top level or the deviceID capability. A DEL is not refused:
+// the daemon then releases the interface wherever it holds addresses.
+func checkDevice(nc *netConf, deviceID string) error {
+	id := devicename.DeviceID
+	if nc.DeviceID == "" {
+		id = devicename.RuntimeDeviceID
+	}
+	for _, f := range []struct {
+		field devicename.Field
+		value string
+	}{{id, deviceID}, {devicename.PCIBusID, nc.PCIBusID}, {devicename.Master, nc.Master}, {devicename.Device, nc.Device}} {
+		if f.value == "" {
+			continue
+		}
+		if err := f.field.Check(f.value); err != nil {
+			return configErr("ipam.rail \"auto\" finds the rail by the attachment's device: %v", err)
+		}
+	}
+	return nil
 }
 
 // checkRail refuses a rail name that no pool label could carry.

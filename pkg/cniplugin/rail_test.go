@@ -1,6 +1,7 @@
 package cniplugin_test
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -65,6 +66,43 @@ func TestRailConfig(t *testing.T) {
 		"ipam": {"type": "nv-ipam", "rail": "auto", "confDir": "`+dir+`"}}`), pod, true)
 	if err != nil || len(c.Pools) != 0 || c.Rail != "auto" {
 		t.Errorf("rail with nv-ipam.conf's poolName and forcePoolName: %+v %v", c, err)
+	}
+}
+
+// TestRailAutoRefusesWhatIsNoDeviceName: with rail "auto", a device field that
+// is not a name of what it can hold is a configuration error naming the field,
+// what was wrong and what a valid value looks like; the same values without a
+// rail are only recorded (deviceID) or not used, and a DEL is not refused (the
+// daemon releases the interface wherever it holds addresses).
+func TestRailAutoRefusesWhatIsNoDeviceName(t *testing.T) {
+	const pod = "K8S_POD_NAME=p;K8S_POD_NAMESPACE=ns"
+	for _, v := range []string{"../../../../etc/x", "/etc/passwd", "..", "x\u0000", strings.Repeat("a", 300), "eth0 1"} {
+		raw, _ := json.Marshal(v)
+		for _, c := range []struct{ top, field string }{
+			{`"deviceID": ` + string(raw), "deviceID"},
+			{`"runtimeConfig": {"deviceID": ` + string(raw) + `}`, "runtimeConfig.deviceID"},
+			{`"pciBusID": ` + string(raw), "pciBusID"},
+			{`"master": ` + string(raw), "master"},
+			{`"device": ` + string(raw), "device"},
+			{`"deviceID": "0000:3c:00.1", "master": ` + string(raw), "master"},
+		} {
+			conf := func(ipam string) []byte {
+				return []byte(`{"cniVersion": "1.0.0", "name": "n", ` + c.top + `, "ipam": {"type": "nv-ipam", "confDir": "/nonexistent"` +
+					ipam + `}}`)
+			}
+			_, err := cniplugin.LoadConfig(conf(`, "rail": "auto"`), pod, true)
+			if err == nil || !strings.Contains(err.Error(), "invalid network configuration") ||
+				!strings.Contains(err.Error(), c.field+" ") || !strings.Contains(err.Error(), "e.g.") {
+				t.Errorf("rail auto, %s %q: %v, want a configuration error naming the field and what a valid one looks like",
+					c.field, v, err)
+			}
+			if _, err := cniplugin.LoadConfig(conf(`, "rail": "auto"`), "", false); err != nil {
+				t.Errorf("rail auto, DEL with %s %q: %v, want it sent to the daemon", c.field, v, err)
+			}
+			if _, err := cniplugin.LoadConfig(conf(`, "poolName": "a"`), pod, true); err != nil {
+				t.Errorf("no rail, %s %q: %v, want accepted as before", c.field, v, err)
+			}
+		}
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,6 +21,7 @@ import (
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/ipamnode"
@@ -172,6 +175,57 @@ func TestRailAuto(t *testing.T) {
 		var cniErr *harness.CNIError
 		if !errors.As(err, &cniErr) || cniErr.Code != tc.code || !strings.Contains(cniErr.Details+cniErr.Msg, tc.want) {
 			t.Errorf("%s: %v, want CNI code %d saying %q", name, err, tc.code, tc.want)
+		}
+	}
+
+	// Device fields that are no names (docs/rails.md): the plugin refuses them as
+	// a configuration error; the daemon, asked directly, refuses them too, and
+	// neither shows a path of the host (here: of the tree) or follows one. A
+	// release with such a device releases the interface wherever it is held.
+	secret := filepath.Join(tree.Root, "secret", "0000:3b:00.0", "x")
+	if err := os.MkdirAll(secret, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"../../../../secret/0000:3b:00.0/x", "../../../../secret", "/etc/passwd", "..", "eth0\x00", strings.Repeat("x", 200)} {
+		for _, field := range []string{"deviceID", "pciBusID", "master", "device"} {
+			_, err := call("ADD", "hostile", map[string]any{field: v}, auto)
+			var cniErr *harness.CNIError
+			if !errors.As(err, &cniErr) || cniErr.Code != 7 || !strings.Contains(cniErr.Details, field+" ") ||
+				!strings.Contains(cniErr.Details, "e.g.") || strings.Contains(cniErr.Details, tree.Root) {
+				t.Errorf("plugin, %s %q: %v, want CNI code 7 naming the field and what a valid one looks like", field, v, err)
+			}
+			prm := params("hostile")
+			prm.Rail = "auto"
+			switch field {
+			case "deviceID":
+				prm.Metadata.DeviceId = v
+			case "pciBusID":
+				prm.PciBusId = v
+			case "master":
+				prm.Master = v
+			case "device":
+				prm.Device = v
+			}
+			_, err = d.ipam.Allocate(t.Context(), &nodev1.AllocateRequest{Parameters: prm})
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), field+" ") ||
+				!strings.Contains(err.Error(), "e.g.") || strings.Contains(err.Error(), tree.Root) {
+				t.Errorf("daemon, %s %q: %v, want InvalidArgument naming the field and what a valid one looks like", field, v, err)
+			}
+		}
+	}
+	if _, err := call("ADD", "released", map[string]any{"deviceID": "0000:3d:00.2"}, auto); err != nil {
+		t.Fatal(err)
+	}
+	prm := params("released")
+	prm.Rail, prm.Master = "auto", "../../../../secret"
+	if _, err := d.ipam.Deallocate(t.Context(), &nodev1.DeallocateRequest{Parameters: prm}); err != nil {
+		t.Errorf("release with a master that is no name: %v", err)
+	}
+	for _, list := range listAllocations(t, d) {
+		for _, a := range list {
+			if a.GetContainerId() == "released" || a.GetContainerId() == "hostile" {
+				t.Errorf("%s holds %s after the release with a device that is no name", a.GetContainerId(), a.GetIp())
+			}
 		}
 	}
 

@@ -9,10 +9,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 
 	"github.com/k8snetworkplumbingwg/sriovnet"
+
+	"github.com/hwipam/hwipam/pkg/devicename"
 )
 
 // ErrNotFound is a device this node does not have.
@@ -30,10 +31,16 @@ type Locator interface {
 	PCIOfNetdev(name string) (string, error)
 }
 
-var pciAddress = regexp.MustCompile(`^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$`)
-
 // IsPCIAddress says whether s is a PCI address in domain:bus:device.function form.
-func IsPCIAddress(s string) bool { return pciAddress.MatchString(s) }
+func IsPCIAddress(s string) bool { return devicename.PCIAddress.Valid(s) }
+
+// Every name a Locator is given is checked before a path is built from it, and
+// what its errors say of a path is inside the sysfs tree (see sysfsPath).
+var (
+	pciFunction = devicename.Field{Name: "PCI function", Kinds: devicename.PCIAddress}
+	auxDevice   = devicename.Field{Name: "auxiliary device", Kinds: devicename.AuxDevice}
+	netdev      = devicename.Field{Name: "netdev", Kinds: devicename.Netdev}
+)
 
 // SysfsLocator reads a sys/ tree under Root: a captured one (--sysfs-root), or the
 // node's (Root "/").
@@ -45,6 +52,9 @@ func (l SysfsLocator) path(parts ...string) string {
 
 // PFOfPCI implements Locator.
 func (l SysfsLocator) PFOfPCI(addr string) (string, error) {
+	if err := pciFunction.Check(addr); err != nil {
+		return "", err
+	}
 	dev := l.path("bus", "pci", "devices", addr)
 	if _, err := os.Stat(dev); err != nil {
 		return "", fmt.Errorf("PCI function %s: %w", addr, ErrNotFound)
@@ -54,43 +64,74 @@ func (l SysfsLocator) PFOfPCI(addr string) (string, error) {
 		return addr, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("PCI function %s: reading physfn: %w", addr, err)
+		return "", fmt.Errorf("PCI function %s: reading its physfn link: %w", addr, unwrapPath(err))
 	}
-	return filepath.Base(target), nil
+	if pf := filepath.Base(target); IsPCIAddress(pf) {
+		return pf, nil
+	}
+	return "", fmt.Errorf("PCI function %s: its physfn link names no PCI function", addr)
 }
 
 // PCIOfAux implements Locator.
 func (l SysfsLocator) PCIOfAux(name string) (string, error) {
+	if err := auxDevice.Check(name); err != nil {
+		return "", err
+	}
 	target, err := filepath.EvalSymlinks(l.path("bus", "auxiliary", "devices", name))
 	if err != nil {
 		return "", fmt.Errorf("auxiliary device %s: %w", name, ErrNotFound)
 	}
-	return pciAncestor(target, "auxiliary device "+name)
+	return l.pciAncestor(target, "auxiliary device "+name)
 }
 
 // PCIOfNetdev implements Locator.
 func (l SysfsLocator) PCIOfNetdev(name string) (string, error) {
-	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
-		return "", fmt.Errorf("netdev %q: not a netdev name", name)
+	if err := netdev.Check(name); err != nil {
+		return "", err
 	}
 	target, err := filepath.EvalSymlinks(l.path("class", "net", name))
 	if err != nil {
 		return "", fmt.Errorf("netdev %s: %w (a netdev already moved into a pod's network namespace cannot be looked up by name: "+
 			"give the network config's deviceID or pciBusID)", name, ErrNotFound)
 	}
-	return pciAncestor(target, "netdev "+name)
+	return l.pciAncestor(target, "netdev "+name)
 }
 
 // pciAncestor is the nearest directory of a sysfs device path named by a PCI
 // address: /sys/devices/pci0000:00/0000:00:02.0/0000:03:00.0/net/p0 gives
-// 0000:03:00.0, .../0000:03:00.0/mlx5_core.sf.3/net/x too.
-func pciAncestor(path, what string) (string, error) {
+// 0000:03:00.0, .../0000:03:00.0/mlx5_core.sf.3/net/x too. Only a path inside
+// the sysfs tree counts.
+func (l SysfsLocator) pciAncestor(path, what string) (string, error) {
+	shown, inside := l.sysfsPath(path)
+	if !inside {
+		return "", fmt.Errorf("%s: its sysfs entry leads outside the sysfs tree", what)
+	}
 	for dir := path; dir != filepath.Dir(dir); dir = filepath.Dir(dir) {
 		if IsPCIAddress(filepath.Base(dir)) {
 			return filepath.Base(dir), nil
 		}
 	}
-	return "", fmt.Errorf("%s is not on a PCI device (%s)", what, path)
+	return "", fmt.Errorf("%s is not on a PCI device (%s)", what, shown)
+}
+
+// sysfsPath is how an error shows path, a resolved link: as /sys/..., and
+// whether it is inside the sysfs tree at all (an error never shows a path that is
+// not).
+func (l SysfsLocator) sysfsPath(path string) (string, bool) {
+	rel, err := filepath.Rel(l.path(), path)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", false
+	}
+	return filepath.Join("/sys", rel), true
+}
+
+// unwrapPath is a file system error without the path it names.
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // LiveLocator is the node's own sysfs. VF → PF and auxiliary device → PF go
@@ -102,8 +143,8 @@ type LiveLocator struct{}
 
 // PFOfPCI implements Locator.
 func (LiveLocator) PFOfPCI(addr string) (string, error) {
-	if !IsPCIAddress(addr) {
-		return "", fmt.Errorf("PCI function %q: not a PCI address", addr)
+	if err := pciFunction.Check(addr); err != nil {
+		return "", err
 	}
 	if _, err := os.Stat(filepath.Join(sriovnet.PciSysDir, addr)); err != nil {
 		return "", fmt.Errorf("PCI function %s: %w", addr, ErrNotFound)

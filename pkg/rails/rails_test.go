@@ -11,6 +11,7 @@ import (
 
 	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
+	"github.com/hwipam/hwipam/pkg/devicename"
 	"github.com/hwipam/hwipam/pkg/rails"
 )
 
@@ -103,6 +104,83 @@ func TestResolveErrorsNameTheRails(t *testing.T) {
 		_, err := r.Resolve(c.dev)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", c.dev, err, c.want)
+		}
+	}
+}
+
+// TestResolveRefusesWhatIsNoName: a device field that is not a name of what it
+// can be (a path, a NUL, an overlong value...) is refused before any path is
+// built from it, with what a valid value looks like, in every field; and no
+// error shows a path outside the sysfs tree, nor the tree's own location. The
+// tree has a directory beside sys/ that a path could reach, with a PCI
+// address's name inside, and a netdev link leading out of sys/.
+func TestResolveRefusesWhatIsNoName(t *testing.T) {
+	tree, err := fakesysfs.SRIOV(t.TempDir(), 2, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := filepath.Join(tree.Root, "secret")
+	if err := os.MkdirAll(filepath.Join(secret, "0000:3b:00.0", "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := resolver(t, tree.Root, nil)
+	hostile := []string{
+		"../../../../secret/0000:3b:00.0/x", // resolved to a rail by its parent's name on the old code
+		"../../../../secret",
+		"../../../secret",
+		"../../../../secret/none",
+		secret,
+		"/etc/passwd",
+		"..",
+		".",
+		"mlx5_core.sf.4\x00",
+		"\x00",
+		strings.Repeat("a", 300),
+		strings.Repeat("../", 200) + "etc",
+		"eth0 x",
+		"eth0\n",
+	}
+	for _, v := range hostile {
+		for _, dev := range []rails.Device{{DeviceID: v}, {PCIBusID: v}, {Master: v}, {Netdev: v},
+			{DeviceID: "0000:3c:00.1", Master: v}} { // a set field is checked even where another is used
+			got, err := r.Resolve(dev)
+			if !errors.Is(err, devicename.ErrInvalid) || !strings.Contains(err.Error(), "e.g.") {
+				t.Errorf("%+v: %+v %v, want refused as no device name, with what one looks like", dev, got, err)
+			}
+			if err != nil && strings.Contains(err.Error(), tree.Root) && !strings.Contains(v, tree.Root) {
+				t.Errorf("%+v: the error shows a host path: %v", dev, err)
+			}
+		}
+	}
+
+	// A netdev whose sysfs entry leads out of sys/: not followed into an error.
+	if err := os.Symlink("../../../secret/0000:3b:00.0/x", filepath.Join(tree.Root, "sys", "class", "net", "evil0")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.Resolve(rails.Device{Master: "evil0"})
+	if err == nil || strings.Contains(err.Error(), tree.Root) || !strings.Contains(err.Error(), "leads outside the sysfs tree") {
+		t.Errorf("a netdev leading out of sysfs: %v, want refused without the path", err)
+	}
+	// A netdev not on a PCI device is shown by its sysfs path, from /sys.
+	virtual := filepath.Join(tree.Root, "sys", "devices", "virtual", "net", "veth9")
+	if err := os.MkdirAll(virtual, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../devices/virtual/net/veth9", filepath.Join(tree.Root, "sys", "class", "net", "veth9")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.Resolve(rails.Device{Master: "veth9"})
+	if err == nil || !strings.Contains(err.Error(), "netdev veth9 is not on a PCI device (/sys/devices/virtual/net/veth9)") ||
+		strings.Contains(err.Error(), tree.Root) {
+		t.Errorf("a virtual netdev: %v, want not on a PCI device, shown from /sys", err)
+	}
+	// The Locator checks what it is given too.
+	l := rails.SysfsLocator{Root: tree.Root}
+	for name, f := range map[string]func(string) (string, error){"PFOfPCI": l.PFOfPCI, "PCIOfAux": l.PCIOfAux,
+		"PCIOfNetdev": l.PCIOfNetdev, "live PFOfPCI": rails.LiveLocator{}.PFOfPCI, "live PCIOfAux": rails.LiveLocator{}.PCIOfAux,
+		"live PCIOfNetdev": rails.LiveLocator{}.PCIOfNetdev} {
+		if got, err := f("../../../../secret"); !errors.Is(err, devicename.ErrInvalid) {
+			t.Errorf("%s of a path: %q %v, want refused", name, got, err)
 		}
 	}
 }

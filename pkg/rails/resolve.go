@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/hwipam/hwipam/nicdiscovery"
+	"github.com/hwipam/hwipam/pkg/devicename"
 )
 
 // Device is what an attachment's network config says about its device, as
@@ -41,6 +42,26 @@ func (d Device) String() string {
 	return "no device"
 }
 
+// Check refuses a field that is not a name of what it can hold (deviceID: a
+// PCI address or an auxiliary device; pciBusID: a PCI address; master and
+// device: netdevs): each field that is set, whichever is used, before any path
+// is built from one. Its error wraps devicename.ErrInvalid.
+func (d Device) Check() error {
+	for _, f := range []struct {
+		field devicename.Field
+		value string
+	}{{devicename.DeviceID, d.DeviceID}, {devicename.PCIBusID, d.PCIBusID}, {devicename.Master, d.Master},
+		{devicename.Device, d.Netdev}} {
+		if f.value == "" {
+			continue
+		}
+		if err := f.field.Check(f.value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Resolution is where a device was found.
 type Resolution struct {
 	// Function is the device's PCI function, PF the physical function, Rail its rail.
@@ -60,9 +81,13 @@ type Resolver struct {
 var ErrNoDevice = errors.New("the network config names no device")
 
 // Resolve finds d's rail: the first field set of deviceID, pciBusID, master and
-// device, its PCI function, that function's PF, and the PF's rail.
+// device, its PCI function, that function's PF, and the PF's rail. A device
+// whose fields are not names (Check) is refused before anything is looked up.
 func (r *Resolver) Resolve(d Device) (Resolution, error) {
 	var res Resolution
+	if err := d.Check(); err != nil {
+		return res, err
+	}
 	var err error
 	switch {
 	case d.DeviceID != "" && IsPCIAddress(d.DeviceID):
@@ -70,9 +95,6 @@ func (r *Resolver) Resolve(d Device) (Resolution, error) {
 	case d.DeviceID != "":
 		res.Function, err = r.Locator.PCIOfAux(d.DeviceID)
 	case d.PCIBusID != "":
-		if !IsPCIAddress(d.PCIBusID) {
-			return res, fmt.Errorf("pciBusID %q is not a PCI address (domain:bus:device.function)", d.PCIBusID)
-		}
 		res.Function = d.PCIBusID
 	case d.Master != "":
 		res.Function, err = r.Locator.PCIOfNetdev(d.Master)

@@ -137,6 +137,11 @@ func writeImported(tx *bolt.Tx, root *nvRoot) error {
 	if err := meta.Put(keySchema, []byte(schemaVersion)); err != nil {
 		return err
 	}
+	// Its own log ID: a log left beside the path (of an hwipam store that was
+	// there before nv-ipam's came back) is another store's.
+	if err := putStoreID(meta); err != nil {
+		return err
+	}
 	pools, err := tx.CreateBucketIfNotExists(bucketPools)
 	if err != nil {
 		return err

@@ -283,8 +283,11 @@ func (s *Store) init() (err error) {
 			return err
 		}
 		switch v := meta.Get(keySchema); {
-		case v == nil:
+		case v == nil: // a new store: it gets its log ID with its schema (see openWAL)
 			if err := meta.Put(keySchema, []byte(schemaVersion)); err != nil {
+				return err
+			}
+			if err := putStoreID(meta); err != nil {
 				return err
 			}
 		case !bytes.Equal(v, []byte(schemaVersion)):

@@ -314,18 +314,23 @@ func (s *Store) openWAL(size int64) error {
 		return err
 	}
 	if id == 0 {
-		// A new store, an imported one, or one from before the log: give it
-		// its ID before any log is written for it.
-		for id == 0 {
-			id = rand.Uint64()
+		// A store file from before the log (a new store, or an imported one,
+		// gets its ID when it is made). Beside no log, or one that never got a
+		// header, this is the upgrade: it gets its ID before any log is
+		// written for it. Beside a log of some store, the file is a backup put
+		// back: it predates every log, so it is refused as older than its log,
+		// before anything is written to either file.
+		if err := refuseOlderThanLog(s.path, path); err != nil {
+			return err
 		}
 		if err := s.waitChecked(); err != nil {
 			return err
 		}
-		if err := s.db.Update(func(tx *bolt.Tx) error {
-			return tx.Bucket(bucketMeta).Put(keyWALID, []byte(strconv.FormatUint(id, 10)))
-		}); err != nil {
+		if err := s.db.Update(func(tx *bolt.Tx) error { return putStoreID(tx.Bucket(bucketMeta)) }); err != nil {
 			return fmt.Errorf("writing store %s: %w", s.path, err)
+		}
+		if err := s.db.View(func(tx *bolt.Tx) error { id, _ = walMeta(tx); return nil }); err != nil {
+			return err
 		}
 	}
 	data, err := readWALFile(path)
@@ -382,6 +387,38 @@ func (s *Store) openWAL(size int64) error {
 	go s.checkpointer()
 	go s.flusher()
 	return nil
+}
+
+// putStoreID gives a store its log ID, a random number other than 0.
+func putStoreID(meta *bolt.Bucket) error {
+	id := rand.Uint64()
+	for id == 0 {
+		id = rand.Uint64()
+	}
+	return meta.Put(keyWALID, []byte(strconv.FormatUint(id, 10)))
+}
+
+// refuseOlderThanLog refuses a store file with no log ID (written before the
+// log existed) beside a log that has a store's header: see openWAL.
+func refuseOlderThanLog(storePath, logPath string) error {
+	data, err := readWALFile(logPath)
+	if err != nil {
+		return err
+	}
+	if len(data) < walHeaderSize || string(data[:8]) != walMagic ||
+		binary.LittleEndian.Uint32(data[24:]) != crc32.Checksum(data[:24], castagnoli) {
+		return nil // no log, or one that holds nothing
+	}
+	entries, _ := parseWAL(data, binary.LittleEndian.Uint64(data[16:]))
+	held := ""
+	if len(entries) > 0 {
+		held = fmt.Sprintf(" (its records go up to change %d)", entries[len(entries)-1].seq)
+	}
+	return fmt.Errorf("store %s has no log ID: it was written before ipam-node kept a log, but the log beside it, %s, "+
+		"belongs to a store that kept one%s: the store file is older than its log (put back from a backup?). Nothing was "+
+		"changed. Put back the store file that goes with this log; or, to go back to this older store file, move the log "+
+		"away and restart: the allocations made since the backup are then forgotten, and their addresses may be handed "+
+		"out again", storePath, logPath, held)
 }
 
 // open opens the log for writing, with a second descriptor for the flusher,

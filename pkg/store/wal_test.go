@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/hwipam/hwipam/pkg/store"
 	"github.com/hwipam/hwipam/test/harness"
@@ -635,4 +638,160 @@ func TestLogOlderThanItsStoreFileIsRefused(t *testing.T) {
 	}
 	// With the log moved away, the store file alone, as it was saved.
 	reopenAgrees(t, path, store.Options{}, model{"p": {store.RecordKey("c1", "net1"): "10.0.0.1"}})
+}
+
+// preLogStore writes a store file as ipam-node wrote it before the log existed:
+// allocation c1 in pool p, and no log ID or sequence number in its meta bucket.
+// It returns the file's bytes.
+func preLogStore(t *testing.T) []byte {
+	t.Helper()
+	s, path := openNew(t, store.Options{})
+	if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc("c1", "net1", "10.0.0.1")}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket([]byte("meta"))
+		return errors.Join(meta.Delete([]byte("walID")), meta.Delete([]byte("walSeq")))
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// fileState is a file's bytes and modification time.
+type fileState struct {
+	data  []byte
+	mtime time.Time
+}
+
+func stateOf(t *testing.T, path string) fileState {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fileState{data, fi.ModTime()}
+}
+
+// TestPreLogBackupBesideALogIsRefused: a store file from before the log (no log
+// ID in it) put back beside the log of a later store is refused as older than
+// its log, with what to do, and neither file is touched; beside no log, or a log
+// that holds nothing, it is upgraded; an nv-ipam store imported beside a log
+// does not take it.
+func TestPreLogBackupBesideALogIsRefused(t *testing.T) {
+	backup := preLogStore(t)
+	c1 := model{"p": {store.RecordKey("c1", "net1"): "10.0.0.1"}}
+
+	// The upgrade: the file alone opens, keeps c1, and takes a log from now on.
+	dir := t.TempDir()
+	path := filepath.Join(dir, "store")
+	if err := os.WriteFile(path, backup, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reopenAgrees(t, path, store.Options{}, c1)
+	s, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.HoldCheckpoints()
+	if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc("c2", "net1", "10.0.0.2")}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	s.Crash() // c2 is only in the log
+	logPath := path + ".wal"
+	upgraded, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logData, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The upgraded file beside its log: c2 is replayed.
+	other := filepath.Join(t.TempDir(), "store")
+	if err := errors.Join(os.WriteFile(other, upgraded, 0o600), os.WriteFile(other+".wal", logData, 0o600)); err != nil {
+		t.Fatal(err)
+	}
+	reopenAgrees(t, other, store.Options{}, model{"p": {store.RecordKey("c1", "net1"): "10.0.0.1", store.RecordKey("c2", "net1"): "10.0.0.2"}})
+
+	// The backup put back beside that log: refused, nothing touched.
+	if err := os.WriteFile(path, backup, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour).Truncate(time.Second)
+	for _, p := range []string{path, logPath} {
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := map[string]fileState{path: stateOf(t, path), logPath: stateOf(t, logPath)}
+	_, err = store.Open(path, store.Options{})
+	for _, want := range []string{"older than its log", "Nothing was changed", "Put back the store file that goes with this log",
+		"move the log away", "forgotten"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Open of a store file from before the log, beside a later log = %v, want a refusal saying %q", err, want)
+		}
+	}
+	for p, b := range before {
+		if a := stateOf(t, p); !bytes.Equal(a.data, b.data) || !a.mtime.Equal(b.mtime) {
+			t.Errorf("%s was modified by the refused Open (mtime %v, was %v; same bytes: %v)", p, a.mtime, b.mtime,
+				bytes.Equal(a.data, b.data))
+		}
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 2 {
+		t.Errorf("files beside the store after the refused Open: %v %v, want the store file and its log", entries, err)
+	}
+	// Moving the log away goes back to the backup, as the message says.
+	if err := os.Rename(logPath, logPath+".old"); err != nil {
+		t.Fatal(err)
+	}
+	reopenAgrees(t, path, store.Options{}, c1)
+
+	// Beside a log that holds nothing (made, never written): the upgrade.
+	path = filepath.Join(t.TempDir(), "store")
+	if err := errors.Join(os.WriteFile(path, backup, 0o600), os.WriteFile(path+".wal", make([]byte, 8192), 0o600)); err != nil {
+		t.Fatal(err)
+	}
+	reopenAgrees(t, path, store.Options{}, c1)
+
+	// An nv-ipam store imported beside that log is a new store: it opens and
+	// does not replay it.
+	path = filepath.Join(t.TempDir(), "store")
+	writeNVStore(t, path, 0)
+	if err := os.WriteFile(path+".wal", logData, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err = store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatalf("importing beside another store's log: %v", err)
+	}
+	pools, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pools["p"] != nil || pools["rail0"] == nil {
+		t.Errorf("imported beside another store's log: %v, want the import without the log's c2", pools)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
