@@ -120,6 +120,9 @@ type world struct {
 	uncertain map[string]attachment
 	nextID    int
 	counts    map[string]int
+	// hostileHad: per pool name, every block the hostile node was seen with. The
+	// controller gave them to it, so its report may keep them (see checkHonestBlocks).
+	hostileHad map[string][]iprange.Range
 	logs      []namedLog
 }
 
@@ -178,7 +181,7 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	w := &world{t: t, ctx: t.Context(), seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5157)), cp: cp, c: cp.Client,
 		nodeBin: bins["ipam-node"], pluginBin: bins["nv-ipam"], live: map[string]attachment{}, uncertain: map[string]attachment{},
-		counts: map[string]int{}}
+		counts: map[string]int{}, hostileHad: map[string][]iprange.Range{}}
 	w.proxy = harness.NewAPIProxy(t, cp.Config)
 	host := w.proxy.Target()
 	kc, err := cp.WriteKubeconfig(t.TempDir())
@@ -896,7 +899,9 @@ func (w *world) recreatePools() {
 
 // checkHonestBlocks waits until every honest node that a pool selects has a
 // block in it, for every pool with a usable block for each node (the hostile
-// node's included): what the hostile node reports must not keep them from one.
+// node's included) clear of the blocks the hostile node ever had in a pool of
+// that name: what the controller gave the hostile node its report may keep, and
+// nothing more.
 func (w *world) checkHonestBlocks() {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -923,21 +928,22 @@ func (w *world) honestWithoutBlock() []string {
 			w.fail("reading %s: %v", p.name, err)
 		}
 		var sel *corev1.NodeSelector
-		var usable uint64
+		var layout blocks.Layout
 		switch o := obj.(type) {
 		case *v1alpha1.IPPool:
 			sel = o.Spec.NodeSelector
-			if l, err := blocks.NewIPPool(&o.Spec); err == nil {
-				for i, ok := l.NextUsable(0); ok; i, ok = l.NextUsable(i + 1) {
-					usable++
-				}
-			}
+			layout, err = blocks.NewIPPool(&o.Spec)
 		case *v1alpha1.CIDRPool:
 			sel = o.Spec.NodeSelector
-			if l, err := blocks.NewCIDRPool(&o.Spec); err == nil {
-				for i, ok := l.NextUsable(0); ok; i, ok = l.NextUsable(i + 1) {
-					usable++
-				}
+			layout, err = blocks.NewCIDRPool(&o.Spec)
+		}
+		if err != nil {
+			w.fail("layout of %s: %v", p.name, err)
+		}
+		var usable uint64
+		for i, ok := layout.NextUsable(0); ok; i, ok = layout.NextUsable(i + 1) {
+			if !slices.ContainsFunc(w.hostileHad[p.name], layout.Block(i).Overlaps) {
+				usable++
 			}
 		}
 		var want []string
@@ -1097,6 +1103,9 @@ func (w *world) check() {
 	}
 	for pool, bs := range w.blocks() {
 		for _, b := range bs {
+			if b.node == hostileNode && !slices.Contains(w.hostileHad[pool], b.r) {
+				w.hostileHad[pool] = append(w.hostileHad[pool], b.r)
+			}
 			for ip, h := range all {
 				if b.r.Contains(ip) && b.node != w.nodes[h.node].name {
 					w.fail("address %s held on %s (%s %s) lies in %s's block %s of pool %s",
