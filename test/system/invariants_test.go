@@ -483,6 +483,14 @@ func (w *world) run(steps int) {
 			w.startDaemon(i)
 		}
 	}
+	select {
+	case <-w.ctrlExited:
+		// Started while the API server was unreachable, it gave up (as it
+		// should: its Deployment restarts it); the checks below need it.
+		w.startController()
+		w.tracef("start ipam-controller again (it had exited)")
+	default:
+	}
 	w.check()
 	for k, a := range w.live {
 		w.mustDel(a)
