@@ -77,6 +77,10 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 			Spec: v1alpha1.IPPoolSpec{Subnet: "10.50.0.0/24", PerNodeBlockSize: 32, NodeSelector: onlyA}},
 		&v1alpha1.CIDRPool{ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: "kube-system"},
 			Spec: v1alpha1.CIDRPoolSpec{CIDR: "10.60.0.0/16", PerNodeNetworkPrefix: 24}},
+		&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "nowhere", Namespace: "kube-system"},
+			Spec: v1alpha1.IPPoolSpec{Subnet: "10.70.0.0/24", PerNodeBlockSize: 32, NodeSelector: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+					{Key: "nic.hwipam.io/ibp999s0", Operator: corev1.NodeSelectorOpExists}}}}}}},
 		nad("single", `{"cniVersion":"1.0.0","name":"single","type":"macvlan","master":"ens1","ipam":{"type":"nv-ipam","poolName":"p1"}}`),
 		nad("list", `{"cniVersion":"1.0.0","name":"list","plugins":[{"type":"macvlan","master":"ens9",
 			"ipam":{"type":"nv-ipam","poolName":"p1,c1"}},{"type":"tuning"}]}`),
@@ -125,8 +129,12 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 		len(r.NADsWithoutPool) != 2 {
 		t.Errorf("NADs without pool: %q", r.NADsWithoutPool)
 	}
+	if p := byName["nowhere"]; p.Selected != 0 || len(p.WithoutBlock) != 0 {
+		t.Errorf("nowhere: %+v", p)
+	}
 	table, err := run(t, "pools", "--cluster", "--kubeconfig", kubeconfig)
 	if err != nil || !strings.Contains(table, "NAD without pool: default/missing names nope") || !strings.Contains(table, "n-a,n-b,n-c") ||
+		!regexp.MustCompile(`(?m)^nowhere\s+IPPool\s+-\s+10\.70\.0\.0/24\s+0 \(selects no node\)\s+0\s+-\s+0/7 \(0\.0%\)\s+-$`).MatchString(table) ||
 		regexp.MustCompile(`(?m)^POOL\s+KIND\s+NODE\s+BLOCK`).MatchString(table) {
 		t.Errorf("table (%v):\n%s", err, table)
 	}
