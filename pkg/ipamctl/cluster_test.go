@@ -392,7 +392,7 @@ func TestClusterRailNADs(t *testing.T) {
 		t.Errorf("pool east: NADs %q, want the macvlan NAD whose master is on rail east, and the walk-through's", got)
 	}
 	table, err := run(t, "pools", "--cluster", "--kubeconfig", kubeconfig)
-	if err != nil || strings.Contains(table, "NAD without pool") || !regexp.MustCompile(`(?m)^rail0\s+IPPool\s+ibp24s0\s`).MatchString(table) {
+	if err != nil || strings.Contains(table, "NAD without pool") || !regexp.MustCompile(`(?m)^dgx-rail0\s+IPPool\s+ibp24s0\s`).MatchString(table) {
 		t.Errorf("pools --cluster on healthy rails (%v):\n%s", err, table)
 	}
 	want := "ok: 3 nv-ipam NAD section(s) find their pools: 0 by name, which select their nodes, and 3 by rail, " +
@@ -402,11 +402,11 @@ func TestClusterRailNADs(t *testing.T) {
 	}
 
 	// Faults.
-	setBlocks("rail3", "dgx-1") // dgx-2 has ibp94s0, but no block of its pool
+	setBlocks("dgx-rail3", "dgx-1") // dgx-2 has ibp94s0, but no block of its pool
 	for _, o := range []client.Object{
 		nad("rail-missing", `{"cniVersion":"1.0.0","name":"rail-missing","type":"ib-sriov","ipam":{"type":"nv-ipam","rail":"ibp999s0"}}`),
 		nad("mgmt", `{"cniVersion":"1.0.0","name":"mgmt","type":"macvlan","master":"eno1np0","ipam":{"type":"nv-ipam","rail":"auto"}}`),
-		nad("both", `{"cniVersion":"1.0.0","name":"both","type":"macvlan","ipam":{"type":"nv-ipam","rail":"auto","poolName":"rail0"}}`),
+		nad("both", `{"cniVersion":"1.0.0","name":"both","type":"macvlan","ipam":{"type":"nv-ipam","rail":"auto","poolName":"dgx-rail0"}}`),
 		nad("crowded", `{"cniVersion":"1.0.0","name":"crowded","type":"ib-sriov","ipam":{"type":"nv-ipam","rail":"east2"}}`),
 	} {
 		if err := c.Create(ctx, o); err != nil {
@@ -424,9 +424,9 @@ func TestClusterRailNADs(t *testing.T) {
 	for _, want := range []string{
 		`error: NAD default/rail-missing: rail "ibp999s0": no IPPool in namespace kube-system is labelled nic.hwipam.io/rail=ibp999s0`,
 		`error: NAD default/mgmt: rail "eno1np0": no IPPool in namespace kube-system is labelled nic.hwipam.io/rail=eno1np0 (the rail of its master eno1np0)`,
-		`error: NAD default/both: ipam.rail "auto" and poolName "rail0" are both set: the plugin refuses it (code 7)`,
+		`error: NAD default/both: ipam.rail "auto" and poolName "dgx-rail0" are both set: the plugin refuses it (code 7)`,
 		`error: NAD default/crowded: rail "east2": 3 IPPools are labelled nic.hwipam.io/rail=east2 (e1, e2, e3); a rail has one pool, or two for dual-stack`,
-		`warning: NAD default/rails reaches IPPool rail3 by rail, and the pool has no block on node(s) dgx-2, which have its rail`,
+		`warning: NAD default/rails reaches IPPool dgx-rail3 by rail, and the pool has no block on node(s) dgx-2, which have its rail`,
 	} {
 		if !slices.Contains(got, want) {
 			t.Errorf("check --cluster lacks %q:\n%s", want, strings.Join(got, "\n"))
@@ -440,12 +440,12 @@ func TestClusterRailNADs(t *testing.T) {
 		`default/rail-missing rail "ibp999s0" (no IPPool labelled nic.hwipam.io/rail=ibp999s0)`}; !slices.Equal(slices.Sorted(slices.Values(r.NADsWithoutPool)), want) {
 		t.Errorf("NADs without pool: %q, want %q", r.NADsWithoutPool, want)
 	}
-	if want := []string{`default/both: ipam.rail "auto" and poolName "rail0" are both set: the plugin refuses it (code 7)`,
+	if want := []string{`default/both: ipam.rail "auto" and poolName "dgx-rail0" are both set: the plugin refuses it (code 7)`,
 		`default/crowded: rail "east2" has 3 IPPools (e1, e2, e3)`}; !slices.Equal(slices.Sorted(slices.Values(r.NADsRefused)), want) {
 		t.Errorf("NADs refused: %q, want %q", r.NADsRefused, want)
 	}
-	if got := byName["rail0"].NADs; !slices.Equal(got, []string{"default/rail-24", "default/rails"}) {
-		t.Errorf("rail0 lists %q: a NAD the plugin refuses is not one that uses it", got)
+	if got := byName["dgx-rail0"].NADs; !slices.Equal(got, []string{"default/rail-24", "default/rails"}) {
+		t.Errorf("dgx-rail0 lists %q: a NAD the plugin refuses is not one that uses it", got)
 	}
 	table, _ = run(t, "pools", "--cluster", "--kubeconfig", kubeconfig)
 	if !strings.Contains(table, `NAD refused by the plugin: default/both`) || !strings.Contains(table, `NAD without pool: default/rail-missing rail "ibp999s0"`) {
