@@ -157,7 +157,7 @@ func poolsCommand() *cobra.Command {
 	}
 	f.add(cmd)
 	cmd.Flags().BoolVar(&cluster, "cluster", false, "show every pool's blocks across nodes, selected nodes without a block, "+
-		"utilisation and the NetworkAttachmentDefinitions that use it (reads the API server)")
+		"blocks used and the NetworkAttachmentDefinitions that use it, by name or by rail (reads the API server)")
 	cmd.Flags().BoolVar(&list, "list", false, "with --cluster: also list every node's block of every pool (json and yaml always carry them)")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for --cluster (default: $KUBECONFIG, or in-cluster in a pod)")
 	cmd.Flags().StringVar(&ns, "ippools-namespace", "kube-system", "namespace of the pools, for --cluster")
