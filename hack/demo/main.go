@@ -195,17 +195,19 @@ func createNetworks(ctx context.Context, c *realnode.Cluster) error {
 	type network struct{ pool, subnet, plugin string }
 	var nets []network
 	for i, r := range rails {
-		nets = append(nets, network{"rail-" + r, fmt.Sprintf("10.%d.0.0/16", 24+i), fmt.Sprintf(`"type": "macvlan", "master": %q, "mode": "bridge"`, r)})
+		nets = append(nets, network{"demo-" + r, fmt.Sprintf("10.%d.0.0/16", 24+i), fmt.Sprintf(`"type": "macvlan", "master": %q, "mode": "bridge"`, r)})
 	}
-	nets = append(nets, network{"hostdev", "10.250.0.0/24", fmt.Sprintf(`"type": "host-device", "device": %q`, c.Prefix+"hd0")})
+	nets = append(nets, network{"demo-hostdev", "10.250.0.0/24", fmt.Sprintf(`"type": "host-device", "device": %q`, c.Prefix+"hd0")})
 	for _, n := range nets {
 		pool := &v1alpha1.IPPool{
 			ObjectMeta: metav1.ObjectMeta{Name: n.pool, Namespace: "kube-system"},
 			Spec: v1alpha1.IPPoolSpec{Subnet: n.subnet, PerNodeBlockSize: 32,
 				Gateway: netip.MustParsePrefix(n.subnet).Addr().Next().String()},
 		}
-		if r, ok := strings.CutPrefix(n.pool, "rail-"); ok {
-			// The pool follows the rail: only nodes whose NIC discovery found it.
+		if r, ok := strings.CutPrefix(n.pool, "demo-"); ok && slices.Contains(rails, r) {
+			// The pool follows the rail: only nodes whose NIC discovery found it; and it
+			// is the rail's pool, for NADs that pick theirs by rail (docs/rails.md).
+			pool.Labels = map[string]string{"nic.hwipam.io/rail": r}
 			pool.Spec.NodeSelector = &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "nic.hwipam.io/" + r, Operator: corev1.NodeSelectorOpIn, Values: []string{"ib"}}},
 			}}}
@@ -236,9 +238,9 @@ func createNetworks(ctx context.Context, c *realnode.Cluster) error {
 
 func startPods(ctx context.Context, c *realnode.Cluster, names []string) error {
 	for i, name := range names {
-		networks := "rail-" + strings.Join(rails, ",rail-")
+		networks := "demo-" + strings.Join(rails, ",demo-")
 		if i == 0 {
-			networks += ",hostdev"
+			networks += ",demo-hostdev"
 		}
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default",
@@ -317,8 +319,29 @@ func show(ctx context.Context, c *realnode.Cluster, pods []string) error {
 		return err
 	}
 	fmt.Fprintf(os.Stdout, "\n== kubectl get ippools -A\n%s", indent(out))
-	fmt.Fprintf(os.Stdout, "\nThe node keeps running. Try:\n  export KUBECONFIG=%s PATH=%s:$PATH\n  kubectl get pods -A -o wide\n"+
-		"Stop it with: make demo-down\n", c.Kubeconfig, c.Bin)
+	if err := writeTry(c.Registry); err != nil {
+		return err
+	}
+	state := c.StateDir
+	sysfs := filepath.Join(dir, "sysfs")
+	confDir := filepath.Join(c.CNIConfDir, "nv-ipam.d")
+	fmt.Fprintf(os.Stdout, "\nThe node keeps running (docs/demo.md says more). Try:\n"+
+		"  export KUBECONFIG=%s PATH=%s:$PATH\n"+
+		"  kubectl get pods -A -o wide\n\n"+
+		"  # ipamctl in the ipam-node pod (the daemon's paths are the pod's; its NICs are the demo's sysfs tree):\n"+
+		"  kubectl -n kube-system exec ds/hwipam-node -c ipam-node -- /ipamctl check --sysfs-root %s\n"+
+		"  kubectl -n kube-system exec ds/hwipam-node -c ipam-node -- /ipamctl allocations\n\n"+
+		"  # ipamctl on the host (make build), with the demo's paths under %s:\n"+
+		"  bin/ipamctl check --cluster --socket unix://%s --store-file %s \\\n"+
+		"    --cni-bin-dir %s --cni-conf-dir %s --sysfs-root %s\n"+
+		"  bin/ipamctl pools --cluster\n\n"+
+		"  # a pool, a NAD that names it, a NAD that picks its pool by rail, and a pod with both\n"+
+		"  # (every NAD on this node needs \"confDir\": %q):\n"+
+		"  kubectl apply -f %s\n"+
+		"  kubectl wait --for=condition=Ready pod/try-a && kubectl exec try-a -- ip -4 -o addr show\n\n"+
+		"Stop it with: make demo-down\n",
+		c.Kubeconfig, c.Bin, sysfs, dir, filepath.Join(state, "daemon.sock"), filepath.Join(state, "store"),
+		c.CNIBinDir, confDir, sysfs, confDir, tryFile)
 	return nil
 }
 

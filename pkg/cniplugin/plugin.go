@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -135,7 +136,7 @@ func (p *Plugin) add(s *session, args *CmdArgs, write func(w io.Writer, res *cur
 	}
 	allocs, err := s.client.Allocate(s.ctx, s.params(args))
 	if err != nil {
-		s.log.printf("ADD %s/%s pools %v: %v", args.ContainerID, args.IfName, s.cfg.Pools, err)
+		s.log.printf("ADD %s/%s %s: %v", args.ContainerID, args.IfName, s.poolsForLog(nil), err)
 		return s.grpcError("ADD", err)
 	}
 	res := &current.Result{CNIVersion: current.ImplementedSpecVersion}
@@ -161,7 +162,7 @@ func (p *Plugin) add(s *session, args *CmdArgs, write func(w io.Writer, res *cur
 		}
 	}
 	if s.log.f != nil { // the addresses are formatted only for a log that is kept
-		s.log.line("ADD " + args.ContainerID + "/" + args.IfName + " pools " + list(s.cfg.Pools) + ": " + ips(res))
+		s.log.line("ADD " + args.ContainerID + "/" + args.IfName + " " + s.poolsForLog(allocs) + ": " + ips(res))
 	}
 	return write(p.Stdout, res, s.cfg.CNIVersion)
 }
@@ -202,7 +203,7 @@ func (p *Plugin) del(s *session, args *CmdArgs) error {
 		s.log.printf("DEL %s/%s: %v", args.ContainerID, args.IfName, err)
 		return s.grpcError("DEL", err)
 	}
-	s.log.line("DEL " + args.ContainerID + "/" + args.IfName + " pools " + list(s.cfg.Pools))
+	s.log.line("DEL " + args.ContainerID + "/" + args.IfName + " " + s.poolsForLog(nil))
 	return p.checkNetNS(args.Netns)
 }
 
@@ -390,6 +391,9 @@ func (s *session) grpcError(verb string, err error) error {
 			// Usually transient (a new node before ipam-controller gave it a block, a
 			// daemon that has not listed the pools yet), so 11: the runtime retries,
 			// and the details say what to check when it is not.
+			if s.cfg.Rail != "" && strings.Contains(msg, " is labelled nic.hwipam.io/rail") {
+				return types.NewError(types.ErrTryAgainLater, "no pool is labelled for the rail", msg)
+			}
 			return types.NewError(types.ErrTryAgainLater, "pool has no block on this node", msg)
 		}
 		return types.NewError(types.ErrUnknownContainer, "not found", msg)
@@ -458,6 +462,25 @@ func (l *logger) line(msg string) {
 }
 
 // list is a list of names as printf's %v prints it: [a b].
+// poolsForLog names a call's pools in its log line: "pools [a b]" for pools
+// named in the config; for a rail, "rail <rail>" and the pools ipam-node chose
+// (allocs), when the call has them.
+func (s *session) poolsForLog(allocs []ipamwire.Allocation) string {
+	if s.cfg.Rail == "" {
+		return "pools " + list(s.cfg.Pools)
+	}
+	if len(allocs) == 0 {
+		return "rail " + s.cfg.Rail
+	}
+	chosen := make([]string, 0, len(allocs))
+	for _, a := range allocs {
+		if !slices.Contains(chosen, a.Pool) {
+			chosen = append(chosen, a.Pool)
+		}
+	}
+	return "rail " + s.cfg.Rail + " pools " + list(chosen)
+}
+
 func list(names []string) string {
 	return "[" + strings.Join(names, " ") + "]"
 }

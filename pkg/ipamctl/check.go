@@ -116,7 +116,7 @@ func checkCommand() *cobra.Command {
 	fl.StringVar(&f.nodeName, "node-name", "", "this node's name (default: the daemon's)")
 	fl.StringVar(&f.ns, "ippools-namespace", "", "namespace of the pools (default: the daemon's)")
 	fl.BoolVar(&f.cluster, "cluster", false, "also check the cluster's NetworkAttachmentDefinitions: each names an existing pool "+
-		"that selects the nodes where its master netdev exists")
+		"that selects the nodes where its master netdev exists, or (ipam.rail) finds its rail's pools, with a block on each node with the rail")
 	fl.BoolVar(&f.probe, "probe", false, "resolve each pool's gateway actively (ARP/ND from this node, only inside the pool's own subnet)")
 	return cmd
 }

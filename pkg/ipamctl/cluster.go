@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -40,8 +41,10 @@ type ClusterPool struct {
 	// excluded; Utilisation is the share of them assigned, in percent.
 	UsableBlocks uint64  `json:"usableBlocks"`
 	Utilisation  float64 `json:"utilisation"`
+	// Rail is the rail the pool is labelled for (nic.hwipam.io/rail), "" when none.
+	Rail string `json:"rail,omitempty"`
 	// NADs are the NetworkAttachmentDefinitions (namespace/name) whose nv-ipam
-	// section names the pool.
+	// section names the pool, or reaches it by rail.
 	NADs []string `json:"nads,omitempty"`
 	// Ready is the pool's Ready condition message.
 	Ready string `json:"ready,omitempty"`
@@ -51,8 +54,11 @@ type ClusterPool struct {
 type ClusterReport struct {
 	Namespace string        `json:"namespace"`
 	Pools     []ClusterPool `json:"pools"`
-	// NADsWithoutPool are NADs whose nv-ipam section names a pool that does not exist.
+	// NADsWithoutPool are NADs whose nv-ipam section names a pool that does not
+	// exist, or asks for a rail no pool is labelled for.
 	NADsWithoutPool []string `json:"nadsWithoutPool,omitempty"`
+	// NADsRefused are NADs the plugin refuses outright (code 7), with why.
+	NADsRefused []string `json:"nadsRefused,omitempty"`
 	// NADNote says why NADs were not read, when they were not.
 	NADNote string `json:"nadNote,omitempty"`
 }
@@ -63,6 +69,10 @@ type nadRef struct {
 	pools    []string
 	poolType string // "", "ippool" or "cidrpool"
 	master   string // the netdev the attachment sits on (macvlan, ipvlan, ipoib), or ""
+	// rail is ipam.rail: "auto", a rail name, or "" when the pools are named.
+	rail string
+	// refused says why the plugin refuses the section outright (code 7), or "".
+	refused string
 }
 
 // nadRefs finds the nv-ipam ipam sections of a NAD's config the way Multus
@@ -99,6 +109,7 @@ func nadRefs(nad *nadv1.NetworkAttachmentDefinition) ([]nadRef, error) {
 				Type     string `json:"type"`
 				PoolName string `json:"poolName"`
 				PoolType string `json:"poolType"`
+				Rail     string `json:"rail"`
 			} `json:"ipam"`
 		}
 		if err := json.Unmarshal(raw, &p); err != nil {
@@ -107,13 +118,21 @@ func nadRefs(nad *nadv1.NetworkAttachmentDefinition) ([]nadRef, error) {
 		if p.IPAM == nil || p.IPAM.Type != "nv-ipam" {
 			continue
 		}
+		r := nadRef{nad: nad.Namespace + "/" + nad.Name, poolType: strings.ToLower(p.IPAM.PoolType), master: p.Master, rail: p.IPAM.Rail}
+		if r.master == "" {
+			r.master = p.Device
+		}
+		if r.rail != "" {
+			// The pools are picked by rail, on the node, at each ADD (docs/rails.md).
+			if p.IPAM.PoolName != "" {
+				r.refused = fmt.Sprintf("ipam.rail %q and poolName %q are both set: the plugin refuses it (code 7)", r.rail, p.IPAM.PoolName)
+			}
+			out = append(out, r)
+			continue
+		}
 		names := p.IPAM.PoolName
 		if names == "" {
 			names = conf.Name
-		}
-		r := nadRef{nad: nad.Namespace + "/" + nad.Name, poolType: strings.ToLower(p.IPAM.PoolType), master: p.Master}
-		if r.master == "" {
-			r.master = p.Device
 		}
 		for _, n := range strings.Split(names, ",") {
 			if n = strings.TrimSpace(n); n != "" {
@@ -230,6 +249,23 @@ func (s *clusterState) report() *ClusterReport {
 	r := &ClusterReport{Namespace: s.ns, Pools: []ClusterPool{}, NADNote: s.nadNote}
 	nadsOf := map[string][]string{} // kind/name -> NADs
 	for _, ref := range s.refs {
+		if ref.rail != "" {
+			reached, findings := s.railReach(ref)
+			for _, k := range reached {
+				if !slices.Contains(nadsOf[k], ref.nad) {
+					nadsOf[k] = append(nadsOf[k], ref.nad)
+				}
+			}
+			for _, f := range findings {
+				if f.withoutPool != "" {
+					r.NADsWithoutPool = append(r.NADsWithoutPool, f.withoutPool)
+				}
+				if f.refused != "" {
+					r.NADsRefused = append(r.NADsRefused, f.refused)
+				}
+			}
+			continue
+		}
 		for _, p := range ref.pools {
 			kind, _, ok := s.poolOf(p, ref.poolType)
 			if !ok {
@@ -242,9 +278,9 @@ func (s *clusterState) report() *ClusterReport {
 			}
 		}
 	}
-	add := func(kind, name, rng string, sel *corev1.NodeSelector, blocksOf map[string]string, layout blocks.Layout,
+	add := func(kind, name, rng, rail string, sel *corev1.NodeSelector, blocksOf map[string]string, layout blocks.Layout,
 		conds []metav1.Condition) {
-		p := ClusterPool{Kind: kind, Name: name, Range: rng, Blocks: blocksOf, NADs: nadsOf[kind+"/"+name]}
+		p := ClusterPool{Kind: kind, Name: name, Range: rng, Rail: rail, Blocks: blocksOf, NADs: nadsOf[kind+"/"+name]}
 		for _, n := range s.selected(sel) {
 			p.Selected++
 			if _, ok := blocksOf[n]; !ok {
@@ -274,7 +310,7 @@ func (s *clusterState) report() *ClusterReport {
 		if l, err := blocks.NewIPPool(&p.Spec); err == nil {
 			layout = l
 		}
-		add(v1alpha1.KindIPPool, p.Name, p.Spec.Subnet, p.Spec.NodeSelector, b, layout, p.Status.Conditions)
+		add(v1alpha1.KindIPPool, p.Name, p.Spec.Subnet, p.Labels[labelRail], p.Spec.NodeSelector, b, layout, p.Status.Conditions)
 	}
 	for i := range s.cidrPools {
 		p := &s.cidrPools[i]
@@ -286,7 +322,7 @@ func (s *clusterState) report() *ClusterReport {
 		if l, err := blocks.NewCIDRPool(&p.Spec); err == nil {
 			layout = l
 		}
-		add(v1alpha1.KindCIDRPool, p.Name, p.Spec.CIDR, p.Spec.NodeSelector, b, layout, p.Status.Conditions)
+		add(v1alpha1.KindCIDRPool, p.Name, p.Spec.CIDR, p.Labels[labelRail], p.Spec.NodeSelector, b, layout, p.Status.Conditions)
 	}
 	return r
 }
@@ -302,8 +338,19 @@ func (s *clusterState) nadFindings(c *checker) {
 	for _, e := range s.nadErrs {
 		c.add(SeverityError, "nad", "", e, "Multus cannot use this NAD either: fix its spec.config")
 	}
-	problems := 0
+	problems, byRail := 0, 0
 	for _, ref := range s.refs {
+		if ref.rail != "" {
+			byRail++
+			_, findings := s.railReach(ref)
+			for _, f := range findings {
+				if f.severity != SeverityInfo {
+					problems++
+				}
+				c.add(f.severity, "nad", ref.nad, f.msg, f.fix)
+			}
+			continue
+		}
 		for _, p := range ref.pools {
 			kind, sel, ok := s.poolOf(p, ref.poolType)
 			if !ok {
@@ -332,7 +379,12 @@ func (s *clusterState) nadFindings(c *checker) {
 		}
 	}
 	if problems == 0 {
-		c.add(SeverityOK, "nad", "", fmt.Sprintf("%d nv-ipam NAD section(s) name existing pools that select their nodes", len(s.refs)), "")
+		msg := fmt.Sprintf("%d nv-ipam NAD section(s) name existing pools that select their nodes", len(s.refs))
+		if byRail > 0 {
+			msg = fmt.Sprintf("%d nv-ipam NAD section(s) find their pools: %d by name, which select their nodes, and %d by rail, "+
+				"whose pools have a block on each node with the rail", len(s.refs), len(s.refs)-byRail, byRail)
+		}
+		c.add(SeverityOK, "nad", "", msg, "")
 	}
 }
 
@@ -356,16 +408,27 @@ func clusterTableWithBlocks(w io.Writer, v any) error {
 func clusterTable(w io.Writer, v any) error {
 	r := v.(*ClusterReport)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tKIND\tRANGE\tSELECTED\tBLOCKS\tWITHOUT BLOCK\tUSED\tNADS")
+	// Nodes (selected, with a block, selected without one), then blocks: those
+	// assigned of those the layout has, as a share.
+	fmt.Fprintln(tw, "POOL\tKIND\tRAIL\tRANGE\tNODES SELECTED\tNODES WITH BLOCK\tWITHOUT BLOCK\tBLOCKS USED\tNADS")
 	for _, p := range r.Pools {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%.1f%%\t%s\n", p.Name, p.Kind, p.Range, p.Selected, len(p.Blocks),
-			dash(strings.Join(p.WithoutBlock, ",")), p.Utilisation, dash(strings.Join(p.NADs, ",")))
+		selected := strconv.Itoa(p.Selected)
+		if p.Selected == 0 {
+			selected = "0 (selects no node)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d/%d (%.1f%%)\t%s\n", p.Name, p.Kind, dash(p.Rail), p.Range, selected, len(p.Blocks),
+			dash(strings.Join(p.WithoutBlock, ",")), len(p.Blocks), p.UsableBlocks, p.Utilisation, dash(strings.Join(p.NADs, ",")))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	for _, n := range r.NADsWithoutPool {
 		if _, err := fmt.Fprintf(w, "NAD without pool: %s\n", n); err != nil {
+			return err
+		}
+	}
+	for _, n := range r.NADsRefused {
+		if _, err := fmt.Fprintf(w, "NAD refused by the plugin: %s\n", n); err != nil {
 			return err
 		}
 	}

@@ -3,6 +3,7 @@ package ipamctl_test
 import (
 	"encoding/json"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,18 +16,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/ipamctl"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
-// pools --cluster and check --cluster read pools, nodes and the
-// NetworkAttachmentDefinitions (their real CRD) from a real API server: which
-// pools each NAD uses, found the way Multus reads a config (one plugin or a
-// plugin list, poolName or the network's name), NADs naming no pool, and a NAD
-// whose master netdev is on a node its pool does not select.
-func TestClusterPoolsAndNADs(t *testing.T) {
+// nadControlPlane is a real API server with the pool CRDs and the
+// NetworkAttachmentDefinition CRD, its client and a kubeconfig for ipamctl.
+func nadControlPlane(t *testing.T) (client.Client, string) {
+	t.Helper()
 	crds := t.TempDir()
 	b, err := os.ReadFile(filepath.Join("..", "..", "test", "realnode", "nad-crd.yaml"))
 	if err != nil {
@@ -52,8 +52,17 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cp.Client, kubeconfig
+}
+
+// pools --cluster and check --cluster read pools, nodes and the
+// NetworkAttachmentDefinitions (their real CRD) from a real API server: which
+// pools each NAD uses, found the way Multus reads a config (one plugin or a
+// plugin list, poolName or the network's name), NADs naming no pool, and a NAD
+// whose master netdev is on a node its pool does not select.
+func TestClusterPoolsAndNADs(t *testing.T) {
+	c, kubeconfig := nadControlPlane(t)
 	ctx := t.Context()
-	c := cp.Client
 	nad := func(name, config string) client.Object {
 		return &nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 			Spec: nadv1.NetworkAttachmentDefinitionSpec{Config: config}}
@@ -68,6 +77,10 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 			Spec: v1alpha1.IPPoolSpec{Subnet: "10.50.0.0/24", PerNodeBlockSize: 32, NodeSelector: onlyA}},
 		&v1alpha1.CIDRPool{ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: "kube-system"},
 			Spec: v1alpha1.CIDRPoolSpec{CIDR: "10.60.0.0/16", PerNodeNetworkPrefix: 24}},
+		&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "nowhere", Namespace: "kube-system"},
+			Spec: v1alpha1.IPPoolSpec{Subnet: "10.70.0.0/24", PerNodeBlockSize: 32, NodeSelector: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+					{Key: "nic.hwipam.io/ibp999s0", Operator: corev1.NodeSelectorOpExists}}}}}}},
 		nad("single", `{"cniVersion":"1.0.0","name":"single","type":"macvlan","master":"ens1","ipam":{"type":"nv-ipam","poolName":"p1"}}`),
 		nad("list", `{"cniVersion":"1.0.0","name":"list","plugins":[{"type":"macvlan","master":"ens9",
 			"ipam":{"type":"nv-ipam","poolName":"p1,c1"}},{"type":"tuning"}]}`),
@@ -116,9 +129,13 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 		len(r.NADsWithoutPool) != 2 {
 		t.Errorf("NADs without pool: %q", r.NADsWithoutPool)
 	}
+	if p := byName["nowhere"]; p.Selected != 0 || len(p.WithoutBlock) != 0 {
+		t.Errorf("nowhere: %+v", p)
+	}
 	table, err := run(t, "pools", "--cluster", "--kubeconfig", kubeconfig)
 	if err != nil || !strings.Contains(table, "NAD without pool: default/missing names nope") || !strings.Contains(table, "n-a,n-b,n-c") ||
-		strings.Contains(table, "NODE") {
+		!regexp.MustCompile(`(?m)^nowhere\s+IPPool\s+-\s+10\.70\.0\.0/24\s+0 \(selects no node\)\s+0\s+-\s+0/7 \(0\.0%\)\s+-$`).MatchString(table) ||
+		regexp.MustCompile(`(?m)^POOL\s+KIND\s+NODE\s+BLOCK`).MatchString(table) {
 		t.Errorf("table (%v):\n%s", err, table)
 	}
 	// --list adds each node's block, pool by pool.
@@ -211,5 +228,227 @@ current-context: c
 	if code != ipamctl.ExitUsage || time.Since(start) > 10*time.Second || !slices.Contains(r.Unreachable, "the API server") ||
 		!slices.ContainsFunc(r.Findings, func(f ipamctl.Finding) bool { return f.Check == "api" && f.Severity == ipamctl.SeverityError }) {
 		t.Errorf("check against a silent API server: exit %d after %s: %+v", code, time.Since(start), r.Findings)
+	}
+}
+
+// railsWalkThrough reads the eight rail IPPools and the NAD of docs/rails.md's
+// walk-through, as the page gives them.
+func railsWalkThrough(t *testing.T) ([]*v1alpha1.IPPool, *nadv1.NetworkAttachmentDefinition) {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "docs", "rails.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pools []*v1alpha1.IPPool
+	var nad *nadv1.NetworkAttachmentDefinition
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(doc), -1) {
+		for _, part := range strings.Split(m[1], "\n---\n") {
+			var meta metav1.TypeMeta
+			if err := yaml.Unmarshal([]byte(part), &meta); err != nil {
+				t.Fatalf("docs/rails.md: %v\n%s", err, part)
+			}
+			switch meta.Kind {
+			case "IPPool":
+				p := &v1alpha1.IPPool{}
+				if err := yaml.UnmarshalStrict([]byte(part), p); err != nil {
+					t.Fatal(err)
+				}
+				pools = append(pools, p)
+			case "NetworkAttachmentDefinition":
+				nad = &nadv1.NetworkAttachmentDefinition{}
+				if err := yaml.UnmarshalStrict([]byte(part), nad); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if len(pools) != 8 || nad == nil {
+		t.Fatalf("docs/rails.md: %d IPPools and NAD %v, want the walk-through's eight pools and its NAD", len(pools), nad)
+	}
+	return pools, nad
+}
+
+// pools --cluster and check --cluster on rail networks (docs/rails.md): the
+// walk-through's NAD ("rail": "auto", a device from the device plugin) reaches
+// every rail pool and is healthy while each rail's pool has a block on each node
+// with the rail; a macvlan NAD with "auto" takes its master's rail (named by the
+// rail map's label where there is one); a named rail reaches its pools. Then the
+// faults the plugin would meet: a rail no pool is labelled for, a rail pool
+// without a block on a node with the rail, three pools on one rail, rail and
+// poolName both set.
+func TestClusterRailNADs(t *testing.T) {
+	c, kubeconfig := nadControlPlane(t)
+	ctx := t.Context()
+	pools, walkNAD := railsWalkThrough(t)
+	dgxRails := []string{"ibp24s0", "ibp64s0", "ibp79s0", "ibp94s0", "ibp154s0", "ibp192s0", "ibp206s0", "ibp220s0"}
+	dgx := func(name string) *corev1.Node {
+		l := map[string]string{"kubernetes.io/hostname": name, "nic.hwipam.io/present": "true",
+			"nic.hwipam.io/eno1np0": "eth", "nic.hwipam.io/eno1np0.model": "ConnectX-6_Dx"} // a management port: no rail pool
+		for _, r := range dgxRails {
+			l["nic.hwipam.io/"+r] = "ib"
+			l["nic.hwipam.io/"+r+".model"] = "ConnectX-7"
+		}
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}}
+	}
+	nad := func(name, config string) *nadv1.NetworkAttachmentDefinition {
+		return &nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: nadv1.NetworkAttachmentDefinitionSpec{Config: config}}
+	}
+	eastSel := &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+		{Key: "nic.hwipam.io/rail.east", Operator: corev1.NodeSelectorOpExists}}}}}
+	objs := []client.Object{dgx("dgx-1"), dgx("dgx-2"),
+		// A node whose rail map names its port's rail "east".
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "eth-1", Labels: map[string]string{"nic.hwipam.io/ens1f0np0": "eth",
+			"nic.hwipam.io/rail.east": "ens1f0np0"}}},
+		&v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "east", Namespace: "kube-system", Labels: map[string]string{"nic.hwipam.io/rail": "east"}},
+			Spec: v1alpha1.IPPoolSpec{Subnet: "10.120.0.0/24", PerNodeBlockSize: 32, NodeSelector: eastSel}},
+		walkNAD,
+		nad("east-macvlan", `{"cniVersion":"1.0.0","name":"east-macvlan","type":"macvlan","master":"ens1f0np0",
+			"ipam":{"type":"nv-ipam","rail":"auto"}}`),
+		nad("rail-24", `{"cniVersion":"1.0.0","name":"rail-24","type":"ib-sriov","ipam":{"type":"nv-ipam","rail":"ibp24s0"}}`),
+	}
+	for _, p := range pools {
+		objs = append(objs, p)
+	}
+	for _, o := range objs {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The controller's blocks: every rail pool on both DGX nodes, east on eth-1.
+	setBlocks := func(name string, nodes ...string) {
+		t.Helper()
+		p := &v1alpha1.IPPool{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: name}, p); err != nil {
+			t.Fatal(err)
+		}
+		base := netip.MustParsePrefix(p.Spec.Subnet).Addr()
+		p.Status.Allocations = nil
+		for i, n := range nodes {
+			start := base
+			for range 1 + 64*i {
+				start = start.Next()
+			}
+			end := start
+			for range 63 {
+				end = end.Next()
+			}
+			p.Status.Allocations = append(p.Status.Allocations, v1alpha1.Allocation{NodeName: n, StartIP: start.String(), EndIP: end.String()})
+		}
+		if err := c.Status().Update(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range pools {
+		setBlocks(p.Name, "dgx-1", "dgx-2")
+	}
+	setBlocks("east", "eth-1")
+
+	nadFindings := func(step string) (out []string) {
+		t.Helper()
+		rep, _ := checkRun(t, "--cluster", "--kubeconfig", kubeconfig, "--node-name", "dgx-1", "--ippools-namespace", "kube-system",
+			"--socket", "unix://"+filepath.Join(t.TempDir(), "none.sock"), "--timeout", "300ms")
+		for _, f := range rep.Findings {
+			if f.Check == "nad" {
+				out = append(out, f.Severity+": "+f.Message)
+			}
+		}
+		return out
+	}
+	report := func() (ipamctl.ClusterReport, map[string]ipamctl.ClusterPool) {
+		t.Helper()
+		out := sameJSONAndYAML(t, "pools", "--cluster", "--kubeconfig", kubeconfig)
+		roundTrip[ipamctl.ClusterReport](t, "pools --cluster", out)
+		var r ipamctl.ClusterReport
+		if err := json.Unmarshal(out, &r); err != nil {
+			t.Fatal(err)
+		}
+		byName := map[string]ipamctl.ClusterPool{}
+		for _, p := range r.Pools {
+			slices.Sort(p.NADs)
+			byName[p.Name] = p
+		}
+		return r, byName
+	}
+
+	// Healthy: no NAD without pool, each rail pool lists the NADs that reach it,
+	// and check --cluster says only that all is well.
+	r, byName := report()
+	if len(r.NADsWithoutPool) != 0 || len(r.NADsRefused) != 0 {
+		t.Errorf("healthy rails: NADs without pool %q, refused %q", r.NADsWithoutPool, r.NADsRefused)
+	}
+	for i, p := range pools {
+		want := []string{"default/rails"}
+		if i == 0 {
+			want = []string{"default/rail-24", "default/rails"}
+		}
+		if got := byName[p.Name]; !slices.Equal(got.NADs, want) || got.Rail != dgxRails[i] {
+			t.Errorf("pool %s: rail %q, NADs %q; want rail %s, NADs %q", p.Name, got.Rail, got.NADs, dgxRails[i], want)
+		}
+	}
+	// The walk-through's NAD reaches east too: eth-1 has that rail, and a device
+	// plugin may give it a device there.
+	if got := byName["east"].NADs; !slices.Equal(got, []string{"default/east-macvlan", "default/rails"}) {
+		t.Errorf("pool east: NADs %q, want the macvlan NAD whose master is on rail east, and the walk-through's", got)
+	}
+	table, err := run(t, "pools", "--cluster", "--kubeconfig", kubeconfig)
+	if err != nil || strings.Contains(table, "NAD without pool") || !regexp.MustCompile(`(?m)^dgx-rail0\s+IPPool\s+ibp24s0\s`).MatchString(table) {
+		t.Errorf("pools --cluster on healthy rails (%v):\n%s", err, table)
+	}
+	want := "ok: 3 nv-ipam NAD section(s) find their pools: 0 by name, which select their nodes, and 3 by rail, " +
+		"whose pools have a block on each node with the rail"
+	if got := nadFindings("healthy"); len(got) != 1 || got[0] != want {
+		t.Errorf("check --cluster on healthy rail NADs: %q, want only %q", got, want)
+	}
+
+	// Faults.
+	setBlocks("dgx-rail3", "dgx-1") // dgx-2 has ibp94s0, but no block of its pool
+	for _, o := range []client.Object{
+		nad("rail-missing", `{"cniVersion":"1.0.0","name":"rail-missing","type":"ib-sriov","ipam":{"type":"nv-ipam","rail":"ibp999s0"}}`),
+		nad("mgmt", `{"cniVersion":"1.0.0","name":"mgmt","type":"macvlan","master":"eno1np0","ipam":{"type":"nv-ipam","rail":"auto"}}`),
+		nad("both", `{"cniVersion":"1.0.0","name":"both","type":"macvlan","ipam":{"type":"nv-ipam","rail":"auto","poolName":"dgx-rail0"}}`),
+		nad("crowded", `{"cniVersion":"1.0.0","name":"crowded","type":"ib-sriov","ipam":{"type":"nv-ipam","rail":"east2"}}`),
+	} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"e1", "e2", "e3"} {
+		if err := c.Create(ctx, &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system",
+			Labels: map[string]string{"nic.hwipam.io/rail": "east2"}},
+			Spec: v1alpha1.IPPoolSpec{Subnet: "10.13" + name[1:] + ".0.0/24", PerNodeBlockSize: 32, NodeSelector: eastSel}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := nadFindings("faults")
+	for _, want := range []string{
+		`error: NAD default/rail-missing: rail "ibp999s0": no IPPool in namespace kube-system is labelled nic.hwipam.io/rail=ibp999s0`,
+		`error: NAD default/mgmt: rail "eno1np0": no IPPool in namespace kube-system is labelled nic.hwipam.io/rail=eno1np0 (the rail of its master eno1np0)`,
+		`error: NAD default/both: ipam.rail "auto" and poolName "dgx-rail0" are both set: the plugin refuses it (code 7)`,
+		`error: NAD default/crowded: rail "east2": 3 IPPools are labelled nic.hwipam.io/rail=east2 (e1, e2, e3); a rail has one pool, or two for dual-stack`,
+		`warning: NAD default/rails reaches IPPool dgx-rail3 by rail, and the pool has no block on node(s) dgx-2, which have its rail`,
+	} {
+		if !slices.Contains(got, want) {
+			t.Errorf("check --cluster lacks %q:\n%s", want, strings.Join(got, "\n"))
+		}
+	}
+	if len(got) != 5 {
+		t.Errorf("check --cluster: %d NAD findings, want the 5 faults:\n%s", len(got), strings.Join(got, "\n"))
+	}
+	r, byName = report()
+	if want := []string{`default/mgmt rail "eno1np0" (no IPPool labelled nic.hwipam.io/rail=eno1np0)`,
+		`default/rail-missing rail "ibp999s0" (no IPPool labelled nic.hwipam.io/rail=ibp999s0)`}; !slices.Equal(slices.Sorted(slices.Values(r.NADsWithoutPool)), want) {
+		t.Errorf("NADs without pool: %q, want %q", r.NADsWithoutPool, want)
+	}
+	if want := []string{`default/both: ipam.rail "auto" and poolName "dgx-rail0" are both set: the plugin refuses it (code 7)`,
+		`default/crowded: rail "east2" has 3 IPPools (e1, e2, e3)`}; !slices.Equal(slices.Sorted(slices.Values(r.NADsRefused)), want) {
+		t.Errorf("NADs refused: %q, want %q", r.NADsRefused, want)
+	}
+	if got := byName["dgx-rail0"].NADs; !slices.Equal(got, []string{"default/rail-24", "default/rails"}) {
+		t.Errorf("dgx-rail0 lists %q: a NAD the plugin refuses is not one that uses it", got)
+	}
+	table, _ = run(t, "pools", "--cluster", "--kubeconfig", kubeconfig)
+	if !strings.Contains(table, `NAD refused by the plugin: default/both`) || !strings.Contains(table, `NAD without pool: default/rail-missing rail "ibp999s0"`) {
+		t.Errorf("pools --cluster with faulty rail NADs:\n%s", table)
 	}
 }

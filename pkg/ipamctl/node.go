@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -135,14 +136,19 @@ func poolsCommand() *cobra.Command {
 					return writeProto(cmd.OutOrStdout(), f.output, resp)
 				}
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "POOL\tKIND\tRAIL\tBLOCK\tPREFIX\tGATEWAY\tSIZE\tUSED\tFREE\tORPHANS\tEXCLUDED\tACTIVE")
+				// Addresses, all of them: the block's size, those allocated in it and
+				// those free in it; orphans are allocations outside it (a block left
+				// after a pool edit), counted apart so that IPS USED and IPS FREE are
+				// both of the block.
+				fmt.Fprintln(tw, "POOL\tKIND\tRAIL\tBLOCK\tPREFIX\tGATEWAY\tBLOCK IPS\tIPS USED\tIPS FREE\tORPHANS\tEXCLUDED\tACTIVE")
 				for _, p := range resp.GetPools() {
 					block := "-"
 					if p.GetStart() != "" {
 						block = p.GetStart() + "-" + p.GetEnd()
 					}
+					inBlock := p.GetAllocated() - min(p.GetOrphans(), p.GetAllocated())
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%v\n", p.GetKey(), dash(p.GetKind()), dash(p.GetRail()), block,
-						dash(p.GetPrefix()), dash(p.GetGateway()), dash(p.GetSize()), p.GetAllocated(), dash(p.GetFree()), p.GetOrphans(),
+						dash(p.GetPrefix()), dash(p.GetGateway()), dash(p.GetSize()), inBlock, dash(p.GetFree()), p.GetOrphans(),
 						dash(strings.Join(p.GetExclusions(), ",")), p.GetActive())
 				}
 				return tw.Flush()
@@ -151,49 +157,147 @@ func poolsCommand() *cobra.Command {
 	}
 	f.add(cmd)
 	cmd.Flags().BoolVar(&cluster, "cluster", false, "show every pool's blocks across nodes, selected nodes without a block, "+
-		"utilisation and the NetworkAttachmentDefinitions that use it (reads the API server)")
+		"blocks used and the NetworkAttachmentDefinitions that use it, by name or by rail (reads the API server)")
 	cmd.Flags().BoolVar(&list, "list", false, "with --cluster: also list every node's block of every pool (json and yaml always carry them)")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for --cluster (default: $KUBECONFIG, or in-cluster in a pod)")
 	cmd.Flags().StringVar(&ns, "ippools-namespace", "kube-system", "namespace of the pools, for --cluster")
 	return cmd
 }
 
+// AllocationsReport is `ipamctl allocations -o json|yaml`: the daemon's
+// records, with createTime in RFC 3339 as Kubernetes writes times (the gRPC API
+// carries Unix seconds).
+type AllocationsReport struct {
+	Allocations []Allocation `json:"allocations"`
+}
+
+// Allocation is one allocation the daemon holds.
+type Allocation struct {
+	Pool         string    `json:"pool"`
+	ContainerID  string    `json:"containerId"`
+	IfName       string    `json:"ifName"`
+	IP           string    `json:"ip"`
+	PodName      string    `json:"podName"`
+	PodNamespace string    `json:"podNamespace"`
+	PodUID       string    `json:"podUid"`
+	DeviceID     string    `json:"deviceId"`
+	CreateTime   time.Time `json:"createTime"`
+	Network      string    `json:"network"`
+	Rail         string    `json:"rail"`
+}
+
+// resolvePool finds the store key of --pool among the daemon's pools: the key
+// itself (an IPPool's name, cidrpool/<name>), or a pool's plain name, of
+// --pool-type when given. A name the daemon does not know, or one that names an
+// IPPool and a CIDRPool alike without --pool-type, is a usage error saying so.
+func resolvePool(pools []*infov1.PoolInfo, name, poolType string) (string, error) {
+	var keys, matches []string
+	for _, p := range pools {
+		keys = append(keys, p.GetKey())
+		kind := strings.ToLower(p.GetKind())
+		if kind == "" { // a pool whose block the daemon never learned: kind from its key
+			kind = "ippool"
+			if strings.HasPrefix(p.GetKey(), "cidrpool/") {
+				kind = "cidrpool"
+			}
+		}
+		plain := p.GetName()
+		if plain == "" {
+			plain = strings.TrimPrefix(p.GetKey(), "cidrpool/")
+		}
+		if (p.GetKey() == name || plain == name) && (poolType == "" || poolType == kind) {
+			matches = append(matches, p.GetKey())
+		}
+	}
+	switch {
+	case len(matches) == 1:
+		return matches[0], nil
+	case len(matches) > 1:
+		return "", usageErrorf("--pool %q names an IPPool and a CIDRPool on this node (%s): give --pool-type ippool or cidrpool",
+			name, strings.Join(matches, ", "))
+	}
+	known := "none"
+	if len(keys) > 0 {
+		known = strings.Join(keys, ", ")
+	}
+	what := "pool"
+	if poolType != "" {
+		what = poolType
+	}
+	return "", fmt.Errorf("%w: ipam-node on this node has no %s %q (its pools: %s); a pool appears here once it gives this "+
+		"node a block: see `ipamctl pools --cluster`", ErrUnknownPool, what, name, known)
+}
+
+// ErrUnknownPool is a --pool the daemon does not have.
+var ErrUnknownPool = errors.New("no such pool")
+
 func allocationsCommand() *cobra.Command {
 	var f nodeFlags
-	var pool string
+	var pool, poolType string
 	cmd := &cobra.Command{
 		Use:   "allocations",
 		Short: "List the allocations this node's daemon holds, with their pods",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.call(cmd.Context(), func(ctx context.Context, c infov1.NodeInfoServiceClient) error {
-				resp, err := c.ListAllocations(ctx, &infov1.ListAllocationsRequest{Pool: pool})
-				if err != nil {
-					return err
-				}
-				if f.output != "table" {
-					return writeProto(cmd.OutOrStdout(), f.output, resp)
-				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "RAIL\tPOOL\tIP\tNETWORK\tPOD\tCONTAINER\tIF\tDEVICE\tCREATED")
-				for _, a := range resp.GetAllocations() {
-					pod := "-"
-					if a.GetPodName() != "" {
-						pod = a.GetPodNamespace() + "/" + a.GetPodName()
+			poolType = strings.ToLower(poolType)
+			if poolType != "" && poolType != "ippool" && poolType != "cidrpool" {
+				return usageErrorf("--pool-type %q: want ippool or cidrpool", poolType)
+			}
+			if poolType != "" && pool == "" {
+				return usageErrorf("--pool-type goes with --pool")
+			}
+			var resp *infov1.ListAllocationsResponse
+			var unknown error
+			err := f.call(cmd.Context(), func(ctx context.Context, c infov1.NodeInfoServiceClient) error {
+				key := ""
+				if pool != "" {
+					pools, err := c.ListPools(ctx, &infov1.ListPoolsRequest{})
+					if err != nil {
+						return err
 					}
-					cid := a.GetContainerId()
-					if len(cid) > 12 {
-						cid = cid[:12]
+					if key, unknown = resolvePool(pools.GetPools(), pool, poolType); unknown != nil {
+						return nil
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(a.GetRail()), a.GetPool(), a.GetIp(), dash(a.GetNetwork()), pod, cid, a.GetIfName(),
-						dash(a.GetDeviceId()), time.Unix(a.GetCreateTime(), 0).UTC().Format(time.RFC3339))
 				}
-				return tw.Flush()
+				var err error
+				resp, err = c.ListAllocations(ctx, &infov1.ListAllocationsRequest{Pool: key})
+				return err
 			})
+			if err != nil {
+				return err
+			}
+			if unknown != nil {
+				return unknown
+			}
+			if f.output != "table" {
+				r := AllocationsReport{Allocations: []Allocation{}}
+				for _, a := range resp.GetAllocations() {
+					r.Allocations = append(r.Allocations, Allocation{Pool: a.GetPool(), ContainerID: a.GetContainerId(), IfName: a.GetIfName(),
+						IP: a.GetIp(), PodName: a.GetPodName(), PodNamespace: a.GetPodNamespace(), PodUID: a.GetPodUid(),
+						DeviceID: a.GetDeviceId(), CreateTime: time.Unix(a.GetCreateTime(), 0).UTC(), Network: a.GetNetwork(), Rail: a.GetRail()})
+				}
+				return writeReport(cmd.OutOrStdout(), f.output, &r, nil)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "RAIL\tPOOL\tIP\tNETWORK\tPOD\tCONTAINER\tIF\tDEVICE\tCREATED")
+			for _, a := range resp.GetAllocations() {
+				pod := "-"
+				if a.GetPodName() != "" {
+					pod = a.GetPodNamespace() + "/" + a.GetPodName()
+				}
+				cid := a.GetContainerId()
+				if len(cid) > 12 {
+					cid = cid[:12]
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(a.GetRail()), a.GetPool(), a.GetIp(), dash(a.GetNetwork()), pod, cid, a.GetIfName(),
+					dash(a.GetDeviceId()), time.Unix(a.GetCreateTime(), 0).UTC().Format(time.RFC3339))
+			}
+			return tw.Flush()
 		},
 	}
 	f.add(cmd)
-	cmd.Flags().StringVar(&pool, "pool", "", "only this pool (its store key: the IPPool name, or cidrpool/<name>)")
+	cmd.Flags().StringVar(&pool, "pool", "", "only this pool: its name (an IPPool's or a CIDRPool's), or its store key (cidrpool/<name>)")
+	cmd.Flags().StringVar(&poolType, "pool-type", "", "with --pool: ippool or cidrpool, for a name both kinds have")
 	return cmd
 }
 

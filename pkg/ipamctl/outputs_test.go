@@ -91,8 +91,7 @@ func TestOutputsParseAndRoundTrip(t *testing.T) {
 	sock := serve(t)
 	protoRoundTrip(t, "pools", sameJSONAndYAML(t, "pools", "--socket", sock),
 		&infov1.ListPoolsResponse{}, &infov1.ListPoolsResponse{})
-	protoRoundTrip(t, "allocations", sameJSONAndYAML(t, "allocations", "--socket", sock),
-		&infov1.ListAllocationsResponse{}, &infov1.ListAllocationsResponse{})
+	roundTrip[ipamctl.AllocationsReport](t, "allocations", sameJSONAndYAML(t, "allocations", "--socket", sock))
 
 	root, err := fakesysfs.Extract(filepath.Join("..", "..", "nicdiscovery", "testdata", "sysfs", "hwloc-32em64t-2n8c-cx3-ib.tar.bz2"), t.TempDir())
 	if err != nil {

@@ -159,22 +159,25 @@ func TestRailAuto(t *testing.T) {
 		t.Errorf("VF in a pod's netns: %v %v", res, err)
 	}
 
+	// The summary (the pod event's first words) names the cause the details spell out.
 	for name, tc := range map[string]struct {
 		top, ipam map[string]any
 		code      uint
+		summary   string
 		want      string
 	}{
-		"a device the node does not have": {map[string]any{"deviceID": "0000:99:00.1"}, auto, 7,
+		"a device the node does not have": {map[string]any{"deviceID": "0000:99:00.1"}, auto, 7, "invalid request",
 			"PCI function 0000:99:00.1: not found on this node; this node's rails: ens1f0np0, ens1f1np1"},
-		"a rail no pool is labelled for": {nil, map[string]any{"rail": "ens1f7"}, 11,
+		"a rail no pool is labelled for": {nil, map[string]any{"rail": "ens1f7"}, 11, "no pool is labelled for the rail",
 			`no IPPool in namespace default is labelled nic.hwipam.io/rail=ens1f7`},
-		"a rail whose pool has no block here": {nil, map[string]any{"rail": "spare"}, 11, "spare"},
-		"a CIDRPool rail":                     {map[string]any{"deviceID": "0000:3c:00.0"}, map[string]any{"rail": "auto", "poolType": "cidrpool"}, 11, "no CIDRPool"},
+		"a rail whose pool has no block here": {nil, map[string]any{"rail": "spare"}, 11, "pool has no block on this node", "spare"},
+		"a CIDRPool rail": {map[string]any{"deviceID": "0000:3c:00.0"}, map[string]any{"rail": "auto", "poolType": "cidrpool"}, 11,
+			"no pool is labelled for the rail", "no CIDRPool"},
 	} {
 		_, err := call("ADD", "bad", tc.top, tc.ipam)
 		var cniErr *harness.CNIError
-		if !errors.As(err, &cniErr) || cniErr.Code != tc.code || !strings.Contains(cniErr.Details+cniErr.Msg, tc.want) {
-			t.Errorf("%s: %v, want CNI code %d saying %q", name, err, tc.code, tc.want)
+		if !errors.As(err, &cniErr) || cniErr.Code != tc.code || cniErr.Msg != tc.summary || !strings.Contains(cniErr.Details, tc.want) {
+			t.Errorf("%s: %v, want CNI code %d, %q, saying %q", name, err, tc.code, tc.summary, tc.want)
 		}
 	}
 
@@ -227,6 +230,18 @@ func TestRailAuto(t *testing.T) {
 				t.Errorf("%s holds %s after the release with a device that is no name", a.GetContainerId(), a.GetIp())
 			}
 		}
+	}
+
+	// The plugin's log line of a rail ADD names the rail and the pools chosen.
+	logFile := filepath.Join(dir, "plugin.log")
+	if _, err := call("ADD", "logged", map[string]any{"deviceID": "0000:3c:00.3"}, map[string]any{"rail": "auto", "logFile": logFile}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(logFile); err != nil || !strings.Contains(string(b), "ADD logged/net1 rail auto pools [r0-v4 r0-v6]: 10.10.0.") {
+		t.Errorf("the plugin's log of a rail ADD (%v): %q, want the rail and the pools chosen", err, b)
+	}
+	if _, err := call("DEL", "logged", map[string]any{"deviceID": "0000:3c:00.3"}, auto); err != nil {
+		t.Fatal(err)
 	}
 
 	// CHECK, STATUS and GC of a network whose pools are picked by rail.

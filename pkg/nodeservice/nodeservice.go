@@ -20,6 +20,7 @@ import (
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/rails"
 )
@@ -204,6 +205,7 @@ func (s *Service) ListPools(context.Context, *infov1.ListPoolsRequest) (*infov1.
 			Size: p.Size.String(), Free: p.Free.String()}
 		_, info.Name = v1alpha1.SplitPoolKey(p.Key)
 		if c := p.Config; c != nil {
+			var inBlock []iprange.Range
 			for _, e := range c.Exclusions {
 				if e.Overlaps(c.Block) { // the part inside the block
 					if e.Start.Less(c.Block.Start) {
@@ -212,8 +214,13 @@ func (s *Service) ListPools(context.Context, *infov1.ListPoolsRequest) (*infov1.
 					if c.Block.End.Less(e.End) {
 						e.End = c.Block.End
 					}
-					info.Exclusions = append(info.Exclusions, e.String())
+					inBlock = append(inBlock, e)
 				}
+			}
+			// The pool's exclusions and the per-node ones may overlap: each
+			// excluded address once, in order.
+			for _, e := range iprange.Merge(inBlock) {
+				info.Exclusions = append(info.Exclusions, e.String())
 			}
 			info.Name, info.Kind = c.Name, c.Kind
 			info.Rail = s.railOf(c.Kind, c.Name)

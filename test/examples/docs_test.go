@@ -1,9 +1,11 @@
 package examples
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -106,4 +108,80 @@ func TestNICsDocYAML(t *testing.T) {
 			t.Fatalf("applying docs/nics.md's pool: %v", err)
 		}
 	})
+}
+
+// definedObject is one object an example defines, and where.
+type definedObject struct {
+	where string
+	obj   map[string]any
+}
+
+// TestExamplesDoNotRedefineObjects: no two examples in docs/ (its yaml blocks and
+// files) and deploy/examples/ define the same object (kind, namespace, name)
+// differently, so that following the guides one after another never silently
+// changes a live object another guide made (an IPPool's subnet, say, which
+// would orphan a pod's address). The same object given twice alike is fine.
+func TestExamplesDoNotRedefineObjects(t *testing.T) {
+	root := harness.RepoRoot()
+	var sources []struct{ where, text string }
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range docs {
+		rel, _ := filepath.Rel(root, doc)
+		for i, b := range docYAMLBlocks(t, rel) {
+			sources = append(sources, struct{ where, text string }{fmt.Sprintf("%s (yaml block %d)", rel, i+1), b})
+		}
+	}
+	for _, pattern := range []string{"docs/*.yaml", "deploy/examples/*.yaml"} {
+		files, err := filepath.Glob(filepath.Join(root, pattern))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rel, _ := filepath.Rel(root, f)
+			sources = append(sources, struct{ where, text string }{rel, string(b)})
+		}
+	}
+	seen := map[string]definedObject{}
+	objects := 0
+	for _, src := range sources {
+		for _, part := range regexp.MustCompile(`(?m)^---\s*$`).Split(src.text, -1) {
+			var obj map[string]any
+			if err := yaml.Unmarshal([]byte(part), &obj); err != nil {
+				t.Errorf("%s: %v", src.where, err)
+				continue
+			}
+			kind, _ := obj["kind"].(string)
+			apiVersion, _ := obj["apiVersion"].(string)
+			meta, _ := obj["metadata"].(map[string]any)
+			name, _ := meta["name"].(string)
+			if kind == "" || name == "" {
+				continue // a fragment (a spec, a rail map), not an object
+			}
+			ns, _ := meta["namespace"].(string)
+			if ns == "" {
+				ns = "default" // where kubectl applies it; cluster-scoped objects share the key alike
+			}
+			group, _, _ := strings.Cut(apiVersion, "/")
+			if !strings.Contains(apiVersion, "/") {
+				group = "" // the core group: "v1"
+			}
+			key := fmt.Sprintf("%s %s/%s (%s)", kind, ns, name, group)
+			objects++
+			if prev, ok := seen[key]; ok && !equality.Semantic.DeepEqual(prev.obj, obj) {
+				t.Errorf("%s is defined in %s and, differently, in %s: give the examples distinct names", key, prev.where, src.where)
+				continue
+			}
+			seen[key] = definedObject{where: src.where, obj: obj}
+		}
+	}
+	if objects < 10 {
+		t.Fatalf("found %d objects in docs/ and deploy/examples/: the test reads them wrong", objects)
+	}
 }

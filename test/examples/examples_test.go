@@ -124,3 +124,36 @@ func ensureNamespace(t *testing.T, c client.Client, ns string) {
 		t.Fatal(err)
 	}
 }
+
+// TestDemoDocApplies applies docs/demo.md's "Try it" manifests (what `make demo`
+// writes to /tmp/hwipam-demo/try.yaml, a registry in place of REGISTRY) to a real
+// API server with the NetworkAttachmentDefinition CRD: the pool passes the
+// webhook's validation, the NADs and the pod are accepted. That they give the pod
+// its addresses is seen on the demo node itself.
+func TestDemoDocApplies(t *testing.T) {
+	blocks := docYAMLBlocks(t, "docs/demo.md")
+	if len(blocks) != 1 {
+		t.Fatalf("docs/demo.md has %d yaml blocks, want the one of \"Try it\"", len(blocks))
+	}
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{CRDDirs: []string{
+		filepath.Join(harness.RepoRoot(), "deploy", "crds"), filepath.Join(harness.RepoRoot(), "test", "realnode", "nad-crd.yaml")}})
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(strings.ReplaceAll(blocks[0], "REGISTRY", "127.0.0.1:5000")), 4096)
+	kinds := map[string]int{}
+	for {
+		var u unstructured.Unstructured
+		if err := dec.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			t.Fatalf("decoding: %v", err)
+		}
+		if err := cp.Client.Create(t.Context(), &u); err != nil {
+			t.Fatalf("applying %s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+		validate(t, &u)
+		kinds[u.GetKind()]++
+	}
+	if kinds["IPPool"] != 1 || kinds["NetworkAttachmentDefinition"] != 2 || kinds["Pod"] != 1 {
+		t.Errorf("docs/demo.md applied %v, want a pool, two NADs and a pod", kinds)
+	}
+}
