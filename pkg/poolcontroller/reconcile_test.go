@@ -396,3 +396,18 @@ func TestCIDRPoolInUseAnnotationUsesStoreKey(t *testing.T) {
 	f.reconcile(f.cidr, "c")
 	wantStrings(t, "prefix kept while in use", f.prefixesOf(f.cidrPool("c")), []string{"a=10.14.0.0/24"})
 }
+
+// A pool whose nodeSelector selects no node says so (issue 32): Ready, with
+// reason NoNodeSelected, not "every selected node has a block".
+func TestPoolSelectingNoNodeSaysSo(t *testing.T) {
+	f := newFixture(t, 0)
+	f.node("a", false, nil)
+	f.newIPPool("p", "10.102.0.0/24", 8, nil)
+	f.reconcile(f.ip, "p")
+	st := f.ipPool("p").Status.PoolStatusCommon
+	wantCondition(t, st, v1alpha1.ConditionReady, metav1.ConditionTrue, "selects no node")
+	wantCondition(t, st, v1alpha1.ConditionExhausted, metav1.ConditionFalse, "selects no node")
+	f.setSelected("a", true)
+	f.reconcile(f.ip, "p")
+	wantCondition(t, f.ipPool("p").Status.PoolStatusCommon, v1alpha1.ConditionReady, metav1.ConditionTrue, "every selected node has a block")
+}

@@ -297,6 +297,12 @@ func setAssignedConditions(c *v1alpha1.PoolStatusCommon, layout blocks.Layout, o
 		setCondition(c, v1alpha1.ConditionReady, false, "Exhausted", msg)
 		return msg
 	}
+	if c.SelectedNodes == 0 {
+		const msg = "the pool's nodeSelector selects no node, so no node has a block; check the selector against the nodes' labels"
+		setCondition(c, v1alpha1.ConditionExhausted, false, "NoNodeSelected", msg)
+		setCondition(c, v1alpha1.ConditionReady, true, "NoNodeSelected", msg)
+		return ""
+	}
 	setCondition(c, v1alpha1.ConditionExhausted, false, "FreeBlocks", "every selected node has a block")
 	setCondition(c, v1alpha1.ConditionReady, true, "AllNodesAssigned", "every selected node has a block")
 	return ""
