@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"iter"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -123,7 +124,7 @@ type world struct {
 	// hostileHad: per pool name, every block the hostile node was seen with. The
 	// controller gave them to it, so its report may keep them (see checkHonestBlocks).
 	hostileHad map[string][]iprange.Range
-	logs      []namedLog
+	logs       []namedLog
 }
 
 // namedLog is the output of one process the test started.
@@ -927,16 +928,10 @@ func (w *world) checkHonestBlocks() {
 func (w *world) honestWithoutBlock() []string {
 	var missing []string
 	have := w.blocks()
-	for _, p := range poolDefs {
-		obj, err := w.getPool(p)
-		if apierrors.IsNotFound(err) {
-			continue
-		}
-		if err != nil {
-			w.fail("reading %s: %v", p.name, err)
-		}
+	for p, obj := range w.existingPools() {
 		var sel *corev1.NodeSelector
 		var layout blocks.Layout
+		var err error
 		switch o := obj.(type) {
 		case *v1alpha1.IPPool:
 			sel = o.Spec.NodeSelector
@@ -1041,6 +1036,24 @@ func (w *world) allocations(i int) map[netip.Addr]held {
 	return out
 }
 
+// existingPools yields the pools of poolDefs that exist, as the API server has them.
+func (w *world) existingPools() iter.Seq2[poolDef, client.Object] {
+	return func(yield func(poolDef, client.Object) bool) {
+		for _, p := range poolDefs {
+			obj, err := w.getPool(p)
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
+				w.fail("reading %s: %v", p.name, err)
+			}
+			if !yield(p, obj) {
+				return
+			}
+		}
+	}
+}
+
 // blocks returns every node's block in every pool's status, as ranges.
 func (w *world) blocks() map[string][]struct {
 	node string
@@ -1050,14 +1063,7 @@ func (w *world) blocks() map[string][]struct {
 		node string
 		r    iprange.Range
 	}{}
-	for _, p := range poolDefs {
-		obj, err := w.getPool(p)
-		if apierrors.IsNotFound(err) {
-			continue
-		}
-		if err != nil {
-			w.fail("reading %s: %v", p.name, err)
-		}
+	for p, obj := range w.existingPools() {
 		switch o := obj.(type) {
 		case *v1alpha1.IPPool:
 			for _, a := range o.Status.Allocations {
