@@ -271,6 +271,18 @@ var _ = Describe("deploy/base on a real node", Label("deploy"), func() {
 		Expect(line).To(ContainSubstring("application/vnd.oci.image.index.v1+json"), out)
 		Expect(line).To(ContainSubstring("linux/amd64"), out)
 		Expect(line).To(ContainSubstring("linux/arm64"), out)
+		// The tarball itself loads as docs/development.md says (ctr images import),
+		// in a namespace of its own, removed again.
+		tarball := filepath.Join(node.Dir, "image", "hwipam-image.tar")
+		out, err = execCtr(ctx, "-n", "hwipam-import-check", "images", "import", "--all-platforms", tarball)
+		Expect(err).NotTo(HaveOccurred(), out)
+		DeferCleanup(func(ctx SpecContext) {
+			_, _ = execCtr(ctx, "-n", "hwipam-import-check", "images", "rm", "hwipam:e2e")
+			_, _ = execCtr(ctx, "namespaces", "rm", "hwipam-import-check")
+		})
+		out, err = execCtr(ctx, "-n", "hwipam-import-check", "images", "ls")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out).To(And(ContainSubstring("hwipam:e2e"), ContainSubstring("linux/amd64"), ContainSubstring("linux/arm64")))
 	})
 
 	It("installs the plugin and nv-ipam.conf into the host's CNI directories", func() {
