@@ -102,7 +102,7 @@ func TestExportChecksumVector(t *testing.T) {
 // imported first, then allocations made by the node allocator over IPv4 and
 // IPv6 IPPools and CIDRPools (plain, static, by index, dual-stack), some
 // released again, with pod metadata, device IDs, networks and rails.
-func randomStore(t *testing.T, rng *rand.Rand, path string) {
+func randomStore(t *testing.T, rng *rand.Rand, path string) (made map[string]int) {
 	t.Helper()
 	writeRandomNVStore(t, rng, path)
 	st, err := store.Open(path, store.Options{})
@@ -154,6 +154,7 @@ func randomStore(t *testing.T, rng *rand.Rand, path string) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
+	made = map[string]int{}
 	var live []*nodealloc.Request
 	n := 40 + rng.IntN(80)
 	for i := range n {
@@ -173,15 +174,16 @@ func randomStore(t *testing.T, rng *rand.Rand, path string) {
 		if rng.IntN(4) == 0 {
 			r.Meta.Rail = "rail" + strconv.Itoa(rng.IntN(4))
 		}
+		kind := "plain"
 		switch rng.IntN(5) {
-		case 0: // static
-			r.RequestedIPs = []netip.Addr{randomIn(rng, c)}
-		case 1: // by index
+		case 0:
+			kind, r.RequestedIPs = "static", []netip.Addr{randomIn(rng, c)}
+		case 1:
 			ix := int32(rng.IntN(40))
-			r.Index = &ix
-		case 2: // dual-stack
+			kind, r.Index = "index", &ix
+		case 2:
 			if c.Kind == v1alpha1.KindIPPool && c.Name != "v6" {
-				r.Pools = []string{c.Name, "v6"}
+				kind, r.Pools = "dual-stack", []string{c.Name, "v6"}
 			}
 		}
 		if _, err := m.Allocate(ctx, r); err != nil {
@@ -192,6 +194,7 @@ func randomStore(t *testing.T, rng *rand.Rand, path string) {
 			}
 			t.Fatalf("allocate %+v: %v", r, err)
 		}
+		made[kind]++
 		live = append(live, r)
 		if rng.IntN(5) == 0 {
 			k := rng.IntN(len(live))
@@ -201,6 +204,7 @@ func randomStore(t *testing.T, rng *rand.Rand, path string) {
 			live = slices.Delete(live, k, k+1)
 		}
 	}
+	return made
 }
 
 func randomIn(rng *rand.Rand, c *nodealloc.PoolConfig) netip.Addr {
@@ -308,10 +312,13 @@ func TestExportImportRoundTrip(t *testing.T) {
 	}
 	t.Logf("seed %d (replay with HWIPAM_EXPORT_SEED=%d)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	made := map[string]int{}
 	for round := range 8 {
 		dir := t.TempDir()
 		path := filepath.Join(dir, "store")
-		randomStore(t, rng, path)
+		for k, n := range randomStore(t, rng, path) {
+			made[k] += n
+		}
 		want, wantCursors := loadExported(t, path)
 		if len(want) == 0 {
 			t.Fatalf("seed %d round %d: an empty store tests nothing", seed, round)
@@ -320,6 +327,14 @@ func TestExportImportRoundTrip(t *testing.T) {
 		for _, a := range want {
 			v6 = v6 || strings.Contains(a.IP, ":")
 			cidr = cidr || strings.HasPrefix(a.Pool, "cidrpool/")
+			switch {
+			case strings.Contains(a.IP, ":"):
+				made["exported v6"]++
+			case strings.HasPrefix(a.Pool, "cidrpool/"):
+				made["exported cidrpool"]++
+			case a.Pool == "nvpool" && strings.HasPrefix(a.ContainerID, "nv"):
+				made["exported from nv-ipam"]++
+			}
 		}
 
 		out := filepath.Join(dir, "exported.json")
@@ -362,6 +377,12 @@ func TestExportImportRoundTrip(t *testing.T) {
 		compareExported(t, fmt.Sprintf("seed %d round %d (the kept hwipam store)", seed, round), kept, want, keptCursors, wantCursors)
 		got, gotCursors = loadExported(t, path) // imports the in-place export
 		compareExported(t, fmt.Sprintf("seed %d round %d (in place)", seed, round), got, want, gotCursors, wantCursors)
+	}
+	t.Logf("allocations made and exported over the rounds: %v", made)
+	for _, k := range []string{"static", "index", "dual-stack", "exported v6", "exported cidrpool", "exported from nv-ipam"} {
+		if made[k] == 0 {
+			t.Errorf("seed %d: no %s allocation in any round: the test did not cover it", seed, k)
+		}
 	}
 }
 
