@@ -291,8 +291,8 @@ var machines = map[string]elf.Machine{
 }
 
 // fileMachine is the ELF machine of the file at path, ok false when it is not ELF.
-func fileMachine(path string) (m elf.Machine, ok bool, err error) {
-	f, err := os.Open(path)
+func fileMachine(file string) (m elf.Machine, ok bool, err error) {
+	f, err := os.Open(file)
 	if err != nil {
 		return 0, false, err
 	}
@@ -303,7 +303,7 @@ func fileMachine(path string) (m elf.Machine, ok bool, err error) {
 	}
 	ef, err := elf.NewFile(f)
 	if err != nil {
-		return 0, false, fmt.Errorf("%s: %w", path, err)
+		return 0, false, fmt.Errorf("%s: %w", file, err)
 	}
 	return ef.Machine, true, nil
 }
@@ -636,9 +636,13 @@ func readLayout(file string) (v1.ImageIndex, func(), error) {
 		return nil, nil, err
 	}
 	im, err := top.IndexManifest()
-	if err != nil || len(im.Manifests) != 1 || !im.Manifests[0].MediaType.IsIndex() {
+	if err != nil {
 		cleanup()
-		return nil, nil, fmt.Errorf("index.json must name one image index (as build --platform writes): %v", err)
+		return nil, nil, fmt.Errorf("index.json: %w", err)
+	}
+	if len(im.Manifests) != 1 || !im.Manifests[0].MediaType.IsIndex() {
+		cleanup()
+		return nil, nil, errors.New("index.json must name one image index (as build --platform writes)")
 	}
 	idx, err := top.ImageIndex(im.Manifests[0].Digest)
 	if err != nil {

@@ -205,7 +205,11 @@ func ExportNVIPAM(path, out string) (ExportReport, error) {
 	backup := path + HwipamBackupSuffix
 	for _, pair := range [][2]string{{path, backup}, {path + ".wal", backup + ".wal"}} {
 		_ = os.Remove(pair[1])
-		if err := os.Link(pair[0], pair[1]); err != nil && !(errors.Is(err, os.ErrNotExist) && pair[0] != path) {
+		err := os.Link(pair[0], pair[1])
+		if errors.Is(err, os.ErrNotExist) && pair[0] != path {
+			continue // no log beside the store: nothing to keep of it
+		}
+		if err != nil {
 			_ = os.Remove(tmp)
 			return rep, fmt.Errorf("keeping the hwipam store %s as %s: %w", pair[0], pair[1], err)
 		}
