@@ -60,25 +60,40 @@ build: ## Build every binary under cmd/ into bin/.
 
 # The image: the layout of the Dockerfile (binaries at /, distroless-like /etc/passwd,
 # default user 65532 "nonroot"; ipam-node's DaemonSet runs it as root), built with
-# go-containerregistry by hack/image, no Docker engine needed.
-IMAGE_NAME    ?= hwipam
-IMAGE_TAG     ?= $(VERSION)
-IMAGE_TAR     := $(BIN_DIR)/hwipam-image.tar
-REGISTRY      ?=
-IMAGE_TOOL     = $$(hack/test-assets.sh image-tool)
+# go-containerregistry by hack/image, no Docker engine needed. One OCI image index
+# for IMAGE_PLATFORMS: each platform's static binaries in $(BIN_DIR)/<os>_<arch>/, its
+# image's configuration naming that platform; a node pulls its own.
+IMAGE_NAME      ?= hwipam
+IMAGE_TAG       ?= $(VERSION)
+IMAGE_TAR       := $(BIN_DIR)/hwipam-image.tar
+IMAGE_PLATFORMS ?= linux/amd64 linux/arm64
+REGISTRY        ?=
+IMAGE_TOOL       = $$(hack/test-assets.sh image-tool)
+
+# build-for OS/ARCH: every binary for that platform into $(BIN_DIR)/<os>_<arch>/, the
+# plugin with its own entry point only on linux/amd64 (as PLUGIN_LDFLAGS).
+define build-for
+	@mkdir -p $(BIN_DIR)/$(subst /,_,$(1))
+	CGO_ENABLED=0 GOOS=$(word 1,$(subst /, ,$(1))) GOARCH=$(word 2,$(subst /, ,$(1))) go build -trimpath -ldflags "$(LDFLAGS)" \
+		-o $(BIN_DIR)/$(subst /,_,$(1))/ $(addprefix ./cmd/,$(filter-out nv-ipam,$(BINARIES)))
+	CGO_ENABLED=0 GOOS=$(word 1,$(subst /, ,$(1))) GOARCH=$(word 2,$(subst /, ,$(1))) go build -trimpath \
+		-ldflags "$(LDFLAGS) $(if $(filter linux/amd64,$(1)),-E main.entry)" -o $(BIN_DIR)/$(subst /,_,$(1))/ ./cmd/nv-ipam
+
+endef
 
 .PHONY: image
-image: build ## Build the hwipam image into bin/hwipam-image.tar (no Docker; `ctr images import` or `make image-push`).
+image: ## Build the hwipam image index (IMAGE_PLATFORMS: linux/amd64 linux/arm64) into bin/hwipam-image.tar, an OCI layout (no Docker; `ctr images import` or `make image-push`).
+	$(foreach p,$(IMAGE_PLATFORMS),$(call build-for,$(p)))
 	@mkdir -p $(BIN_DIR)/image-root
 	@printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > $(BIN_DIR)/image-root/passwd
 	@printf 'root:x:0:\nnonroot:x:65532:\n' > $(BIN_DIR)/image-root/group
 	$(IMAGE_TOOL) build -o $(IMAGE_TAR) --tag $(IMAGE_NAME):$(IMAGE_TAG) --user 65532:65532 \
-		--dir /tmp:1777 --dir /home/nonroot:0700 \
+		$(addprefix --platform ,$(IMAGE_PLATFORMS)) --dir /tmp:1777 --dir /home/nonroot:0700 \
 		/etc/passwd=$(BIN_DIR)/image-root/passwd:0644 /etc/group=$(BIN_DIR)/image-root/group:0644 \
-		$(foreach b,$(BINARIES),/$(b)=$(BIN_DIR)/$(b))
+		$(foreach b,$(BINARIES),/$(b)=$(BIN_DIR)/{os}_{arch}/$(b))
 
 .PHONY: image-push
-image-push: ## Push the image to $(REGISTRY)/$(IMAGE_NAME):$(IMAGE_TAG) (plain HTTP for a loopback registry).
+image-push: ## Push the image index to $(REGISTRY)/$(IMAGE_NAME):$(IMAGE_TAG) (plain HTTP for a loopback registry).
 	@if [ -z "$(REGISTRY)" ]; then echo "set REGISTRY, e.g. make image-push REGISTRY=registry.example.com/hwipam" >&2; exit 2; fi
 	@$(MAKE) --no-print-directory image
 	$(IMAGE_TOOL) push $(if $(filter localhost% 127.%,$(REGISTRY)),--insecure) $(IMAGE_TAR) $(REGISTRY)/$(IMAGE_NAME):$(IMAGE_TAG)

@@ -224,13 +224,29 @@ func corrupt(path string, cause error) error {
 }
 
 // openBolt opens the bbolt file, turning bbolt's panics on garbage into errors.
+// A panic leaves the file open, mapped and locked inside bbolt: it is unlocked
+// and closed here (the map is left to the process's end), so
+// that the process can open the path again (ipamctl's export reports the
+// damage, not a lock held by itself).
 func openBolt(path string, opts Options) (db *bolt.DB, err error) {
+	var file *os.File
 	defer func() {
 		if r := recover(); r != nil {
+			if file != nil {
+				// bbolt's map still refers to the file, so closing it alone
+				// would keep the lock.
+				_ = unix.Flock(int(file.Fd()), unix.LOCK_UN)
+				_ = file.Close()
+			}
 			db, err = nil, corrupt(path, fmt.Errorf("%v", r))
 		}
 	}()
-	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout})
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout,
+		OpenFile: func(name string, flag int, mode os.FileMode) (*os.File, error) {
+			f, err := os.OpenFile(name, flag, mode)
+			file = f
+			return f, err
+		}})
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("store %s is locked by another process (is another ipam-node running?): %w", path, err)

@@ -1,14 +1,9 @@
 package realnode_test
 
 import (
-	"archive/tar"
-	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -32,6 +27,7 @@ import (
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/test/harness"
+	"github.com/hwipam/hwipam/test/ociimage"
 	"github.com/hwipam/hwipam/test/realnode"
 )
 
@@ -241,16 +237,52 @@ func livePod(ctx context.Context, namespace, selector string) *corev1.Pod {
 }
 
 var _ = Describe("deploy/base on a real node", Label("deploy"), func() {
-	It("uses an image with the Dockerfile's layout, built by make image", func() {
-		files, cfg := readImage(filepath.Join(node.Dir, "image", "hwipam-image.tar"))
-		for _, bin := range []string{"ipam-controller", "ipam-node", "nv-ipam", "ipamctl"} {
-			Expect(files).To(HaveKeyWithValue("/"+bin, BeEquivalentTo(0o755)), "/%s in the image", bin)
+	It("uses an image index with the Dockerfile's layout, built by make image, and the node pulled its own platform", func(ctx SpecContext) {
+		l, err := ociimage.Read(filepath.Join(node.Dir, "image", "hwipam-image.tar"))
+		Expect(err).NotTo(HaveOccurred())
+		var own *ociimage.Image
+		var platforms []string
+		for i := range l.Images {
+			platforms = append(platforms, l.Images[i].Platform.String())
+			if l.Images[i].Platform == (ociimage.Platform{OS: "linux", Architecture: runtime.GOARCH}) {
+				own = &l.Images[i]
+			}
 		}
-		Expect(files).To(HaveKey("/etc/passwd"))
-		Expect(files).To(HaveKeyWithValue("/tmp", BeEquivalentTo(0o1777)))
-		Expect(cfg.OS).To(Equal("linux"))
-		Expect(cfg.Architecture).To(Equal(runtime.GOARCH))
-		Expect(cfg.Config.User).To(Equal("65532:65532"))
+		Expect(platforms).To(ConsistOf("linux/amd64", "linux/arm64"))
+		Expect(own).NotTo(BeNil())
+		for _, bin := range []string{"ipam-controller", "ipam-node", "nv-ipam", "ipamctl"} {
+			Expect(own.Files).To(HaveKeyWithValue("/"+bin, HaveField("Mode", BeEquivalentTo(0o755))), "/%s in the image", bin)
+		}
+		Expect(own.Files).To(HaveKey("/etc/passwd"))
+		Expect(own.Files).To(HaveKeyWithValue("/tmp", HaveField("Mode", BeEquivalentTo(0o1777))))
+		Expect(own.Config.OS).To(Equal("linux"))
+		Expect(own.Config.Architecture).To(Equal(runtime.GOARCH))
+		Expect(own.Config.Config.User).To(Equal("65532:65532"))
+		// containerd pulled the index by its tag and unpacked the node's platform
+		// (what the running ipam-node container was made from).
+		out, err := execCtr(ctx, "-n", "k8s.io", "images", "ls")
+		Expect(err).NotTo(HaveOccurred())
+		var line string
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, ipamNodePod(ctx).Spec.Containers[0].Image+" ") {
+				line = l
+			}
+		}
+		Expect(line).To(ContainSubstring("application/vnd.oci.image.index.v1+json"), out)
+		Expect(line).To(ContainSubstring("linux/amd64"), out)
+		Expect(line).To(ContainSubstring("linux/arm64"), out)
+		// The tarball itself loads as docs/development.md says (ctr images import),
+		// in a namespace of its own, removed again.
+		tarball := filepath.Join(node.Dir, "image", "hwipam-image.tar")
+		out, err = execCtr(ctx, "-n", "hwipam-import-check", "images", "import", "--all-platforms", tarball)
+		Expect(err).NotTo(HaveOccurred(), out)
+		DeferCleanup(func(ctx SpecContext) {
+			_, _ = execCtr(ctx, "-n", "hwipam-import-check", "images", "rm", "hwipam:e2e")
+			_, _ = execCtr(ctx, "namespaces", "rm", "hwipam-import-check")
+		})
+		out, err = execCtr(ctx, "-n", "hwipam-import-check", "images", "ls")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out).To(And(ContainSubstring("hwipam:e2e"), ContainSubstring("linux/amd64"), ContainSubstring("linux/arm64")))
 	})
 
 	It("installs the plugin and nv-ipam.conf into the host's CNI directories", func() {
@@ -514,57 +546,6 @@ var _ = Describe("a malformed NetworkAttachmentDefinition", Label("malformed"), 
 		Expect(allocations(ctx)).NotTo(ContainElement(ContainSubstring("/bad-net")))
 	})
 })
-
-// imageConfig is the part of an OCI image config the layout spec reads.
-type imageConfig struct {
-	OS           string `json:"os"`
-	Architecture string `json:"architecture"`
-	Config       struct {
-		User string `json:"User"`
-	} `json:"config"`
-}
-
-// readImage reads a docker-save tarball of one single-layer image: every path in the
-// layer with its mode, and the config.
-func readImage(path string) (map[string]int64, imageConfig) {
-	entries := map[string][]byte{}
-	f, err := os.Open(path)
-	Expect(err).NotTo(HaveOccurred())
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		Expect(err).NotTo(HaveOccurred())
-		data, err := io.ReadAll(tr)
-		Expect(err).NotTo(HaveOccurred())
-		entries[h.Name] = data
-	}
-	var manifest []struct {
-		Config string
-		Layers []string
-	}
-	Expect(json.Unmarshal(entries["manifest.json"], &manifest)).To(Succeed())
-	Expect(manifest).To(HaveLen(1))
-	Expect(manifest[0].Layers).To(HaveLen(1))
-	var cfg imageConfig
-	Expect(json.Unmarshal(entries[manifest[0].Config], &cfg)).To(Succeed())
-	gz, err := gzip.NewReader(bytes.NewReader(entries[manifest[0].Layers[0]]))
-	Expect(err).NotTo(HaveOccurred())
-	files := map[string]int64{}
-	lr := tar.NewReader(gz)
-	for {
-		h, err := lr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		Expect(err).NotTo(HaveOccurred())
-		files["/"+strings.TrimSuffix(h.Name, "/")] = h.Mode
-	}
-	return files, cfg
-}
 
 // execCtr runs ctr against the node's containerd.
 func execCtr(ctx context.Context, args ...string) (string, error) {
