@@ -344,7 +344,7 @@ func TestClusterRailNADs(t *testing.T) {
 	}
 	setBlocks("east", "eth-1")
 
-	nadFindings := func(step string) (out []string) {
+	nadFindings := func() (out []string) {
 		t.Helper()
 		rep, _ := checkRun(t, "--cluster", "--kubeconfig", kubeconfig, "--node-name", "dgx-1", "--ippools-namespace", "kube-system",
 			"--socket", "unix://"+filepath.Join(t.TempDir(), "none.sock"), "--timeout", "300ms")
@@ -397,7 +397,7 @@ func TestClusterRailNADs(t *testing.T) {
 	}
 	want := "ok: 3 nv-ipam NAD section(s) find their pools: 0 by name, which select their nodes, and 3 by rail, " +
 		"whose pools have a block on each node with the rail"
-	if got := nadFindings("healthy"); len(got) != 1 || got[0] != want {
+	if got := nadFindings(); len(got) != 1 || got[0] != want {
 		t.Errorf("check --cluster on healthy rail NADs: %q, want only %q", got, want)
 	}
 
@@ -420,7 +420,7 @@ func TestClusterRailNADs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := nadFindings("faults")
+	got := nadFindings()
 	for _, want := range []string{
 		`error: NAD default/rail-missing: rail "ibp999s0": no IPPool in namespace kube-system is labelled nic.hwipam.io/rail=ibp999s0`,
 		`error: NAD default/mgmt: rail "eno1np0": no IPPool in namespace kube-system is labelled nic.hwipam.io/rail=eno1np0 (the rail of its master eno1np0)`,

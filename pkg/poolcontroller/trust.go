@@ -243,7 +243,7 @@ func clip(r iprange.Range, in []iprange.Range) []iprange.Range {
 
 // spans replaces ranges by their span within each grant they lie in: at most one
 // range per grant.
-func spans(rs []iprange.Range, grants []iprange.Range) []iprange.Range {
+func spans(rs, grants []iprange.Range) []iprange.Range {
 	var out []iprange.Range
 	for _, g := range grants {
 		var span iprange.Range

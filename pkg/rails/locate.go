@@ -122,7 +122,7 @@ func (l SysfsLocator) sysfsPath(path string) (string, bool) {
 	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
 		return "", false
 	}
-	return filepath.Join("/sys", rel), true
+	return filepath.Clean("/sys/" + rel), true
 }
 
 // unwrapPath is a file system error without the path it names.
