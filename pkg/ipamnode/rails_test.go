@@ -378,6 +378,14 @@ func TestRailWalkthrough(t *testing.T) {
 
 	dir := t.TempDir()
 	d := startDaemon(t, cp.Config, dir, func(o *ipamnode.Options) { o.SysfsRoot, o.NICLabels = tree.Root, ipamnode.NICLabelsOff })
+	// With the labels off, ipamctl still gets the daemon's inventory: the rail NICs
+	// and the BlueField's two Ethernet ports.
+	var ports []string
+	for i, rail := range fakesysfs.DGXH100Rails {
+		ports = append(ports, fmt.Sprintf("%s %s/1 InfiniBand []", rail, dgxRailPCI[i]))
+	}
+	ports = append(ports, "enp225s0f0np0 0000:e1:00.0/1 Ethernet []", "enp225s0f1np1 0000:e1:00.1/1 Ethernet []")
+	wantPorts(t, d, ports...)
 	plugin := harness.BuildBinary(t, "./cmd/nv-ipam")
 	ns := harness.NewNetNS(t)
 	for i, rail := range fakesysfs.DGXH100Rails {
