@@ -103,13 +103,6 @@ func nicsCommand() *cobra.Command {
 	return cmd
 }
 
-func loadRails(path string) (nicdiscovery.Rails, error) {
-	if path == "" {
-		return nil, nil
-	}
-	return nicdiscovery.LoadRails(path)
-}
-
 // nicsTables prints the functions, then, where netlink answered, every port's link
 // and every PF's VFs.
 func nicsTables(w io.Writer, r nicsReport) error {
