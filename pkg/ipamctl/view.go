@@ -50,8 +50,12 @@ type NICView struct {
 func newNICView(info *infov1.GetInfoResponse, daemonErr error, rootFlag, railFlag string) (*NICView, error) {
 	v := &NICView{SysfsRoot: "/", SysfsRootFrom: FromDefault, RailConfigFrom: FromDefault, NICLabels: info.GetNicLabels()}
 	var notes []string
-	if info == nil && daemonErr != nil {
-		notes = append(notes, "no daemon answered ("+daemonErr.Error()+"): the defaults stand")
+	switch {
+	case info == nil && daemonErr != nil:
+		// Why is the daemon's own finding (check) or not ipamctl's business (nics).
+		notes = append(notes, "no daemon answered: the defaults stand")
+	case info != nil && info.GetSysfsRoot() == "":
+		notes = append(notes, "the daemon does not say where it reads the NICs (a version before it did): the defaults stand")
 	}
 	switch root := info.GetSysfsRoot(); {
 	case rootFlag != "":
