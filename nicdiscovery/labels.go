@@ -39,6 +39,13 @@ func LoadRails(path string) (Rails, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the rail map: %w", err)
 	}
+	return ParseRails(b, path)
+}
+
+// ParseRails reads a rail map's content, as LoadRails does; source names where
+// it came from in errors.
+func ParseRails(b []byte, source string) (Rails, error) {
+	path := source
 	var r Rails
 	if err := yaml.UnmarshalStrict(b, &r); err != nil {
 		return nil, fmt.Errorf("rail map %s: %w; want a map of rail name to a list of netdev names or PCI addresses", path, err)

@@ -323,25 +323,24 @@ func show(ctx context.Context, c *realnode.Cluster, pods []string) error {
 		return err
 	}
 	state := c.StateDir
-	sysfs := filepath.Join(dir, "sysfs")
 	confDir := filepath.Join(c.CNIConfDir, "nv-ipam.d")
 	fmt.Fprintf(os.Stdout, "\nThe node keeps running (docs/demo.md says more). Try:\n"+
 		"  export KUBECONFIG=%s PATH=%s:$PATH\n"+
 		"  kubectl get pods -A -o wide\n\n"+
-		"  # ipamctl in the ipam-node pod (the daemon's paths are the pod's; its NICs are the demo's sysfs tree):\n"+
-		"  kubectl -n kube-system exec ds/hwipam-node -c ipam-node -- /ipamctl check --sysfs-root %s\n"+
+		"  # ipamctl in the ipam-node pod (it asks the daemon for its paths and its NIC view, the demo's sysfs tree):\n"+
+		"  kubectl -n kube-system exec ds/hwipam-node -c ipam-node -- /ipamctl check\n"+
 		"  kubectl -n kube-system exec ds/hwipam-node -c ipam-node -- /ipamctl allocations\n\n"+
 		"  # ipamctl on the host (make build), with the demo's paths under %s:\n"+
 		"  bin/ipamctl check --cluster --socket unix://%s --store-file %s \\\n"+
-		"    --cni-bin-dir %s --cni-conf-dir %s --sysfs-root %s\n"+
+		"    --cni-bin-dir %s --cni-conf-dir %s\n"+
 		"  bin/ipamctl pools --cluster\n\n"+
 		"  # a pool, a NAD that names it, a NAD that picks its pool by rail, and a pod with both\n"+
 		"  # (every NAD on this node needs \"confDir\": %q):\n"+
 		"  kubectl apply -f %s\n"+
 		"  kubectl wait --for=condition=Ready pod/try-a && kubectl exec try-a -- ip -4 -o addr show\n\n"+
 		"Stop it with: make demo-down\n",
-		c.Kubeconfig, c.Bin, sysfs, dir, filepath.Join(state, "daemon.sock"), filepath.Join(state, "store"),
-		c.CNIBinDir, confDir, sysfs, confDir, tryFile)
+		c.Kubeconfig, c.Bin, dir, filepath.Join(state, "daemon.sock"), filepath.Join(state, "store"),
+		c.CNIBinDir, confDir, confDir, tryFile)
 	return nil
 }
 

@@ -62,6 +62,9 @@ type CheckReport struct {
 	// Unreachable names what check could not reach (ipam-node, the API server):
 	// the findings are then incomplete, and the exit code is 2.
 	Unreachable []string `json:"unreachable,omitempty"`
+	// View is where the NICs were read from and the rail map applied: the
+	// daemon's unless flags say otherwise.
+	View *NICView `json:"view,omitempty"`
 }
 
 // ErrProblemsFound is returned by check when it found warnings or errors (exit 1).
@@ -81,7 +84,8 @@ func checkCommand() *cobra.Command {
 		Use:   "check",
 		Short: "Check why a pod on this node may get no address: daemon, store, plugin, pools, rails, gateways",
 		Long: "check runs every health check of this node's hwipam and prints one line per finding, with its\n" +
-			"severity and what to do. The daemon tells where its store, plugin and config are; the flags override.\n" +
+			"severity and what to do. The daemon tells where its store, plugin and config are, where it reads the\n" +
+			"NICs from (--sysfs-root) and its rail map (--rail-config); the flags override.\n" +
 			"With API access (--kubeconfig, or in a pod) it also checks that every pool selecting this node has a\n" +
 			"block here, that the rail NICs those pools select are present and up, and that each allocation's pod\n" +
 			"still exists. Exit code: 0 healthy, 1 problems found, 2 usage error or ipam-node or the API server\n" +
@@ -110,8 +114,8 @@ func checkCommand() *cobra.Command {
 	fl.StringVar(&f.storeFile, "store-file", "", "the daemon's store (default: where the daemon says, else /var/lib/cni/nv-ipam/store)")
 	fl.StringVar(&f.binDir, "cni-bin-dir", "", "where the plugin is installed (default: where the daemon says, else /opt/cni/bin)")
 	fl.StringVar(&f.confDir, "cni-conf-dir", "", "where nv-ipam.conf is (default: where the daemon says, else /etc/cni/net.d/nv-ipam.d)")
-	fl.StringVar(&f.sysfsRoot, "sysfs-root", "/", "directory that contains sys/, for the rail NICs")
-	fl.StringVar(&f.railConfig, "rail-config", "", "rail map, as ipam-node's --rail-config")
+	fl.StringVar(&f.sysfsRoot, "sysfs-root", "", "directory that contains sys/, for the rail NICs (default: the daemon's, else /)")
+	fl.StringVar(&f.railConfig, "rail-config", "", "rail map, as ipam-node's --rail-config (default: the daemon's)")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for the API checks (default: $KUBECONFIG, or in-cluster in a pod)")
 	fl.StringVar(&f.nodeName, "node-name", "", "this node's name (default: the daemon's)")
 	fl.StringVar(&f.ns, "ippools-namespace", "", "namespace of the pools (default: the daemon's)")
@@ -152,6 +156,8 @@ type daemonState struct {
 	pools    []*infov1.PoolInfo
 	allocs   []*infov1.AllocationRecord
 	failures []*infov1.Failure
+	// nics is the daemon's NIC inventory; nil from a daemon without ListNICs.
+	nics *infov1.ListNICsResponse
 }
 
 func (f *checkFlags) run(ctx context.Context) *CheckReport {
@@ -174,6 +180,17 @@ func (f *checkFlags) run(ctx context.Context) *CheckReport {
 	binDir := pick(f.binDir, info.GetCniBinDir(), "/opt/cni/bin")
 	confDir := pick(f.confDir, info.GetCniConfDir(), "/etc/cni/net.d/nv-ipam.d")
 	c.r.Node = pick(f.nodeName, info.GetNodeName(), "")
+	var daemonErr error
+	if d == nil {
+		daemonErr = errors.New("ipam-node did not answer")
+		info = nil
+	}
+	view, err := newNICView(info, daemonErr, f.sysfsRoot, f.railConfig)
+	if err != nil {
+		c.add(SeverityWarning, "rail", view.RailConfig, err.Error(), "fix the rail map; the rail checks run without it")
+	}
+	c.r.View = view
+	c.add(SeverityInfo, "view", "", view.String(), "")
 	f.checkStore(ctx, c, storeFile, d)
 	checkPlugin(c, binDir, info.GetPluginSha256())
 	checkConfig(c, confDir, info.GetConfSha256())
@@ -182,7 +199,7 @@ func (f *checkFlags) run(ctx context.Context) *CheckReport {
 		checkFailures(c, d.failures, time.Now())
 		f.checkGateways(ctx, c, d)
 	}
-	f.checkAPI(ctx, c, d, pick(f.ns, info.GetPoolsNamespace(), "kube-system"))
+	f.checkAPI(ctx, c, d, view, pick(f.ns, info.GetPoolsNamespace(), "kube-system"))
 	return c.r
 }
 
@@ -205,7 +222,11 @@ func (f *checkFlags) checkDaemon(ctx context.Context, c *checker) *daemonState {
 		if err != nil {
 			return err
 		}
-		d = daemonState{info: info, pools: pools.GetPools(), allocs: allocs.GetAllocations(), failures: failures.GetFailures()}
+		nics, err := daemonNICs(ctx, cl)
+		if err != nil {
+			return err
+		}
+		d = daemonState{info: info, pools: pools.GetPools(), allocs: allocs.GetAllocations(), failures: failures.GetFailures(), nics: nics}
 		return nil
 	})
 	if err != nil {
@@ -541,7 +562,7 @@ func neighState(link netlink.Link, ip netip.Addr, wait bool) string {
 // checkAPI compares the cluster's view with the node's: pools selecting this node
 // have a block and the daemon serves it, the rail NICs they select are here and
 // up, blocks hold the VFs of their rail, and allocations' pods exist.
-func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, ns string) {
+func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, view *NICView, ns string) {
 	if f.kubeconfig == "" && os.Getenv("KUBECONFIG") == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
 		c.add(SeverityInfo, "api", "", "the pool, rail and stale-allocation checks need the API server: give --kubeconfig", "")
 		return
@@ -582,12 +603,16 @@ func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, n
 		if inv == nil {
 			var err error
 			live := true // link state from netlink, also for a tree mounted from the host
-			if inv, err = nicdiscovery.Scan(ctx, nicdiscovery.Options{Root: f.sysfsRoot, Live: &live}); err != nil {
-				c.add(SeverityWarning, "rail", f.sysfsRoot, fmt.Sprintf("cannot scan the NICs: %v", err), "check --sysfs-root")
+			if inv, err = nicdiscovery.Scan(ctx, nicdiscovery.Options{Root: view.SysfsRoot, Live: &live}); err != nil {
+				c.add(SeverityWarning, "rail", view.SysfsRoot, fmt.Sprintf("cannot scan the NICs: %v", err), "check --sysfs-root")
 				inv = &nicdiscovery.Inventory{}
 			}
 		}
 		return inv
+	}
+	var daemonNICs *infov1.ListNICsResponse
+	if d != nil {
+		daemonNICs = d.nics
 	}
 	check := func(kind, name string, sel *corev1.NodeSelector, hasBlock bool, ready *string) {
 		key := v1alpha1.PoolKey(kind, name)
@@ -609,7 +634,7 @@ func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, n
 				"ipam-node's pool sync lags or fails: see its log (RBAC on ippools/cidrpools, --ippools-namespace)")
 		}
 		if sel != nil {
-			f.checkRails(c, key, sel, scan(), served[key])
+			checkRails(c, key, sel, scan(), view, daemonNICs, served[key])
 		}
 	}
 	for i := range ipPools.Items {
@@ -642,7 +667,8 @@ func readyMessage(conds []metav1.Condition) *string {
 	return nil
 }
 
-// railKeys are the netdevs a nodeSelector requires by their nic.hwipam.io label.
+// railKeys are the netdevs a nodeSelector requires by their nic.hwipam.io label,
+// and the rails it requires by their nic.hwipam.io/rail.<name> label ("rail.<name>").
 func railKeys(sel *corev1.NodeSelector) []string {
 	var out []string
 	for _, t := range sel.NodeSelectorTerms {
@@ -651,7 +677,9 @@ func railKeys(sel *corev1.NodeSelector) []string {
 			if !ok || e.Operator == corev1.NodeSelectorOpNotIn || e.Operator == corev1.NodeSelectorOpDoesNotExist {
 				continue
 			}
-			name, _, _ = strings.Cut(name, ".")
+			if !strings.HasPrefix(name, "rail.") {
+				name, _, _ = strings.Cut(name, ".")
+			}
 			switch name {
 			case "present", "count", "rdma", "netdevs", "rail", "":
 				continue
@@ -664,21 +692,54 @@ func railKeys(sel *corev1.NodeSelector) []string {
 	return out
 }
 
-func (f *checkFlags) checkRails(c *checker, key string, sel *corev1.NodeSelector, inv *nicdiscovery.Inventory, served *infov1.PoolInfo) {
-	rails, err := loadRails(f.railConfig)
-	if err != nil {
-		c.add(SeverityWarning, "rail", f.railConfig, err.Error(), "")
-	}
+// checkRails checks the rail NICs a pool selects: present in inv (the view's
+// scan) and up. Where the scan and the daemon's own inventory (daemon; nil when
+// the daemon did not say) disagree on a NIC, the finding says both.
+func checkRails(c *checker, key string, sel *corev1.NodeSelector, inv *nicdiscovery.Inventory, view *NICView,
+	daemon *infov1.ListNICsResponse, served *infov1.PoolInfo) {
 	labelled := map[string]nicdiscovery.PortLabel{}
-	for _, l := range nicdiscovery.PortLabels(inv, rails) {
+	for _, l := range nicdiscovery.PortLabels(inv, view.rails) {
 		labelled[strings.TrimPrefix(l.Key, nicdiscovery.LabelPrefix)] = l
+		for _, r := range l.Rails {
+			labelled["rail."+r] = l
+		}
 	}
+	var daemonHas map[string]*infov1.NICPort
+	if daemon != nil && daemon.GetError() == "" {
+		daemonHas = map[string]*infov1.NICPort{}
+		for _, p := range daemon.GetPorts() {
+			daemonHas[p.GetName()] = p
+			for _, r := range p.GetRails() {
+				daemonHas["rail."+r] = p
+			}
+		}
+	}
+	scanned := fmt.Sprintf("ipamctl's scan of %s", view.SysfsRoot)
 	for _, name := range railKeys(sel) {
 		l, ok := labelled[name]
-		if !ok {
-			c.add(SeverityError, "rail", key, fmt.Sprintf("the pool selects rail NIC %s, which this node does not have (its "+
-				"label is stale, or set by hand)", name), "check the NIC (ipamctl nics) and the node's nic.hwipam.io labels")
+		dp, inDaemon := daemonHas[name]
+		switch {
+		case !ok && inDaemon && dp.GetKept():
+			c.add(SeverityInfo, "rail", key, fmt.Sprintf("rail NIC %s (%s, port %d) is in the daemon's inventory, kept while its "+
+				"netdev %s is outside the daemon's network namespace (in a pod or VM); %s does not show it: its link is not checked",
+				name, dp.GetPciAddress(), dp.GetPort(), dash(dp.GetNetdev()), scanned), "")
 			continue
+		case !ok && inDaemon:
+			c.add(SeverityWarning, "rail", key, fmt.Sprintf("rail NIC %s is in the daemon's inventory (%s, port %d, netdev %s), "+
+				"but not in %s (%s): the two views differ", name, dp.GetPciAddress(), dp.GetPort(), dash(dp.GetNetdev()), scanned,
+				view.String()), "run check without --sysfs-root and --rail-config to see what the daemon sees; compare `ipamctl nics`")
+			continue
+		case !ok:
+			msg := fmt.Sprintf("the pool selects rail NIC %s, which this node does not have (its label is stale, or set by hand)", name)
+			if daemonHas != nil {
+				msg += fmt.Sprintf(": neither %s nor the daemon's inventory has it", scanned)
+			}
+			c.add(SeverityError, "rail", key, msg, "check the NIC (ipamctl nics) and the node's nic.hwipam.io labels")
+			continue
+		case daemonHas != nil && !inDaemon:
+			c.add(SeverityWarning, "rail", key, fmt.Sprintf("rail NIC %s (%s) is in %s, but not in the daemon's inventory: the "+
+				"daemon does not label it", name, l.PCIAddress, scanned), "compare the daemon's --sysfs-root and --rail-config "+
+				"with this view (ipamctl check -o json: view), and the daemon's log")
 		}
 		i := slices.IndexFunc(inv.NICs, func(n nicdiscovery.NIC) bool { return n.PCIAddress == l.PCIAddress })
 		n := inv.NICs[i]
@@ -686,11 +747,15 @@ func (f *checkFlags) checkRails(c *checker, key string, sel *corev1.NodeSelector
 			if p.Number != l.Port {
 				continue
 			}
+			what := fmt.Sprintf("rail NIC %s (%s)", name, n.PCIAddress)
+			if p.Netdev != "" && p.Netdev != name {
+				what = fmt.Sprintf("rail NIC %s (%s, %s)", name, p.Netdev, n.PCIAddress)
+			}
 			if down := p.Carrier != nil && !*p.Carrier || p.OperState == "down" || p.PortState != "" && p.PortState != "ACTIVE"; down {
-				c.add(SeverityError, "rail", key, fmt.Sprintf("rail NIC %s (%s) is down", name, n.PCIAddress),
+				c.add(SeverityError, "rail", key, what+" is down",
 					"pods get addresses but no traffic flows: check the cable, the switch port and `ip link`")
 			} else {
-				c.add(SeverityOK, "rail", key, fmt.Sprintf("rail NIC %s (%s) is up", name, n.PCIAddress), "")
+				c.add(SeverityOK, "rail", key, what+" is up", "")
 			}
 		}
 		if served == nil || n.SRIOVNumVFs == 0 {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
@@ -21,15 +22,16 @@ import (
 type scanFlags struct {
 	root    string
 	verbose bool
+	socket  string
+	timeout time.Duration
 }
 
 func (f *scanFlags) add(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.root, "sysfs-root", "/", "directory that contains sys/ (a captured tree, or / for this node)")
+	cmd.Flags().StringVar(&f.root, "sysfs-root", "", "directory that contains sys/ (a captured tree, or / for this node; "+
+		"default: the running daemon's --sysfs-root, else /)")
 	cmd.Flags().BoolVarP(&f.verbose, "verbose", "v", false, "also say which NVIDIA functions are skipped and why")
-}
-
-func (f *scanFlags) scan(cmd *cobra.Command) (*nicdiscovery.Inventory, error) {
-	return nicdiscovery.Scan(cmd.Context(), nicdiscovery.Options{Root: f.root, Logger: stderrLogger(cmd.ErrOrStderr(), f.verbose)})
+	cmd.Flags().StringVar(&f.socket, "socket", DefaultSocket, "ipam-node's gRPC address, asked for its --sysfs-root and --rail-config")
+	cmd.Flags().DurationVar(&f.timeout, "timeout", 2*time.Second, "how long to wait for the daemon")
 }
 
 // stderrLogger prints discovery's warnings as plain lines.
@@ -47,6 +49,8 @@ type nicsReport struct {
 	GPUs          []nicdiscovery.GPU       `json:"gpus,omitempty"`
 	NetdevsHidden bool                     `json:"netdevsHidden,omitempty"`
 	Labels        []nicdiscovery.PortLabel `json:"labels,omitempty"`
+	// View is where the NICs were read from and the rail map applied.
+	View *NICView `json:"view,omitempty"`
 }
 
 func nicsCommand() *cobra.Command {
@@ -66,11 +70,12 @@ func nicsCommand() *cobra.Command {
 			if err := checkOutput(output); err != nil {
 				return err
 			}
-			rails, err := loadRails(railConfig)
+			v, err := f.view(cmd, railConfig)
 			if err != nil {
 				return err
 			}
-			opts := nicdiscovery.Options{Root: f.root, Logger: stderrLogger(cmd.ErrOrStderr(), f.verbose)}
+			rails := v.rails
+			opts := nicdiscovery.Options{Root: v.SysfsRoot, Logger: stderrLogger(cmd.ErrOrStderr(), f.verbose)}
 			if cmd.Flags().Changed("live") {
 				opts.Live = &live
 			}
@@ -79,7 +84,7 @@ func nicsCommand() *cobra.Command {
 				return err
 			}
 			r := nicsReport{NICs: inv.NICs, GPUs: inv.GPUs, NetdevsHidden: inv.NetdevsHidden,
-				Labels: nicdiscovery.PortLabels(inv, rails)}
+				Labels: nicdiscovery.PortLabels(inv, rails), View: v}
 			if output != "table" {
 				return writeReport(cmd.OutOrStdout(), output, r, nil)
 			}
@@ -93,15 +98,9 @@ func nicsCommand() *cobra.Command {
 	f.add(cmd)
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
 	cmd.Flags().BoolVar(&live, "live", false, "read link state from netlink (default: only when --sysfs-root is /)")
-	cmd.Flags().StringVar(&railConfig, "rail-config", "", "rail map (YAML: rail name to netdev names or PCI addresses), as ipam-node's --rail-config")
+	cmd.Flags().StringVar(&railConfig, "rail-config", "", "rail map (YAML: rail name to netdev names or PCI addresses), as ipam-node's "+
+		"--rail-config (default: the running daemon's)")
 	return cmd
-}
-
-func loadRails(path string) (nicdiscovery.Rails, error) {
-	if path == "" {
-		return nil, nil
-	}
-	return nicdiscovery.LoadRails(path)
 }
 
 // nicsTables prints the functions, then, where netlink answered, every port's link
@@ -281,15 +280,21 @@ func labelsCommand() *cobra.Command {
 			if err := checkOutput(output); err != nil {
 				return err
 			}
-			rails, err := loadRails(railConfig)
+			v, err := f.view(cmd, railConfig)
 			if err != nil {
 				return err
 			}
-			inv, err := f.scan(cmd)
+			switch v.NICLabels {
+			case "off":
+				fmt.Fprintln(cmd.ErrOrStderr(), "ipamctl: note: the daemon runs with --nic-labels=off: it publishes none of these")
+			case "nodefeature":
+				fmt.Fprintln(cmd.ErrOrStderr(), "ipamctl: note: the daemon publishes these in an NFD NodeFeature object (--nic-labels=nodefeature)")
+			}
+			inv, err := nicdiscovery.Scan(cmd.Context(), nicdiscovery.Options{Root: v.SysfsRoot, Logger: stderrLogger(cmd.ErrOrStderr(), f.verbose)})
 			if err != nil {
 				return err
 			}
-			labels, warnings := nicdiscovery.Labels(inv, rails)
+			labels, warnings := nicdiscovery.Labels(inv, v.rails)
 			for _, w := range warnings {
 				fmt.Fprintln(cmd.ErrOrStderr(), "ipamctl: warning:", w)
 			}
@@ -310,7 +315,8 @@ func labelsCommand() *cobra.Command {
 		},
 	}
 	f.add(cmd)
-	cmd.Flags().StringVar(&railConfig, "rail-config", "", "rail map (YAML: rail name to netdev names or PCI addresses), as ipam-node's --rail-config")
+	cmd.Flags().StringVar(&railConfig, "rail-config", "", "rail map (YAML: rail name to netdev names or PCI addresses), as ipam-node's "+
+		"--rail-config (default: the running daemon's)")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table (key=value lines), json or yaml (a map)")
 	return cmd
 }

@@ -80,8 +80,12 @@ func Run(ctx context.Context, o *Options) error {
 		"bindAddress", o.BindAddress, "poolsNamespace", o.PoolsNamespace)
 
 	var rails nicdiscovery.Rails
+	var railsContent []byte
 	if o.RailConfig != "" {
-		if rails, err = nicdiscovery.LoadRails(o.RailConfig); err != nil {
+		if railsContent, err = os.ReadFile(o.RailConfig); err != nil {
+			return fmt.Errorf("reading the rail map: %w", err)
+		}
+		if rails, err = nicdiscovery.ParseRails(railsContent, o.RailConfig); err != nil {
 			return err
 		}
 	}
@@ -115,7 +119,10 @@ func Run(ctx context.Context, o *Options) error {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptors...))
 	svc := &nodeservice.Service{Manager: mgrState, Info: &infov1.GetInfoResponse{Version: version.String(), NodeName: o.NodeName,
 		StoreFile: o.StoreFile, CniBinDir: o.CNI.BinDir, CniConfDir: o.CNI.ConfDir, PluginSha256: pluginSum,
-		PoolsNamespace: o.PoolsNamespace, ConfSha256: confSum}}
+		PoolsNamespace: o.PoolsNamespace, ConfSha256: confSum, SysfsRoot: o.SysfsRoot, RailConfig: o.RailConfig,
+		RailConfigContent: string(railsContent), NicLabels: o.NICLabels}}
+	nics := &nicView{rails: rails, scan: inventoryCache(o.SysfsRoot)}
+	svc.NICs = nics
 	nodev1.RegisterIPAMServiceServer(srv, svc)
 	infov1.RegisterNodeInfoServiceServer(srv, svc)
 	// The plugin's compact endpoint, beside a unix gRPC socket.
@@ -195,7 +202,7 @@ func Run(ctx context.Context, o *Options) error {
 	defer signal.Stop(hup)
 	if o.NICLabels != NICLabelsOff {
 		if err := mgr.Add(&nicLabeler{client: mgr.GetClient(), reader: mgr.GetAPIReader(), node: o.NodeName, mode: o.NICLabels,
-			namespace: o.NodeFeatureNamespace, root: o.SysfsRoot, rails: rails, interval: o.NICRescanInterval, hup: hup,
+			namespace: o.NodeFeatureNamespace, root: o.SysfsRoot, rails: rails, interval: o.NICRescanInterval, hup: hup, view: nics,
 			log: logger.WithName("nic-labels")}); err != nil {
 			return fmt.Errorf("adding the NIC labeler: %w", err)
 		}

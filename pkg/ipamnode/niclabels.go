@@ -58,6 +58,8 @@ type nicLabeler struct {
 	interval  time.Duration
 	hup       <-chan os.Signal
 	log       logr.Logger
+	// view, when set, gets every scan's inventory, for ipamctl.
+	view *nicView
 
 	last         map[string]string // what is published, as far as we know; nil until read
 	netdevs      map[string]nicPorts
@@ -170,10 +172,16 @@ func (l *nicLabeler) publish(ctx context.Context) {
 	inv, err := nicdiscovery.Scan(ctx, nicdiscovery.Options{Root: l.root, Logger: l.log, Live: &no})
 	if err != nil {
 		l.problems.warn(l.log, "scanning the NICs failed; the labels are left as they are", err)
+		if l.view != nil {
+			l.view.update(nil, nil, err)
+		}
 		return
 	}
 	nicCount.Set(float64(len(inv.NICs)))
-	l.keepNetdevs(inv)
+	kept := l.keepNetdevs(inv)
+	if l.view != nil {
+		l.view.update(inv, kept, nil)
+	}
 	labels, warnings := nicdiscovery.Labels(inv, l.rails)
 	if w := strings.Join(warnings, "; "); w != l.lastWarnings {
 		l.lastWarnings = w
@@ -273,8 +281,10 @@ func (l *nicLabeler) reportWriteError(err error) {
 // keepNetdevs keeps the ports of a NIC function whose netdevs left the host's
 // network namespace (a PF moved into a pod or VM) or are briefly gone, for as long
 // as the function is there with the same driver: its labels stay, and the node
-// stays in the pools that select it.
-func (l *nicLabeler) keepNetdevs(inv *nicdiscovery.Inventory) {
+// stays in the pools that select it. It returns the PCI addresses of the
+// functions whose ports it kept.
+func (l *nicLabeler) keepNetdevs(inv *nicdiscovery.Inventory) map[string]bool {
+	kept := map[string]bool{}
 	seen := make(map[string]bool, len(inv.NICs))
 	for i := range inv.NICs {
 		n := &inv.NICs[i]
@@ -296,6 +306,7 @@ func (l *nicLabeler) keepNetdevs(inv *nicdiscovery.Inventory) {
 			// The same driver, or none for the moment (a reload); another driver
 			// (vfio-pci: the PF went to a VM) ends it.
 			l.log.V(1).Info("keeping the labels of a NIC whose netdevs are not in the host namespace", "address", n.PCIAddress)
+			kept[n.PCIAddress] = true
 			n.Ports = append(slices.Clone(prev.ports), n.Ports...)
 			for _, p := range prev.ports {
 				n.Netdevs = append(n.Netdevs, p.Netdev)
@@ -309,6 +320,7 @@ func (l *nicLabeler) keepNetdevs(inv *nicdiscovery.Inventory) {
 			delete(l.netdevs, addr)
 		}
 	}
+	return kept
 }
 
 // keepSpeeds keeps a port's last known speed while the port exists: the speed

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery"
@@ -321,7 +323,7 @@ func TestNICLabelsAsNodeFeature(t *testing.T) {
 	}
 	rails := filepath.Join(t.TempDir(), "rails.yaml")
 	writeFile(t, rails, "fabric: [\"0000:04:00.0\"]\nmgmt: [ens1d1]\n")
-	startDaemon(t, cp.Config, t.TempDir(), func(o *ipamnode.Options) {
+	d := startDaemon(t, cp.Config, t.TempDir(), func(o *ipamnode.Options) {
 		o.SysfsRoot = tree.Root
 		o.NICLabels = ipamnode.NICLabelsNodeFeature
 		o.NodeFeatureNamespace = "default"
@@ -345,6 +347,14 @@ func TestNICLabelsAsNodeFeature(t *testing.T) {
 	if got, _ := nicLabels(t, c, node); len(got) != 0 {
 		t.Errorf("nodefeature mode labelled the Node: %v", got)
 	}
+	// ipamctl learns the daemon's view: its tree, its rail map (content too), its
+	// label mode, and the ports it labels.
+	info, err := d.info.GetInfo(t.Context(), &infov1.GetInfoRequest{})
+	if err != nil || info.GetSysfsRoot() != tree.Root || info.GetRailConfig() != rails || info.GetNicLabels() != "nodefeature" ||
+		info.GetRailConfigContent() != "fabric: [\"0000:04:00.0\"]\nmgmt: [ens1d1]\n" {
+		t.Errorf("GetInfo: %v, %v", info, err)
+	}
+	wantPorts(t, d, "ib0 0000:04:00.0/1 InfiniBand [fabric]", "ens1d1 0000:04:00.0/2 Ethernet [mgmt]")
 
 	// SIGHUP rescans at once (the interval is a minute here) and does not end the
 	// process.
@@ -450,4 +460,21 @@ func metric(t *testing.T, addr, name string) string {
 		}
 	}
 	return ""
+}
+
+// wantPorts fails unless the daemon's ListNICs answers exactly these ports, each
+// "name pci/port linkLayer [rails]".
+func wantPorts(t *testing.T, d *daemon, want ...string) {
+	t.Helper()
+	resp, err := d.info.ListNICs(t.Context(), &infov1.ListNICsRequest{})
+	if err != nil || resp.GetError() != "" {
+		t.Fatalf("ListNICs: %v %v", resp, err)
+	}
+	var got []string
+	for _, p := range resp.GetPorts() {
+		got = append(got, fmt.Sprintf("%s %s/%d %s %v", p.GetName(), p.GetPciAddress(), p.GetPort(), p.GetLinkLayer(), p.GetRails()))
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("ListNICs: ports %q, want %q", got, want)
+	}
 }

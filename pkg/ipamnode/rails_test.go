@@ -376,12 +376,16 @@ func TestRailWalkthrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The walk-through's section only: the IPoIB one after it has its own tests
+	// (test/examples, test/e2e TestIPoIBExample).
+	walk, _, _ := strings.Cut(string(data), "\n## IPoIB")
+	_, walk, _ = strings.Cut(walk, "\n## Walk-through")
 	var blocks []string
-	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(data), -1) {
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(walk, -1) {
 		blocks = append(blocks, m[1])
 	}
 	if len(blocks) != 3 {
-		t.Fatalf("docs/rails.md has %d yaml blocks, want the pools, the NAD and the pod", len(blocks))
+		t.Fatalf("docs/rails.md's walk-through has %d yaml blocks, want the pools, the NAD and the pod", len(blocks))
 	}
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	c := cp.Client
@@ -447,6 +451,14 @@ func TestRailWalkthrough(t *testing.T) {
 
 	dir := t.TempDir()
 	d := startDaemon(t, cp.Config, dir, func(o *ipamnode.Options) { o.SysfsRoot, o.NICLabels = tree.Root, ipamnode.NICLabelsOff })
+	// With the labels off, ipamctl still gets the daemon's inventory: the rail NICs
+	// and the BlueField's two Ethernet ports.
+	var ports []string
+	for i, rail := range fakesysfs.DGXH100Rails {
+		ports = append(ports, fmt.Sprintf("%s %s/1 InfiniBand []", rail, dgxRailPCI[i]))
+	}
+	ports = append(ports, "enp225s0f0np0 0000:e1:00.0/1 Ethernet []", "enp225s0f1np1 0000:e1:00.1/1 Ethernet []")
+	wantPorts(t, d, ports...)
 	plugin := harness.BuildBinary(t, "./cmd/nv-ipam")
 	ns := harness.NewNetNS(t)
 	for i, rail := range fakesysfs.DGXH100Rails {

@@ -36,8 +36,26 @@ type Service struct {
 	// Rails picks the pools of a request that names a rail instead of pools; nil
 	// refuses such requests.
 	Rails RailPools
+	// NICs is the daemon's NIC inventory, for ListNICs; nil answers that the
+	// daemon keeps none.
+	NICs NICSource
 
 	failures failureRing
+}
+
+// NICSource is the daemon's own view of the node's NICs.
+type NICSource interface {
+	// NICs returns the ports of the daemon's last NIC scan; a failed scan is
+	// told in the answer's error.
+	NICs(ctx context.Context) *infov1.ListNICsResponse
+}
+
+// ListNICs implements NodeInfoService.
+func (s *Service) ListNICs(ctx context.Context, _ *infov1.ListNICsRequest) (*infov1.ListNICsResponse, error) {
+	if s.NICs == nil {
+		return &infov1.ListNICsResponse{Error: "this daemon keeps no NIC inventory"}, nil
+	}
+	return s.NICs.NICs(ctx), nil
 }
 
 // RailPools picks a rail's pools (docs/rails.md).

@@ -185,3 +185,31 @@ func TestExamplesDoNotRedefineObjects(t *testing.T) {
 		t.Fatalf("found %d objects in docs/ and deploy/examples/: the test reads them wrong", objects)
 	}
 }
+
+// TestRailsDocIPoIB checks that docs/rails.md shows deploy/examples/nad-ipoib.yaml
+// (which TestExamplesApplyAndValidate applies and test/e2e TestIPoIBExample runs)
+// as it is, without its comments.
+func TestRailsDocIPoIB(t *testing.T) {
+	var doc string
+	for _, b := range docYAMLBlocks(t, "docs/rails.md") {
+		if strings.Contains(b, `"type": "ipoib"`) {
+			doc = b
+		}
+	}
+	if doc == "" {
+		t.Fatal("docs/rails.md has no yaml block with an IPoIB network")
+	}
+	data, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "deploy", "examples", "nad-ipoib.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for l := range strings.Lines(string(data)) {
+		if !strings.HasPrefix(l, "#") {
+			lines = append(lines, l)
+		}
+	}
+	if example := strings.Join(lines, ""); doc != example {
+		t.Errorf("docs/rails.md's IPoIB block\n%s\ndiffers from deploy/examples/nad-ipoib.yaml\n%s", doc, example)
+	}
+}

@@ -50,8 +50,12 @@ func exampleFiles(t *testing.T) []string {
 	return files
 }
 
+// TestExamplesApplyAndValidate applies every manifest, with the pool CRDs and
+// Multus's NetworkAttachmentDefinition CRD installed (deploy/examples has NADs).
 func TestExamplesApplyAndValidate(t *testing.T) {
-	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
+	root := harness.RepoRoot()
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{CRDDirs: []string{
+		filepath.Join(root, "deploy", "crds"), filepath.Join(root, "test", "realnode", "nad-crd.yaml")}})
 	ctx := t.Context()
 	for _, file := range exampleFiles(t) {
 		rel, _ := filepath.Rel(harness.RepoRoot(), file)

@@ -32,17 +32,26 @@ func ServeNode(tb testing.TB, pools ...*nodealloc.PoolConfig) (string, *nodeallo
 // dir/d.sock) and info as the service's GetInfo answer.
 func ServeNodeIn(tb testing.TB, dir string, info *infov1.GetInfoResponse, pools ...*nodealloc.PoolConfig) (string, *nodealloc.Manager) {
 	tb.Helper()
-	return serveNode(tb, dir, info, true, pools...)
+	return serveNode(tb, dir, info, nil, true, pools...)
+}
+
+// ServeNodeWithNICs is ServeNodeIn with nics as the daemon's NIC inventory
+// (ListNICs).
+func ServeNodeWithNICs(tb testing.TB, dir string, info *infov1.GetInfoResponse, nics nodeservice.NICSource,
+	pools ...*nodealloc.PoolConfig) (string, *nodealloc.Manager) {
+	tb.Helper()
+	return serveNode(tb, dir, info, nics, true, pools...)
 }
 
 // ServeNodeGRPCOnly is ServeNode without the compact endpoint: a daemon of a
 // version before it, or nv-ipam's.
 func ServeNodeGRPCOnly(tb testing.TB, pools ...*nodealloc.PoolConfig) (string, *nodealloc.Manager) {
 	tb.Helper()
-	return serveNode(tb, tb.TempDir(), nil, false, pools...)
+	return serveNode(tb, tb.TempDir(), nil, nil, false, pools...)
 }
 
-func serveNode(tb testing.TB, dir string, info *infov1.GetInfoResponse, fast bool, pools ...*nodealloc.PoolConfig) (string, *nodealloc.Manager) {
+func serveNode(tb testing.TB, dir string, info *infov1.GetInfoResponse, nics nodeservice.NICSource, fast bool,
+	pools ...*nodealloc.PoolConfig) (string, *nodealloc.Manager) {
 	tb.Helper()
 	st, err := store.Open(filepath.Join(dir, "store"), store.Options{})
 	if err != nil {
@@ -64,7 +73,7 @@ func serveNode(tb testing.TB, dir string, info *infov1.GetInfoResponse, fast boo
 		tb.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	svc := &nodeservice.Service{Manager: m, Info: info}
+	svc := &nodeservice.Service{Manager: m, Info: info, NICs: nics}
 	nodev1.RegisterIPAMServiceServer(srv, svc)
 	infov1.RegisterNodeInfoServiceServer(srv, svc)
 	go func() { _ = srv.Serve(lis) }()

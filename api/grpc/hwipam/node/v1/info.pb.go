@@ -24,6 +24,212 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ListNICsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNICsRequest) Reset() {
+	*x = ListNICsRequest{}
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNICsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNICsRequest) ProtoMessage() {}
+
+func (x *ListNICsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNICsRequest.ProtoReflect.Descriptor instead.
+func (*ListNICsRequest) Descriptor() ([]byte, []int) {
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{0}
+}
+
+type ListNICsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ports []*NICPort             `protobuf:"bytes,1,rep,name=ports,proto3" json:"ports,omitempty"`
+	// Unix seconds of the scan the ports are from.
+	ScanTime int64 `protobuf:"varint,2,opt,name=scan_time,json=scanTime,proto3" json:"scan_time,omitempty"`
+	// Why the daemon has no inventory (its scan failed); the ports are then empty.
+	Error string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// True when the daemon's network namespace shows none of the NICs' netdevs.
+	NetdevsHidden bool `protobuf:"varint,4,opt,name=netdevs_hidden,json=netdevsHidden,proto3" json:"netdevs_hidden,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNICsResponse) Reset() {
+	*x = ListNICsResponse{}
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNICsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNICsResponse) ProtoMessage() {}
+
+func (x *ListNICsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNICsResponse.ProtoReflect.Descriptor instead.
+func (*ListNICsResponse) Descriptor() ([]byte, []int) {
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListNICsResponse) GetPorts() []*NICPort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *ListNICsResponse) GetScanTime() int64 {
+	if x != nil {
+		return x.ScanTime
+	}
+	return 0
+}
+
+func (x *ListNICsResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ListNICsResponse) GetNetdevsHidden() bool {
+	if x != nil {
+		return x.NetdevsHidden
+	}
+	return false
+}
+
+// NICPort is one NIC port the daemon publishes a nic.hwipam.io label for.
+type NICPort struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The label key's name part: nic.hwipam.io/<name> (the netdev, as a rail
+	// NIC is selected by).
+	Name       string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	PciAddress string `protobuf:"bytes,2,opt,name=pci_address,json=pciAddress,proto3" json:"pci_address,omitempty"`
+	Port       int32  `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	Netdev     string `protobuf:"bytes,4,opt,name=netdev,proto3" json:"netdev,omitempty"`
+	// "Ethernet" or "InfiniBand".
+	LinkLayer string `protobuf:"bytes,5,opt,name=link_layer,json=linkLayer,proto3" json:"link_layer,omitempty"`
+	// The rail map's rails that name this port.
+	Rails []string `protobuf:"bytes,6,rep,name=rails,proto3" json:"rails,omitempty"`
+	// True when the port's netdev is not in the daemon's namespace now (moved into
+	// a pod or VM) and the daemon keeps it from an earlier scan.
+	Kept          bool `protobuf:"varint,7,opt,name=kept,proto3" json:"kept,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NICPort) Reset() {
+	*x = NICPort{}
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NICPort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NICPort) ProtoMessage() {}
+
+func (x *NICPort) ProtoReflect() protoreflect.Message {
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NICPort.ProtoReflect.Descriptor instead.
+func (*NICPort) Descriptor() ([]byte, []int) {
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NICPort) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NICPort) GetPciAddress() string {
+	if x != nil {
+		return x.PciAddress
+	}
+	return ""
+}
+
+func (x *NICPort) GetPort() int32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *NICPort) GetNetdev() string {
+	if x != nil {
+		return x.Netdev
+	}
+	return ""
+}
+
+func (x *NICPort) GetLinkLayer() string {
+	if x != nil {
+		return x.LinkLayer
+	}
+	return ""
+}
+
+func (x *NICPort) GetRails() []string {
+	if x != nil {
+		return x.Rails
+	}
+	return nil
+}
+
+func (x *NICPort) GetKept() bool {
+	if x != nil {
+		return x.Kept
+	}
+	return false
+}
+
 type ListFailuresRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -32,7 +238,7 @@ type ListFailuresRequest struct {
 
 func (x *ListFailuresRequest) Reset() {
 	*x = ListFailuresRequest{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[0]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +250,7 @@ func (x *ListFailuresRequest) String() string {
 func (*ListFailuresRequest) ProtoMessage() {}
 
 func (x *ListFailuresRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[0]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +263,7 @@ func (x *ListFailuresRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFailuresRequest.ProtoReflect.Descriptor instead.
 func (*ListFailuresRequest) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{0}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{3}
 }
 
 type ListFailuresResponse struct {
@@ -69,7 +275,7 @@ type ListFailuresResponse struct {
 
 func (x *ListFailuresResponse) Reset() {
 	*x = ListFailuresResponse{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[1]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -81,7 +287,7 @@ func (x *ListFailuresResponse) String() string {
 func (*ListFailuresResponse) ProtoMessage() {}
 
 func (x *ListFailuresResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[1]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -94,7 +300,7 @@ func (x *ListFailuresResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFailuresResponse.ProtoReflect.Descriptor instead.
 func (*ListFailuresResponse) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{1}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListFailuresResponse) GetFailures() []*Failure {
@@ -123,7 +329,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[2]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -135,7 +341,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[2]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -148,7 +354,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{2}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Failure) GetTime() int64 {
@@ -215,7 +421,7 @@ type GetInfoRequest struct {
 
 func (x *GetInfoRequest) Reset() {
 	*x = GetInfoRequest{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[3]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -227,7 +433,7 @@ func (x *GetInfoRequest) String() string {
 func (*GetInfoRequest) ProtoMessage() {}
 
 func (x *GetInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[3]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -240,7 +446,7 @@ func (x *GetInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetInfoRequest) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{3}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{6}
 }
 
 // GetInfoResponse is what the daemon runs as: its version and the paths it uses,
@@ -258,14 +464,25 @@ type GetInfoResponse struct {
 	PoolsNamespace string `protobuf:"bytes,7,opt,name=pools_namespace,json=poolsNamespace,proto3" json:"pools_namespace,omitempty"`
 	// sha256 (hex) of the nv-ipam.conf the daemon wrote into cni_conf_dir; empty
 	// when it writes none (--cni-skip-nv-ipam-config-creation).
-	ConfSha256    string `protobuf:"bytes,8,opt,name=conf_sha256,json=confSha256,proto3" json:"conf_sha256,omitempty"`
+	ConfSha256 string `protobuf:"bytes,8,opt,name=conf_sha256,json=confSha256,proto3" json:"conf_sha256,omitempty"`
+	// What decides the daemon's view of the node's NICs, so that ipamctl sees what
+	// the daemon sees. Empty in answers of daemons before these fields: ipamctl
+	// then uses its defaults.
+	// --sysfs-root: the directory holding the sys/ tree the NICs are read from.
+	SysfsRoot string `protobuf:"bytes,9,opt,name=sysfs_root,json=sysfsRoot,proto3" json:"sysfs_root,omitempty"`
+	// --rail-config as given ("" without a rail map), and the map's content as
+	// the daemon loaded it at start (the path may not exist where ipamctl runs).
+	RailConfig        string `protobuf:"bytes,10,opt,name=rail_config,json=railConfig,proto3" json:"rail_config,omitempty"`
+	RailConfigContent string `protobuf:"bytes,11,opt,name=rail_config_content,json=railConfigContent,proto3" json:"rail_config_content,omitempty"`
+	// --nic-labels: "node", "nodefeature" or "off".
+	NicLabels     string `protobuf:"bytes,12,opt,name=nic_labels,json=nicLabels,proto3" json:"nic_labels,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetInfoResponse) Reset() {
 	*x = GetInfoResponse{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[4]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -277,7 +494,7 @@ func (x *GetInfoResponse) String() string {
 func (*GetInfoResponse) ProtoMessage() {}
 
 func (x *GetInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[4]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -290,7 +507,7 @@ func (x *GetInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetInfoResponse) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{4}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetInfoResponse) GetVersion() string {
@@ -349,6 +566,34 @@ func (x *GetInfoResponse) GetConfSha256() string {
 	return ""
 }
 
+func (x *GetInfoResponse) GetSysfsRoot() string {
+	if x != nil {
+		return x.SysfsRoot
+	}
+	return ""
+}
+
+func (x *GetInfoResponse) GetRailConfig() string {
+	if x != nil {
+		return x.RailConfig
+	}
+	return ""
+}
+
+func (x *GetInfoResponse) GetRailConfigContent() string {
+	if x != nil {
+		return x.RailConfigContent
+	}
+	return ""
+}
+
+func (x *GetInfoResponse) GetNicLabels() string {
+	if x != nil {
+		return x.NicLabels
+	}
+	return ""
+}
+
 type ListPoolsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -357,7 +602,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[5]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -369,7 +614,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[5]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -382,7 +627,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{5}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{8}
 }
 
 type ListPoolsResponse struct {
@@ -394,7 +639,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[6]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -406,7 +651,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[6]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -419,7 +664,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{6}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListPoolsResponse) GetPools() []*PoolInfo {
@@ -465,7 +710,7 @@ type PoolInfo struct {
 
 func (x *PoolInfo) Reset() {
 	*x = PoolInfo{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[7]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -477,7 +722,7 @@ func (x *PoolInfo) String() string {
 func (*PoolInfo) ProtoMessage() {}
 
 func (x *PoolInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[7]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -490,7 +735,7 @@ func (x *PoolInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolInfo.ProtoReflect.Descriptor instead.
 func (*PoolInfo) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{7}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PoolInfo) GetKey() string {
@@ -608,7 +853,7 @@ type ListAllocationsRequest struct {
 
 func (x *ListAllocationsRequest) Reset() {
 	*x = ListAllocationsRequest{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[8]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -620,7 +865,7 @@ func (x *ListAllocationsRequest) String() string {
 func (*ListAllocationsRequest) ProtoMessage() {}
 
 func (x *ListAllocationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[8]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -633,7 +878,7 @@ func (x *ListAllocationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAllocationsRequest.ProtoReflect.Descriptor instead.
 func (*ListAllocationsRequest) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{8}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListAllocationsRequest) GetPool() string {
@@ -652,7 +897,7 @@ type ListAllocationsResponse struct {
 
 func (x *ListAllocationsResponse) Reset() {
 	*x = ListAllocationsResponse{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[9]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -664,7 +909,7 @@ func (x *ListAllocationsResponse) String() string {
 func (*ListAllocationsResponse) ProtoMessage() {}
 
 func (x *ListAllocationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[9]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -677,7 +922,7 @@ func (x *ListAllocationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAllocationsResponse.ProtoReflect.Descriptor instead.
 func (*ListAllocationsResponse) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{9}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListAllocationsResponse) GetAllocations() []*AllocationRecord {
@@ -712,7 +957,7 @@ type AllocationRecord struct {
 
 func (x *AllocationRecord) Reset() {
 	*x = AllocationRecord{}
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[10]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +969,7 @@ func (x *AllocationRecord) String() string {
 func (*AllocationRecord) ProtoMessage() {}
 
 func (x *AllocationRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_hwipam_node_v1_info_proto_msgTypes[10]
+	mi := &file_hwipam_node_v1_info_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +982,7 @@ func (x *AllocationRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationRecord.ProtoReflect.Descriptor instead.
 func (*AllocationRecord) Descriptor() ([]byte, []int) {
-	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{10}
+	return file_hwipam_node_v1_info_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AllocationRecord) GetPool() string {
@@ -821,7 +1066,23 @@ var File_hwipam_node_v1_info_proto protoreflect.FileDescriptor
 
 const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\n" +
-	"\x19hwipam/node/v1/info.proto\x12\x0ehwipam.node.v1\"\x15\n" +
+	"\x19hwipam/node/v1/info.proto\x12\x0ehwipam.node.v1\"\x11\n" +
+	"\x0fListNICsRequest\"\x9b\x01\n" +
+	"\x10ListNICsResponse\x12-\n" +
+	"\x05ports\x18\x01 \x03(\v2\x17.hwipam.node.v1.NICPortR\x05ports\x12\x1b\n" +
+	"\tscan_time\x18\x02 \x01(\x03R\bscanTime\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12%\n" +
+	"\x0enetdevs_hidden\x18\x04 \x01(\bR\rnetdevsHidden\"\xb3\x01\n" +
+	"\aNICPort\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
+	"\vpci_address\x18\x02 \x01(\tR\n" +
+	"pciAddress\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\x05R\x04port\x12\x16\n" +
+	"\x06netdev\x18\x04 \x01(\tR\x06netdev\x12\x1d\n" +
+	"\n" +
+	"link_layer\x18\x05 \x01(\tR\tlinkLayer\x12\x14\n" +
+	"\x05rails\x18\x06 \x03(\tR\x05rails\x12\x12\n" +
+	"\x04kept\x18\a \x01(\bR\x04kept\"\x15\n" +
 	"\x13ListFailuresRequest\"K\n" +
 	"\x14ListFailuresResponse\x123\n" +
 	"\bfailures\x18\x01 \x03(\v2\x17.hwipam.node.v1.FailureR\bfailures\"\xdd\x01\n" +
@@ -834,7 +1095,7 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\x05pools\x18\x06 \x03(\tR\x05pools\x12\x12\n" +
 	"\x04code\x18\a \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\b \x01(\tR\amessage\"\x10\n" +
-	"\x0eGetInfoRequest\"\x98\x02\n" +
+	"\x0eGetInfoRequest\"\xa7\x03\n" +
 	"\x0fGetInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\x1d\n" +
@@ -846,7 +1107,15 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\rplugin_sha256\x18\x06 \x01(\tR\fpluginSha256\x12'\n" +
 	"\x0fpools_namespace\x18\a \x01(\tR\x0epoolsNamespace\x12\x1f\n" +
 	"\vconf_sha256\x18\b \x01(\tR\n" +
-	"confSha256\"\x12\n" +
+	"confSha256\x12\x1d\n" +
+	"\n" +
+	"sysfs_root\x18\t \x01(\tR\tsysfsRoot\x12\x1f\n" +
+	"\vrail_config\x18\n" +
+	" \x01(\tR\n" +
+	"railConfig\x12.\n" +
+	"\x13rail_config_content\x18\v \x01(\tR\x11railConfigContent\x12\x1d\n" +
+	"\n" +
+	"nic_labels\x18\f \x01(\tR\tnicLabels\"\x12\n" +
 	"\x10ListPoolsRequest\"C\n" +
 	"\x11ListPoolsResponse\x12.\n" +
 	"\x05pools\x18\x01 \x03(\v2\x18.hwipam.node.v1.PoolInfoR\x05pools\"\xe2\x02\n" +
@@ -886,12 +1155,13 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"createTime\x12\x18\n" +
 	"\anetwork\x18\n" +
 	" \x01(\tR\anetwork\x12\x12\n" +
-	"\x04rail\x18\v \x01(\tR\x04rail2\xee\x02\n" +
+	"\x04rail\x18\v \x01(\tR\x04rail2\xbd\x03\n" +
 	"\x0fNodeInfoService\x12P\n" +
 	"\tListPools\x12 .hwipam.node.v1.ListPoolsRequest\x1a!.hwipam.node.v1.ListPoolsResponse\x12b\n" +
 	"\x0fListAllocations\x12&.hwipam.node.v1.ListAllocationsRequest\x1a'.hwipam.node.v1.ListAllocationsResponse\x12J\n" +
 	"\aGetInfo\x12\x1e.hwipam.node.v1.GetInfoRequest\x1a\x1f.hwipam.node.v1.GetInfoResponse\x12Y\n" +
-	"\fListFailures\x12#.hwipam.node.v1.ListFailuresRequest\x1a$.hwipam.node.v1.ListFailuresResponseB9Z7github.com/hwipam/hwipam/api/grpc/hwipam/node/v1;infov1b\x06proto3"
+	"\fListFailures\x12#.hwipam.node.v1.ListFailuresRequest\x1a$.hwipam.node.v1.ListFailuresResponse\x12M\n" +
+	"\bListNICs\x12\x1f.hwipam.node.v1.ListNICsRequest\x1a .hwipam.node.v1.ListNICsResponseB9Z7github.com/hwipam/hwipam/api/grpc/hwipam/node/v1;infov1b\x06proto3"
 
 var (
 	file_hwipam_node_v1_info_proto_rawDescOnce sync.Once
@@ -905,37 +1175,43 @@ func file_hwipam_node_v1_info_proto_rawDescGZIP() []byte {
 	return file_hwipam_node_v1_info_proto_rawDescData
 }
 
-var file_hwipam_node_v1_info_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_hwipam_node_v1_info_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_hwipam_node_v1_info_proto_goTypes = []any{
-	(*ListFailuresRequest)(nil),     // 0: hwipam.node.v1.ListFailuresRequest
-	(*ListFailuresResponse)(nil),    // 1: hwipam.node.v1.ListFailuresResponse
-	(*Failure)(nil),                 // 2: hwipam.node.v1.Failure
-	(*GetInfoRequest)(nil),          // 3: hwipam.node.v1.GetInfoRequest
-	(*GetInfoResponse)(nil),         // 4: hwipam.node.v1.GetInfoResponse
-	(*ListPoolsRequest)(nil),        // 5: hwipam.node.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),       // 6: hwipam.node.v1.ListPoolsResponse
-	(*PoolInfo)(nil),                // 7: hwipam.node.v1.PoolInfo
-	(*ListAllocationsRequest)(nil),  // 8: hwipam.node.v1.ListAllocationsRequest
-	(*ListAllocationsResponse)(nil), // 9: hwipam.node.v1.ListAllocationsResponse
-	(*AllocationRecord)(nil),        // 10: hwipam.node.v1.AllocationRecord
+	(*ListNICsRequest)(nil),         // 0: hwipam.node.v1.ListNICsRequest
+	(*ListNICsResponse)(nil),        // 1: hwipam.node.v1.ListNICsResponse
+	(*NICPort)(nil),                 // 2: hwipam.node.v1.NICPort
+	(*ListFailuresRequest)(nil),     // 3: hwipam.node.v1.ListFailuresRequest
+	(*ListFailuresResponse)(nil),    // 4: hwipam.node.v1.ListFailuresResponse
+	(*Failure)(nil),                 // 5: hwipam.node.v1.Failure
+	(*GetInfoRequest)(nil),          // 6: hwipam.node.v1.GetInfoRequest
+	(*GetInfoResponse)(nil),         // 7: hwipam.node.v1.GetInfoResponse
+	(*ListPoolsRequest)(nil),        // 8: hwipam.node.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),       // 9: hwipam.node.v1.ListPoolsResponse
+	(*PoolInfo)(nil),                // 10: hwipam.node.v1.PoolInfo
+	(*ListAllocationsRequest)(nil),  // 11: hwipam.node.v1.ListAllocationsRequest
+	(*ListAllocationsResponse)(nil), // 12: hwipam.node.v1.ListAllocationsResponse
+	(*AllocationRecord)(nil),        // 13: hwipam.node.v1.AllocationRecord
 }
 var file_hwipam_node_v1_info_proto_depIdxs = []int32{
-	2,  // 0: hwipam.node.v1.ListFailuresResponse.failures:type_name -> hwipam.node.v1.Failure
-	7,  // 1: hwipam.node.v1.ListPoolsResponse.pools:type_name -> hwipam.node.v1.PoolInfo
-	10, // 2: hwipam.node.v1.ListAllocationsResponse.allocations:type_name -> hwipam.node.v1.AllocationRecord
-	5,  // 3: hwipam.node.v1.NodeInfoService.ListPools:input_type -> hwipam.node.v1.ListPoolsRequest
-	8,  // 4: hwipam.node.v1.NodeInfoService.ListAllocations:input_type -> hwipam.node.v1.ListAllocationsRequest
-	3,  // 5: hwipam.node.v1.NodeInfoService.GetInfo:input_type -> hwipam.node.v1.GetInfoRequest
-	0,  // 6: hwipam.node.v1.NodeInfoService.ListFailures:input_type -> hwipam.node.v1.ListFailuresRequest
-	6,  // 7: hwipam.node.v1.NodeInfoService.ListPools:output_type -> hwipam.node.v1.ListPoolsResponse
-	9,  // 8: hwipam.node.v1.NodeInfoService.ListAllocations:output_type -> hwipam.node.v1.ListAllocationsResponse
-	4,  // 9: hwipam.node.v1.NodeInfoService.GetInfo:output_type -> hwipam.node.v1.GetInfoResponse
-	1,  // 10: hwipam.node.v1.NodeInfoService.ListFailures:output_type -> hwipam.node.v1.ListFailuresResponse
-	7,  // [7:11] is the sub-list for method output_type
-	3,  // [3:7] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	2,  // 0: hwipam.node.v1.ListNICsResponse.ports:type_name -> hwipam.node.v1.NICPort
+	5,  // 1: hwipam.node.v1.ListFailuresResponse.failures:type_name -> hwipam.node.v1.Failure
+	10, // 2: hwipam.node.v1.ListPoolsResponse.pools:type_name -> hwipam.node.v1.PoolInfo
+	13, // 3: hwipam.node.v1.ListAllocationsResponse.allocations:type_name -> hwipam.node.v1.AllocationRecord
+	8,  // 4: hwipam.node.v1.NodeInfoService.ListPools:input_type -> hwipam.node.v1.ListPoolsRequest
+	11, // 5: hwipam.node.v1.NodeInfoService.ListAllocations:input_type -> hwipam.node.v1.ListAllocationsRequest
+	6,  // 6: hwipam.node.v1.NodeInfoService.GetInfo:input_type -> hwipam.node.v1.GetInfoRequest
+	3,  // 7: hwipam.node.v1.NodeInfoService.ListFailures:input_type -> hwipam.node.v1.ListFailuresRequest
+	0,  // 8: hwipam.node.v1.NodeInfoService.ListNICs:input_type -> hwipam.node.v1.ListNICsRequest
+	9,  // 9: hwipam.node.v1.NodeInfoService.ListPools:output_type -> hwipam.node.v1.ListPoolsResponse
+	12, // 10: hwipam.node.v1.NodeInfoService.ListAllocations:output_type -> hwipam.node.v1.ListAllocationsResponse
+	7,  // 11: hwipam.node.v1.NodeInfoService.GetInfo:output_type -> hwipam.node.v1.GetInfoResponse
+	4,  // 12: hwipam.node.v1.NodeInfoService.ListFailures:output_type -> hwipam.node.v1.ListFailuresResponse
+	1,  // 13: hwipam.node.v1.NodeInfoService.ListNICs:output_type -> hwipam.node.v1.ListNICsResponse
+	9,  // [9:14] is the sub-list for method output_type
+	4,  // [4:9] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_hwipam_node_v1_info_proto_init() }
@@ -949,7 +1225,7 @@ func file_hwipam_node_v1_info_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hwipam_node_v1_info_proto_rawDesc), len(file_hwipam_node_v1_info_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

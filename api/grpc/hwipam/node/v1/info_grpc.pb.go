@@ -26,6 +26,7 @@ const (
 	NodeInfoService_ListAllocations_FullMethodName = "/hwipam.node.v1.NodeInfoService/ListAllocations"
 	NodeInfoService_GetInfo_FullMethodName         = "/hwipam.node.v1.NodeInfoService/GetInfo"
 	NodeInfoService_ListFailures_FullMethodName    = "/hwipam.node.v1.NodeInfoService/ListFailures"
+	NodeInfoService_ListNICs_FullMethodName        = "/hwipam.node.v1.NodeInfoService/ListNICs"
 )
 
 // NodeInfoServiceClient is the client API for NodeInfoService service.
@@ -40,6 +41,9 @@ type NodeInfoServiceClient interface {
 	// ListFailures returns the last Allocate calls that failed (at most 32, newest
 	// first): why a pod on this node got no address.
 	ListFailures(ctx context.Context, in *ListFailuresRequest, opts ...grpc.CallOption) (*ListFailuresResponse, error)
+	// ListNICs returns the NIC ports the daemon's own inventory has, as its last
+	// scan saw them: what it labels and resolves rails from.
+	ListNICs(ctx context.Context, in *ListNICsRequest, opts ...grpc.CallOption) (*ListNICsResponse, error)
 }
 
 type nodeInfoServiceClient struct {
@@ -90,6 +94,16 @@ func (c *nodeInfoServiceClient) ListFailures(ctx context.Context, in *ListFailur
 	return out, nil
 }
 
+func (c *nodeInfoServiceClient) ListNICs(ctx context.Context, in *ListNICsRequest, opts ...grpc.CallOption) (*ListNICsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListNICsResponse)
+	err := c.cc.Invoke(ctx, NodeInfoService_ListNICs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeInfoServiceServer is the server API for NodeInfoService service.
 // All implementations must embed UnimplementedNodeInfoServiceServer
 // for forward compatibility.
@@ -102,6 +116,9 @@ type NodeInfoServiceServer interface {
 	// ListFailures returns the last Allocate calls that failed (at most 32, newest
 	// first): why a pod on this node got no address.
 	ListFailures(context.Context, *ListFailuresRequest) (*ListFailuresResponse, error)
+	// ListNICs returns the NIC ports the daemon's own inventory has, as its last
+	// scan saw them: what it labels and resolves rails from.
+	ListNICs(context.Context, *ListNICsRequest) (*ListNICsResponse, error)
 	mustEmbedUnimplementedNodeInfoServiceServer()
 }
 
@@ -123,6 +140,9 @@ func (UnimplementedNodeInfoServiceServer) GetInfo(context.Context, *GetInfoReque
 }
 func (UnimplementedNodeInfoServiceServer) ListFailures(context.Context, *ListFailuresRequest) (*ListFailuresResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListFailures not implemented")
+}
+func (UnimplementedNodeInfoServiceServer) ListNICs(context.Context, *ListNICsRequest) (*ListNICsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListNICs not implemented")
 }
 func (UnimplementedNodeInfoServiceServer) mustEmbedUnimplementedNodeInfoServiceServer() {}
 func (UnimplementedNodeInfoServiceServer) testEmbeddedByValue()                         {}
@@ -217,6 +237,24 @@ func _NodeInfoService_ListFailures_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeInfoService_ListNICs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListNICsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeInfoServiceServer).ListNICs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeInfoService_ListNICs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeInfoServiceServer).ListNICs(ctx, req.(*ListNICsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeInfoService_ServiceDesc is the grpc.ServiceDesc for NodeInfoService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -239,6 +277,10 @@ var NodeInfoService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListFailures",
 			Handler:    _NodeInfoService_ListFailures_Handler,
+		},
+		{
+			MethodName: "ListNICs",
+			Handler:    _NodeInfoService_ListNICs_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
