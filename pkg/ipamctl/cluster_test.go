@@ -239,9 +239,12 @@ func railsWalkThrough(t *testing.T) ([]*v1alpha1.IPPool, *nadv1.NetworkAttachmen
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The walk-through's section only: the IPoIB one after it has its own.
+	walk, _, _ := strings.Cut(string(doc), "\n## IPoIB")
+	_, walk, _ = strings.Cut(walk, "\n## Walk-through")
 	var pools []*v1alpha1.IPPool
 	var nad *nadv1.NetworkAttachmentDefinition
-	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(doc), -1) {
+	for _, m := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(walk, -1) {
 		for _, part := range strings.Split(m[1], "\n---\n") {
 			var meta metav1.TypeMeta
 			if err := yaml.Unmarshal([]byte(part), &meta); err != nil {
