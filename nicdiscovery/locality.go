@@ -44,6 +44,8 @@ type GPU struct {
 	NUMANode int `json:"numaNode"`
 	// PCIeRoot is the root complex the GPU is under, as NIC.PCIeRoot.
 	PCIeRoot string `json:"pcieRoot,omitempty"`
+	// PCIeSwitch is the PCIe switch the GPU is behind, as NIC.PCIeSwitch.
+	PCIeSwitch string `json:"pcieSwitch,omitempty"`
 }
 
 // NearGPU is a GPU that shares a PCIe switch or the root complex with a NIC
@@ -113,6 +115,16 @@ func placeOf(root, addr string) pciPlace {
 	return p
 }
 
+// bridge is the root port the function hangs from (see NIC.PCIeSwitch): what
+// functions behind one PCIe switch share; "" for one integrated in the root
+// complex.
+func (a pciPlace) bridge() string {
+	if len(a.chain) < 2 {
+		return ""
+	}
+	return a.chain[0]
+}
+
 // shares says what a and b share in the PCIe hierarchy: GPUSharesSwitch when a
 // bridge is above both, GPUSharesRoot when only the root complex is, else "".
 func (a pciPlace) shares(b pciPlace) string {
@@ -151,13 +163,13 @@ func addLocality(root string, funcs []pciFunction, inv *Inventory, names func() 
 	for i := range inv.GPUs {
 		inv.GPUs[i].Index = i
 		p := placeOf(root, inv.GPUs[i].PCIAddress)
-		inv.GPUs[i].PCIeRoot = p.root
+		inv.GPUs[i].PCIeRoot, inv.GPUs[i].PCIeSwitch = p.root, p.bridge()
 		places = append(places, p)
 	}
 	for i := range inv.NICs {
 		n := &inv.NICs[i]
 		p := placeOf(root, n.PCIAddress)
-		n.PCIeRoot = p.root
+		n.PCIeRoot, n.PCIeSwitch = p.root, p.bridge()
 		for j, g := range inv.GPUs {
 			if s := p.shares(places[j]); s != "" {
 				n.GPUs = append(n.GPUs, NearGPU{Index: g.Index, PCIAddress: g.PCIAddress, Shares: s})

@@ -1,6 +1,7 @@
 package nicdiscovery_test
 
 import (
+	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
@@ -26,10 +27,16 @@ func TestDGXH100Locality(t *testing.T) {
 	}
 	inv := scan(t, tree.Root)
 	roots := []string{"pci0000:15", "pci0000:15", "pci0000:4c", "pci0000:4c", "pci0000:97", "pci0000:97", "pci0000:cb", "pci0000:cb"}
+	// Each rail and its GPU are behind one switch, below root port 01.0 or 02.0 of
+	// their root complex.
+	switches := make([]string, len(roots))
+	for i, r := range roots {
+		switches[i] = fmt.Sprintf("0000:%s:%02x.0", strings.TrimPrefix(r, "pci0000:"), 1+i%2)
+	}
 	var wantGPUs []nicdiscovery.GPU
 	for i, addr := range fakesysfs.DGXH100GPUs {
 		wantGPUs = append(wantGPUs, nicdiscovery.GPU{Index: i, PCIAddress: addr, DeviceID: "2330", Model: "H100 SXM5 80GB",
-			Driver: "nvidia", NUMANode: i / 4, PCIeRoot: roots[i]})
+			Driver: "nvidia", NUMANode: i / 4, PCIeRoot: roots[i], PCIeSwitch: switches[i]})
 	}
 	if !reflect.DeepEqual(inv.GPUs, wantGPUs) {
 		t.Fatalf("GPUs:\n got %s\nwant %s", js(inv.GPUs), js(wantGPUs))
@@ -52,8 +59,9 @@ func TestDGXH100Locality(t *testing.T) {
 			{Index: i, PCIAddress: fakesysfs.DGXH100GPUs[i], Shares: nicdiscovery.GPUSharesSwitch},
 			{Index: other, PCIAddress: fakesysfs.DGXH100GPUs[other], Shares: nicdiscovery.GPUSharesRoot},
 		}
-		if n.PCIeRoot != roots[i] || !reflect.DeepEqual(n.GPUs, want) {
-			t.Errorf("rail %d (%s): root %q, GPUs %s; want %q, %s", i, rail, n.PCIeRoot, js(n.GPUs), roots[i], js(want))
+		if n.PCIeRoot != roots[i] || n.PCIeSwitch != switches[i] || !reflect.DeepEqual(n.GPUs, want) {
+			t.Errorf("rail %d (%s): root %q, switch %q, GPUs %s; want %q, %q, %s", i, rail, n.PCIeRoot, n.PCIeSwitch,
+				js(n.GPUs), roots[i], switches[i], js(want))
 		}
 		if got := labels["nic.hwipam.io/"+rail+".gpus"]; got != strconv.Itoa(i) {
 			t.Errorf("%s.gpus=%q, want %d", rail, got, i)
@@ -63,7 +71,8 @@ func TestDGXH100Locality(t *testing.T) {
 		}
 	}
 	vf, pf := byAddr["0000:18:00.1"], byAddr["0000:18:00.0"]
-	if vf.Function != nicdiscovery.FunctionVF || vf.PCIeRoot != pf.PCIeRoot || !reflect.DeepEqual(vf.GPUs, pf.GPUs) {
+	if vf.Function != nicdiscovery.FunctionVF || vf.PCIeRoot != pf.PCIeRoot || vf.PCIeSwitch != pf.PCIeSwitch ||
+		!reflect.DeepEqual(vf.GPUs, pf.GPUs) {
 		t.Errorf("the VF does not have its PF's locality:\nVF %s\nPF %s", js(vf), js(pf))
 	}
 	for _, addr := range []string{"0000:e1:00.0", "0000:e1:00.1"} {

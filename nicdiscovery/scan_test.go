@@ -45,7 +45,7 @@ func TestCapturedConnectX3(t *testing.T) {
 	inv := scan(t, extract(t, "hwloc-32em64t-2n8c-cx3-ib.tar.bz2"))
 	want := []nicdiscovery.NIC{{
 		PCIAddress: "0000:82:00.0", VendorID: "15b3", DeviceID: "1003", Model: "ConnectX-3", Function: "PF",
-		Driver: "mlx4_core", NUMANode: 1, PCIeRoot: "pci0000:80", Netdevs: []string{"ib0"}, LinkLayer: "InfiniBand", SpeedMbps: 56000,
+		Driver: "mlx4_core", NUMANode: 1, PCIeRoot: "pci0000:80", PCIeSwitch: "0000:80:02.2", Netdevs: []string{"ib0"}, LinkLayer: "InfiniBand", SpeedMbps: 56000,
 		RDMADevices: []string{"mlx4_0"}, PortState: "ACTIVE", PortGUID: "0002:c903:00f9:bfa1",
 		Ports: []nicdiscovery.Port{{
 			Netdev: "ib0", Number: 1, LinkLayer: "InfiniBand", SpeedMbps: 56000, NetdevType: 32, RDMADevice: "mlx4_0",

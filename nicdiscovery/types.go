@@ -52,6 +52,11 @@ type NIC struct {
 	// /sys/devices/pci0000:15/0000:15:01.0/.../0000:18:00.0 (the value of DRA's
 	// resource.kubernetes.io/pcieRoot). "" when the path shows none.
 	PCIeRoot string `json:"pcieRoot,omitempty"`
+	// PCIeSwitch names the PCIe switch the function is behind by the root port
+	// it hangs from ("0000:15:01.0"): functions with the same PCIeSwitch share a
+	// switch, or the root port's link (GPUSharesSwitch in GPUs). "" for a function
+	// integrated in the root complex, or when the path shows no root complex.
+	PCIeSwitch string `json:"pcieSwitch,omitempty"`
 	// GPUs are the NVIDIA GPUs that share a PCIe switch (first) or only the root
 	// complex with the function, by index within each.
 	GPUs []NearGPU `json:"gpus,omitempty"`

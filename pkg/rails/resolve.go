@@ -138,13 +138,14 @@ func (r *Resolver) notFound(d Device, err error) error {
 // netdev, or its RDMA device where the netdev cannot be seen), as in the node's
 // nic.hwipam.io/<name> label.
 func (r *Resolver) railOf(inv *nicdiscovery.Inventory, pf string) (string, bool) {
-	rails := pfRails(inv, r.Rails)
+	rails := PFRails(inv, r.Rails)
 	rail, ok := rails[pf]
 	return rail, ok
 }
 
-// pfRails maps each PF with a labelled port to its rail.
-func pfRails(inv *nicdiscovery.Inventory, railMap nicdiscovery.Rails) map[string]string {
+// PFRails maps each PF with a labelled port (by PCI address) to its rail: the
+// rail map's rail that lists it, else its port label name (see railOf).
+func PFRails(inv *nicdiscovery.Inventory, railMap nicdiscovery.Rails) map[string]string {
 	out := map[string]string{}
 	netdevs := map[string][]string{} // PF → its port netdevs
 	for _, n := range inv.NICs {
@@ -179,7 +180,7 @@ func pfRails(inv *nicdiscovery.Inventory, railMap nicdiscovery.Rails) map[string
 // RailNames lists the rails of this node's PFs, sorted.
 func RailNames(inv *nicdiscovery.Inventory, railMap nicdiscovery.Rails) []string {
 	var out []string
-	for _, rail := range pfRails(inv, railMap) {
+	for _, rail := range PFRails(inv, railMap) {
 		if !slices.Contains(out, rail) {
 			out = append(out, rail)
 		}
