@@ -70,7 +70,7 @@ var _ = Describe("ipamctl check in the ipam-node pod", Label("ipamctl"), func() 
 			Stdout: &cluster, Stderr: &errOut})).To(Succeed(), errOut.String())
 		fmt.Fprintf(GinkgoWriter, "ipamctl pools --cluster:\n%s\n", cluster.String())
 		Expect(cluster.String()).To(And(ContainSubstring("NAD without pool: default/no-such-pool names e2e-missing"),
-			MatchRegexp(`e2e-a\s+IPPool\s+10.31.0.0/24\s+1\s+1\s+-`)))
+			MatchRegexp(`e2e-a\s+IPPool\s+-\s+10.31.0.0/24\s+1\s+1\s+-`)))
 	})
 })
 
