@@ -72,7 +72,7 @@ func ConfigFor(alloc *resourceapi.AllocationResult, request string) (Config, err
 			dec := json.NewDecoder(bytes.NewReader(c.Opaque.Parameters.Raw))
 			dec.DisallowUnknownFields()
 			if err := dec.Decode(&cfg); err != nil {
-				return Config{}, fmt.Errorf("%w: config %d (%s): %v; want %s", ErrConfig, i, source, err, configShape)
+				return Config{}, fmt.Errorf("%w: config %d (%s): %w; want %s", ErrConfig, i, source, err, configShape)
 			}
 			if cfg.APIVersion != ConfigAPIVersion || cfg.Kind != ConfigKind {
 				return Config{}, fmt.Errorf("%w: config %d (%s) is apiVersion %q kind %q; want apiVersion %s, kind %s",
