@@ -43,6 +43,11 @@ func SplitPoolKey(key string) (kind, name string) {
 // acknowledgement that it stopped allocating there.
 const HeldAnnotation = "ipam.hwipam.io/held"
 
+// LabelRail is the label that binds an IPPool or CIDRPool to a rail: attachments
+// whose pool is picked by rail (a network config's "rail", a nic.hwipam.io DRA
+// device) get their address from it (docs/rails.md).
+const LabelRail = "nic.hwipam.io/rail"
+
 // PoolHold is one pool's entry in HeldAnnotation.
 // +kubebuilder:object:generate=false
 type PoolHold struct {

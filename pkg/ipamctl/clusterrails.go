@@ -13,7 +13,7 @@ import (
 )
 
 // labelRail binds a pool to a rail (docs/rails.md); ipam-node reads the same label.
-const labelRail = "nic.hwipam.io/rail"
+const labelRail = v1alpha1.LabelRail
 
 // railKind is the kind of pool a rail section picks: its poolType, IPPool by default.
 func (r nadRef) railKind() string {

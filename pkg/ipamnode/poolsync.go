@@ -55,7 +55,7 @@ type poolSync struct {
 type railKey struct{ kind, rail string }
 
 // LabelRail binds a pool to a rail (docs/rails.md).
-const LabelRail = "nic.hwipam.io/rail"
+const LabelRail = v1alpha1.LabelRail
 
 // railOfPool returns the rail a pool is labelled for.
 func (s *poolSync) railOfPool(kind, name string) string {

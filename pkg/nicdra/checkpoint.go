@@ -1,0 +1,152 @@
+package nicdra
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// The checkpoint keeps what a prepared claim needs later and neither the claim
+// (Unprepare gets only its UID, name and namespace, and it may be gone) nor the
+// store (which has only the addresses) can give back: which devices it has, the
+// host netdev to bring back, and what the pod was told. The addresses live in
+// the store, keyed by claim UID, request and device, as every other
+// allocation; a prepare that finds its claim here recomputes nothing it
+// already did.
+
+// checkpointVersion is the format this build writes and reads.
+const checkpointVersion = 1
+
+// Claim states: a claim whose prepare started may hold some of its addresses
+// (and its devices may have moved); one whose prepare completed holds all.
+const (
+	PrepareStarted   = "PrepareStarted"
+	PrepareCompleted = "PrepareCompleted"
+)
+
+// Checkpoint is the checkpoint file's content.
+type Checkpoint struct {
+	Version int `json:"version"`
+	// BootID is the node's boot ID when it was written: after a reboot every
+	// netdev is back on the host, whatever the checkpoint says.
+	BootID string                      `json:"bootID"`
+	Claims map[types.UID]PreparedClaim `json:"claims"`
+}
+
+// PreparedClaim is one claim as prepared on this node.
+type PreparedClaim struct {
+	Namespace string           `json:"namespace"`
+	Name      string           `json:"name"`
+	State     string           `json:"state"`
+	Devices   []PreparedDevice `json:"devices"`
+}
+
+// PreparedDevice is one allocated device of a claim.
+type PreparedDevice struct {
+	// Request is the claim's request (or "request/subrequest"), Device the
+	// device's name in this driver's pool.
+	Request    string `json:"request"`
+	Device     string `json:"device"`
+	PCIAddress string `json:"pciAddress"`
+	// HostNetdev and MTU are what the netdev is brought back as.
+	HostNetdev string `json:"hostNetdev"`
+	MTU        int    `json:"mtu,omitempty"`
+	// InterfaceName is its name in the pod.
+	InterfaceName string `json:"interfaceName"`
+	// Pools (their kind: PoolType) and what the pod gets from them.
+	Pools     []string `json:"pools"`
+	PoolType  string   `json:"poolType"`
+	Rail      string   `json:"rail,omitempty"`
+	Addresses []string `json:"addresses"`
+	Gateway   string   `json:"gateway,omitempty"`
+	Routes    []string `json:"routes,omitempty"`
+	MAC       string   `json:"mac,omitempty"`
+}
+
+// CheckpointFile is where the checkpoint is kept: the kubelet plugin's data
+// directory, /var/lib/kubelet/plugins/nic.hwipam.io/checkpoint.json.
+type CheckpointFile struct {
+	Path string
+}
+
+// Load reads the checkpoint; a missing file is an empty one. A file it cannot
+// read is an error that says what to do: the driver must not forget claims it
+// prepared (their addresses would stay held, their netdevs in pods).
+func (f CheckpointFile) Load() (*Checkpoint, error) {
+	b, err := os.ReadFile(f.Path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return &Checkpoint{Version: checkpointVersion, Claims: map[types.UID]PreparedClaim{}}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the DRA checkpoint %s: %w", f.Path, err)
+	}
+	var c Checkpoint
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("the DRA checkpoint %s is damaged (%v): ipam-node will not prepare or unprepare claims "+
+			"until it is restored from a backup or moved away (then claims prepared before are released only by the "+
+			"claim garbage collection, and their netdevs come back to the host when their pods stop)", f.Path, err)
+	}
+	if c.Version != checkpointVersion {
+		return nil, fmt.Errorf("the DRA checkpoint %s has format version %d; this ipam-node reads version %d: "+
+			"run the ipam-node that wrote it, or one that reads it", f.Path, c.Version, checkpointVersion)
+	}
+	if c.Claims == nil {
+		c.Claims = map[types.UID]PreparedClaim{}
+	}
+	return &c, nil
+}
+
+// Save writes the checkpoint whole: to a temporary file beside it, synced,
+// then renamed over it, and the directory synced, so that a crash leaves the
+// old checkpoint or the new one, never a part.
+func (f CheckpointFile) Save(c *Checkpoint) error {
+	c.Version = checkpointVersion
+	b, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(f.Path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(f.Path)+".*")
+	if err != nil {
+		return fmt.Errorf("writing the DRA checkpoint: %w", err)
+	}
+	defer func() { _ = os.Remove(tmp.Name()) }() // gone once renamed
+	if _, err := tmp.Write(b); err != nil {
+		_ = tmp.Close()
+		return fmt.Errorf("writing the DRA checkpoint %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		_ = tmp.Close()
+		return fmt.Errorf("syncing the DRA checkpoint %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("writing the DRA checkpoint %s: %w", tmp.Name(), err)
+	}
+	if err := os.Rename(tmp.Name(), f.Path); err != nil {
+		return fmt.Errorf("replacing the DRA checkpoint %s: %w", f.Path, err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("syncing %s: %w", dir, err)
+	}
+	defer func() { _ = d.Close() }()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("syncing %s: %w", dir, err)
+	}
+	return nil
+}
+
+// BootID reads the node's boot ID under root (the directory holding proc/).
+func BootID(root string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(root, "proc", "sys", "kernel", "random", "boot_id"))
+	if err != nil {
+		return "", fmt.Errorf("reading the node's boot ID: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
