@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/hwipam/hwipam/pkg/nicdra"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/store"
 )
@@ -150,6 +151,12 @@ func (c *cleaner) sweep(ctx context.Context) {
 // check counts one allocation's miss, or releases it at the limit (see cleaner).
 func (c *cleaner) check(ctx context.Context, pool string, a store.Allocation, lookup podGoneFunc, confirm bool, seen map[string]bool) {
 	if a.PodName == "" || a.PodNamespace == "" {
+		return
+	}
+	if a.Network == nicdra.DriverName {
+		// A DRA claim's address: released when the claim is unprepared or
+		// gone, never by pod lookups (a pod may be recreated for the same
+		// claim, and the claim outlives it).
 		return
 	}
 	key := pool + "/" + a.ContainerID + "/" + a.IfName

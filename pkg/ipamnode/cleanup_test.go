@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,8 @@ import (
 
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/pkg/ipamnode"
+	"github.com/hwipam/hwipam/pkg/nicdra"
+	"github.com/hwipam/hwipam/pkg/store"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -394,5 +397,47 @@ func TestCleanupFallsBackToGetsWithoutListWatch(t *testing.T) {
 	time.Sleep(10 * interval)
 	if n := reqs.get("get live") - before; n != 0 {
 		t.Errorf("%d GETs of the live pod with the informer back, want none", n)
+	}
+}
+
+// An allocation made for a DRA claim (network nic.hwipam.io) is never released
+// by pod lookups, whatever they say: only its claim's unprepare or garbage
+// collection releases it. A CNI allocation of a pod that is gone is, beside it.
+func TestCleanupLeavesClaimAllocations(t *testing.T) {
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
+	ctx := t.Context()
+	poolWithBlock(t, cp.Client, "p", "10.15.0.0/24", "10.15.0.1", "10.15.0.8")
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "store"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if err := st.Commit([]store.Put{
+		{PoolKey: "p", Allocation: store.Allocation{ContainerID: "claim-uid", IfName: "nic:pci-0000-18-00-0", IP: "10.15.0.2",
+			PodName: "gone", PodNamespace: "default", PodUID: "gone-uid", Network: nicdra.DriverName, CreateTime: now}},
+		{PoolKey: "p", Allocation: store.Allocation{ContainerID: "cni-cid", IfName: "net1", IP: "10.15.0.3",
+			PodName: "gone", PodNamespace: "default", PodUID: "gone-uid", Network: "net-a", CreateTime: now}},
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, cp.Config, dir, func(o *ipamnode.Options) {
+		o.CleanupInterval, o.CleanupMisses = 200*time.Millisecond, 3
+	})
+	isAllocated := func(cid, ifName string) error {
+		prm := params(cid, "p")
+		prm.CniIfname = ifName
+		_, err := d.ipam.IsAllocated(ctx, &nodev1.IsAllocatedRequest{Parameters: prm})
+		return err
+	}
+	waitFor(t, "the gone pod's CNI allocation to be released", func() bool {
+		return code(isAllocated("cni-cid", "net1")) == codes.NotFound
+	})
+	time.Sleep(time.Second) // five more sweeps
+	if err := isAllocated("claim-uid", "nic:pci-0000-18-00-0"); err != nil {
+		t.Errorf("a DRA claim's allocation was released by pod lookups: %v", err)
 	}
 }
