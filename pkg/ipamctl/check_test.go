@@ -86,11 +86,7 @@ func TestCheckFindsEachFault(t *testing.T) {
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	ctx := t.Context()
 	dir, binDir, confDir := nodeDirs(t)
-	plugin := []byte("#!/bin/sh\nexit 0\n")
-	if err := os.WriteFile(filepath.Join(binDir, "nv-ipam"), plugin, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(plugin)
+	pluginSum := installedPlugin(t, binDir)
 
 	// The rail: a veth whose peer, in the gateway's netns, holds the gateway.
 	rail, tree, run := railWithGateway(t, "hwc", "10.77.0")
@@ -100,7 +96,7 @@ func TestCheckFindsEachFault(t *testing.T) {
 	cfg := &nodealloc.PoolConfig{Name: "rail0", Kind: v1alpha1.KindIPPool, Prefix: netip.MustParsePrefix("10.77.0.0/24"),
 		Block: iprange.Range{Start: start, End: end}, ExclusionBase: start, Gateway: netip.MustParseAddr("10.77.0.1")}
 	sock, m := harness.ServeNodeIn(t, dir, &infov1.GetInfoResponse{Version: "test", NodeName: "n1", StoreFile: filepath.Join(dir, "store"),
-		CniBinDir: binDir, CniConfDir: confDir, PluginSha256: hex.EncodeToString(sum[:]), PoolsNamespace: "pools"}, cfg)
+		CniBinDir: binDir, CniConfDir: confDir, PluginSha256: pluginSum, PoolsNamespace: "pools"}, cfg)
 	conf := fmt.Sprintf(`{"daemonSocket": %q}`, sock)
 	if err := os.WriteFile(filepath.Join(confDir, "nv-ipam.conf"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
@@ -437,4 +433,16 @@ func nodeDirs(t *testing.T) (dir, binDir, confDir string) {
 		}
 	}
 	return dir, binDir, confDir
+}
+
+// installedPlugin puts a stand-in nv-ipam plugin in binDir and returns its
+// SHA-256 in hex, as the daemon reports the plugin it installed.
+func installedPlugin(t *testing.T, binDir string) string {
+	t.Helper()
+	plugin := []byte("#!/bin/sh\nexit 0\n")
+	if err := os.WriteFile(filepath.Join(binDir, "nv-ipam"), plugin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(plugin)
+	return hex.EncodeToString(sum[:])
 }

@@ -3,8 +3,6 @@ package ipamctl_test
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"os"
@@ -66,11 +64,7 @@ func TestCheckTakesTheDaemonsView(t *testing.T) {
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	ctx := t.Context()
 	dir, binDir, confDir := nodeDirs(t)
-	plugin := []byte("#!/bin/sh\nexit 0\n")
-	if err := os.WriteFile(filepath.Join(binDir, "nv-ipam"), plugin, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(plugin)
+	pluginSum := installedPlugin(t, binDir)
 	rail, tree, run := railWithGateway(t, "hwv", "10.79.0")
 
 	// The daemon: its tree, its rail map (railA: the rail NIC), both pools' blocks.
@@ -85,7 +79,7 @@ func TestCheckTakesTheDaemonsView(t *testing.T) {
 	inventory := &infov1.NICPort{Name: rail, PciAddress: "0000:3b:00.0", Port: 1, Netdev: rail, LinkLayer: "Ethernet", Rails: []string{"railA"}}
 	nics.set(inventory)
 	sock, _ := harness.ServeNodeWithNICs(t, dir, &infov1.GetInfoResponse{Version: "test", NodeName: "n1",
-		StoreFile: filepath.Join(dir, "store"), CniBinDir: binDir, CniConfDir: confDir, PluginSha256: hex.EncodeToString(sum[:]),
+		StoreFile: filepath.Join(dir, "store"), CniBinDir: binDir, CniConfDir: confDir, PluginSha256: pluginSum,
 		PoolsNamespace: "pools", SysfsRoot: tree.Root, RailConfig: "/etc/hwipam/not-here/rails.yaml",
 		RailConfigContent: "railA: [" + rail + "]\n", NicLabels: "node"}, nics, pools...)
 	if err := os.WriteFile(filepath.Join(confDir, "nv-ipam.conf"), fmt.Appendf(nil, `{"daemonSocket": %q}`, sock), 0o644); err != nil {

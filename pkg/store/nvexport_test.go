@@ -419,25 +419,7 @@ func TestExportRefusesAndWritesNothing(t *testing.T) {
 	t.Run("damaged store", func(t *testing.T) {
 		dir := t.TempDir()
 		path := filepath.Join(dir, "store")
-		s, err := store.Open(path, store.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range 200 {
-			if err := s.Commit([]store.Put{{PoolKey: "p", Allocation: alloc(fmt.Sprint(i), "net1", fmt.Sprintf("10.0.%d.%d", i/250, i%250+1))}}, nil); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
-		}
-		data, _ := os.ReadFile(path)
-		for i := 2 * 4096; i < len(data); i++ {
-			data[i] = byte(i * 7)
-		}
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		data := damagedStore(t, path)
 		for _, out := range []string{filepath.Join(dir, "out.json"), path} {
 			_, err := store.ExportNVIPAM(path, out)
 			if !errors.Is(err, store.ErrCorrupt) || !strings.Contains(err.Error(), "nothing was exported") {

@@ -242,8 +242,11 @@ func TestRefusesGarbageAndKeepsIt(t *testing.T) {
 	}
 }
 
-func TestRefusesDamagedStore(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "store")
+// damagedStore writes a store of 200 allocations at path, closes it, and
+// overwrites every page after the two meta pages with garbage; it returns the
+// damaged file's bytes.
+func damagedStore(t *testing.T, path string) []byte {
+	t.Helper()
 	s, err := store.Open(path, store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -260,14 +263,19 @@ func TestRefusesDamagedStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Overwrite every page after the two meta pages with garbage.
 	for i := 2 * 4096; i < len(data); i++ {
 		data[i] = byte(i * 7)
 	}
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err = store.Open(path, store.Options{})
+	return data
+}
+
+func TestRefusesDamagedStore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	damagedStore(t, path)
+	_, err := store.Open(path, store.Options{})
 	if !errors.Is(err, store.ErrCorrupt) {
 		t.Fatalf("Open over a damaged store = %v, want ErrCorrupt", err)
 	}
