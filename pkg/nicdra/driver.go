@@ -75,6 +75,7 @@ type Driver struct {
 	published map[string]resourceapi.Device // by device name, as last published
 	devices   []resourceapi.Device
 	changed   chan struct{} // closed and replaced when devices change
+	status    DriverStatus
 }
 
 // Run serves the kubelet until ctx ends or a fatal error.
@@ -129,6 +130,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		case err := <-d.fatal:
 			return err
 		case <-refresh.C:
+			d.writeStatus()
 			if d.refresh(ctx) {
 				if err := d.publish(ctx); err != nil {
 					return err
@@ -142,7 +144,7 @@ func (d *Driver) Run(ctx context.Context) error {
 
 // Registered says whether the kubelet has registered the plugin (nil: not
 // told yet), for ipamctl check.
-func (d *Driver) Registered() (bool, string) {
+func (d *Driver) Registered() (ok bool, why string) {
 	if d.helper == nil {
 		return false, "the plugin has not started"
 	}
@@ -227,6 +229,10 @@ func (d *Driver) publish(ctx context.Context) error {
 	if err := d.helper.PublishResources(ctx, Resources(d.NodeName, devs)); err != nil {
 		return fmt.Errorf("publishing the ResourceSlices: %w", err)
 	}
+	d.mu.Lock()
+	d.status.Devices, d.status.Published = len(devs), time.Now()
+	d.mu.Unlock()
+	d.writeStatus()
 	d.Log.Info("ResourceSlices published", "devices", len(devs))
 	return nil
 }
@@ -283,6 +289,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 	if errors.Is(err, kubeletplugin.ErrRecoverable) {
 		d.Log.Error(err, msg)
+		d.mu.Lock()
+		d.status.PublishError = msg + ": " + err.Error()
+		d.mu.Unlock()
 		return
 	}
 	select {

@@ -165,6 +165,16 @@ func TestDriverWithKubelet(t *testing.T) {
 	if ok, why := d.Registered(); !ok {
 		t.Errorf("not registered after the kubelet said so: %s", why)
 	}
+	waitFor(t, "the status file", func() error {
+		st, ok, err := nicdra.ReadStatus(nicdra.StatusFile(d.Preparer.Checkpoint.Path))
+		switch {
+		case err != nil:
+			return err
+		case !ok || !st.Registered || st.Devices == 0 || st.KubeletDir != kubeletDir:
+			return fmt.Errorf("status %+v (file there: %t)", st, ok)
+		}
+		return nil
+	})
 
 	// The slices: every port of the tree, owned by the Node.
 	want, _ := nicdra.Devices(nicdra.Publish{Inventory: n.inv, PoolsByRail: map[string][]string{"ibp24s0": {"rail0", "rail0-v6"}}})
