@@ -16,26 +16,26 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// GPUDriverName is the test-only GPU DRA driver's name: it stands in for
-// NVIDIA's GPU driver, publishing a captured tree's GPUs with the standard
+// GPUDriverName is the test-only GPU DRA driver's name, that of NVIDIA's GPU
+// driver, which it stands in for (only on the test's node, where no GPU is): publishing a captured tree's GPUs with the standard
 // attributes that driver publishes (pciBusID, pcieRoot), so that claims can
 // align a NIC of nic.hwipam.io with a GPU as they would on a GPU node. It
 // prepares nothing (no GPU is there).
-const GPUDriverName = "gpu.test.hwipam.io"
+const GPUDriverName = "gpu.nvidia.com"
 
 // GPUAttrIndex is the GPU's index in PCI order, as nvidia-smi numbers them and
 // as nic.hwipam.io/gpus lists them.
 const GPUAttrIndex resourceapi.QualifiedName = GPUDriverName + "/index"
 
-// GPUDeviceClass is a DeviceClass for the test GPUs.
+// GPUDeviceClass is the DeviceClass NVIDIA's driver installs, for the test GPUs.
 const GPUDeviceClass = `apiVersion: resource.k8s.io/v1
 kind: DeviceClass
 metadata:
-  name: gpu.test.hwipam.io
+  name: gpu.nvidia.com
 spec:
   selectors:
   - cel:
-      expression: device.driver == "gpu.test.hwipam.io"
+      expression: device.driver == "gpu.nvidia.com"
 `
 
 // GPUDevices are the test driver's devices for the GPUs at these PCI addresses
