@@ -165,6 +165,9 @@ func (a *Attacher) open(podNetNS string) (*nsPair, error) {
 	if p.hostPath == "" {
 		p.hostPath = "/proc/self/ns/net"
 	}
+	if podNetNS == "" {
+		return nil, fmt.Errorf("%w: the runtime gave no path", ErrNetNSGone)
+	}
 	var err error
 	if p.host, p.hostNS, err = handleAt(p.hostPath); err != nil {
 		return nil, fmt.Errorf("opening the host's network namespace %s: %w", p.hostPath, err)

@@ -95,29 +95,12 @@ func TestRDMACharDevicesDGXH100(t *testing.T) {
 		}
 	}
 
-	want := map[string][]string{}
-	write := func(p, s string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(s+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i, n := range scan(t, tree.Root).NICs {
-		dir := filepath.Join(tree.Root, "sys", "bus", "pci", "devices", n.PCIAddress, "infiniband_verbs", fmt.Sprintf("uverbs%d", i))
-		write(filepath.Join(dir, "dev"), fmt.Sprintf("231:%d", 192+i))
-		write(filepath.Join(dir, "ibdev"), n.RDMADevices[0])
-		want[nicdra.DeviceName(n.PCIAddress)] = []string{fmt.Sprintf("/dev/infiniband/uverbs%d 231:%d 666", i, 192+i),
-			"/dev/infiniband/rdma_cm 10:58 666"}
-	}
-	write(filepath.Join(tree.Root, "sys", "class", "misc", "rdma_cm", "dev"), "10:58")
+	want := addVerbs(t, tree.Root)
 	checkTable(t, rdmaTable(t, tree.Root), want)
 
 	// A dev file that does not hold numbers is an error that names it.
 	bad := filepath.Join(tree.Root, "sys", "bus", "pci", "devices", "0000:18:00.0", "infiniband_verbs", "uverbs0", "dev")
-	write(bad, "")
+	writeFile(t, bad, "")
 	if _, err := nicdra.RDMACharDevices(tree.Root, "0000:18:00.0"); err == nil || !strings.Contains(err.Error(), bad) {
 		t.Errorf("an empty dev file: %v, want an error naming %s", err, bad)
 	}
@@ -127,4 +110,32 @@ func TestRDMACharDevicesDGXH100(t *testing.T) {
 	if _, err := nicdra.RDMACharDevices(tree.Root, "0000:18:00.0"); err == nil || !strings.Contains(err.Error(), filepath.Dir(bad)) {
 		t.Errorf("a missing dev file: %v, want an error naming %s", err, filepath.Dir(bad))
 	}
+}
+
+func writeFile(t *testing.T, p, s string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(s+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// addVerbs writes a user verbs device for each NIC function of the tree (its
+// RDMA device's, uverbs<i> for the i-th function: 231:192+i) in the captured
+// ConnectX-3 tree's shape, and the rdma_cm misc device (10:58), and returns
+// the character devices each device then gets.
+func addVerbs(t *testing.T, root string) map[string][]string {
+	t.Helper()
+	want := map[string][]string{}
+	for i, n := range scan(t, root).NICs {
+		dir := filepath.Join(root, "sys", "bus", "pci", "devices", n.PCIAddress, "infiniband_verbs", fmt.Sprintf("uverbs%d", i))
+		writeFile(t, filepath.Join(dir, "dev"), fmt.Sprintf("231:%d", 192+i))
+		writeFile(t, filepath.Join(dir, "ibdev"), n.RDMADevices[0])
+		want[nicdra.DeviceName(n.PCIAddress)] = []string{fmt.Sprintf("/dev/infiniband/uverbs%d 231:%d 666", i, 192+i),
+			"/dev/infiniband/rdma_cm 10:58 666"}
+	}
+	writeFile(t, filepath.Join(root, "sys", "class", "misc", "rdma_cm", "dev"), "10:58")
+	return want
 }
