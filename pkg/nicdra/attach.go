@@ -50,12 +50,12 @@ type Attacher struct {
 type AttachOutcome string
 
 const (
-	// Attached: the netdev was on the host and is now in the pod.
+	// Attached means the netdev was on the host and is now in the pod.
 	Attached AttachOutcome = "attached"
-	// AlreadyAttached: the netdev was in the pod already (a repeated
+	// AlreadyAttached means the netdev was in the pod already (a repeated
 	// RunPodSandbox); its configuration was made sure of.
 	AlreadyAttached AttachOutcome = "already-attached"
-	// NoNetdev: the device has no netdev to move (an RDMA-only function).
+	// NoNetdev means the device has no netdev to move (an RDMA-only function).
 	NoNetdev AttachOutcome = "no-netdev"
 )
 
@@ -73,20 +73,20 @@ type Attachment struct {
 type DetachOutcome string
 
 const (
-	// Detached: the netdev was in the pod and is now on the host.
+	// Detached means the netdev was in the pod and is now on the host.
 	Detached DetachOutcome = "detached"
-	// AlreadyOnHost: the netdev was on the host under its host name already.
+	// AlreadyOnHost means the netdev was on the host under its host name already.
 	AlreadyOnHost DetachOutcome = "already-on-host"
-	// ReturnedByKernel: the pod's namespace was gone and the kernel had given
+	// ReturnedByKernel means the pod's namespace was gone and the kernel had given
 	// the netdev back to the host under its pod name (what happens to a
 	// physical function when its namespace is destroyed); it was found by its
 	// MAC address and renamed back.
 	ReturnedByKernel DetachOutcome = "returned-by-kernel"
-	// Gone: the netdev is neither in the pod nor on the host: a veth (or any
+	// Gone means the netdev is neither in the pod nor on the host: a veth (or any
 	// virtual link) is destroyed with the namespace it is in. Nothing is left
 	// to do.
 	Gone DetachOutcome = "gone"
-	// NothingToDetach: the device has no netdev.
+	// NothingToDetach means the device has no netdev.
 	NothingToDetach DetachOutcome = "no-netdev"
 )
 
@@ -121,6 +121,15 @@ func planFor(d PreparedDevice) (linkPlan, error) {
 			return p, fmt.Errorf("device %s: route %q is not a destination in CIDR notation", d.Device, s)
 		}
 		p.routes = append(p.routes, r.Masked())
+		// A route goes through its family's gateway, or on-link when its pool
+		// has none (as CNI's with a result without one). A record whose
+		// gateway is of the other family cannot say which: the route would be
+		// wrong either way.
+		if len(p.gateways) > 0 && !p.gatewayFor(r).IsValid() {
+			return p, fmt.Errorf("device %s: route %s has no gateway of its family in the device's record (gateway %s): "+
+				"a dual-stack device's second gateway is not recorded; use single-stack pools for this device, "+
+				"or pools without routes for the second family", d.Device, r, d.Gateway)
+		}
 	}
 	return p, nil
 }

@@ -358,6 +358,19 @@ func TestAttachErrors(t *testing.T) {
 			t.Error("rail0 left the host for a record that cannot be applied")
 		}
 	})
+	t.Run("route without its family's gateway", func(t *testing.T) {
+		e := newAttachEnv(t, "rail0", 0)
+		d := railDevice()
+		d.Routes = append(d.Routes, "::/0")
+		_, err := e.att.Attach(e.pod.Path, d)
+		if err == nil || !strings.Contains(err.Error(), "route ::/0 has no gateway of its family") {
+			t.Fatalf("got %v", err)
+		}
+		t.Log(err)
+		if link(t, e.host, "rail0") == nil {
+			t.Error("rail0 left the host for a record that cannot be applied")
+		}
+	})
 	t.Run("no netdev", func(t *testing.T) {
 		e := newAttachEnv(t, "", 0)
 		d := railDevice()

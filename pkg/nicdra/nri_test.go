@@ -233,7 +233,7 @@ func (l testNRILog) logf(f string, a ...any) {
 	}
 }
 
-func (l testNRILog) Debugf(_ context.Context, f string, a ...any) {}
+func (l testNRILog) Debugf(context.Context, string, ...any)       {}
 func (l testNRILog) Infof(_ context.Context, f string, a ...any)  { l.logf(f, a...) }
 func (l testNRILog) Warnf(_ context.Context, f string, a ...any)  { l.logf(f, a...) }
 func (l testNRILog) Errorf(_ context.Context, f string, a ...any) { l.logf(f, a...) }
@@ -253,7 +253,7 @@ func startRuntime(t *testing.T, dir string, pods ...*api.PodSandbox) *nriRuntime
 	t.Helper()
 	r := &nriRuntime{t: t, pods: pods, synced: make(chan struct{}, 10)}
 	nrilog.Set(newTestNRILog(t)) // the adaptation logs through the library's global logger
-	sync := func(ctx context.Context, cb adaptation.SyncCB) error {
+	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
 		r.mu.Lock()
 		pods := r.pods
 		r.mu.Unlock()
@@ -262,7 +262,7 @@ func startRuntime(t *testing.T, dir string, pods ...*api.PodSandbox) *nriRuntime
 		return err
 	}
 	update := func(context.Context, []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) { return nil, nil }
-	a, err := adaptation.New("containerd", "test", sync, update, adaptation.WithSocketPath(filepath.Join(dir, "nri.sock")),
+	a, err := adaptation.New("containerd", "test", syncFn, update, adaptation.WithSocketPath(filepath.Join(dir, "nri.sock")),
 		adaptation.WithPluginPath(filepath.Join(dir, "plugins")), adaptation.WithPluginConfigPath(filepath.Join(dir, "conf")))
 	if err != nil {
 		t.Fatal(err)
