@@ -214,7 +214,7 @@ func (p *NRIPlugin) Run(ctx context.Context, socketPath string) error {
 		connected := time.Now()
 		s, err := stub.New(p, stub.WithPluginName(NRIPluginName), stub.WithPluginIdx(NRIPluginIndex),
 			stub.WithSocketPath(socketPath), stub.WithLogger(nriLogger{p.Log}),
-			stub.WithOnClose(func() { p.Log.Info("the runtime closed the NRI connection; reconnecting", "socket", socketPath) }))
+			stub.WithOnClose(func() { p.Log.V(1).Info("the runtime closed the NRI connection", "socket", socketPath) }))
 		if err != nil {
 			return fmt.Errorf("NRI plugin: %w", err)
 		}
