@@ -41,6 +41,7 @@ import (
 	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/pkg/daemon"
 	"github.com/hwipam/hwipam/pkg/ipamwire"
+	"github.com/hwipam/hwipam/pkg/nicdra"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/nodeservice"
 	"github.com/hwipam/hwipam/pkg/poolwatch"
@@ -178,6 +179,13 @@ func Run(ctx context.Context, o *Options) error {
 		return err
 	}
 	svc.Rails = newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails)
+	var dra *nicdra.Driver
+	if o.DRA {
+		if dra, err = newDRADriver(o, cfg, mgrState, pools, rails, logger); err != nil {
+			return err
+		}
+		registerDRAMetrics()
+	}
 	if o.CleanupInterval > 0 {
 		podMeta, err := metadata.NewForConfigAndClient(cfg, mgr.GetHTTPClient())
 		if err != nil {
@@ -251,6 +259,9 @@ func Run(ctx context.Context, o *Options) error {
 		pools.startup(gctx, logger.WithName("poolsync"))
 		return nil
 	})
+	if dra != nil {
+		g.Go(func() error { return runDRA(gctx, dra) })
+	}
 	g.Go(func() error {
 		if err := mgr.Start(gctx); err != nil {
 			return fmt.Errorf("running pool sync, cleanup and endpoints: %w", err)

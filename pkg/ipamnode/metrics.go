@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/hwipam/hwipam/pkg/nicdra"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/store"
 )
@@ -158,4 +159,11 @@ func recoverPanics(l logr.Logger) grpc.UnaryServerInterceptor {
 		}()
 		return handler(ctx, req)
 	}
+}
+
+var registerDRA sync.Once
+
+// registerDRAMetrics adds the DRA driver's metrics to the endpoint.
+func registerDRAMetrics() {
+	registerDRA.Do(func() { metrics.Registry.MustRegister(nicdra.Collectors()...) })
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -36,6 +37,11 @@ type Options struct {
 	SysfsRoot            string
 	NodeFeatureNamespace string
 
+	// The DRA driver nic.hwipam.io (docs/dra.md): off by default.
+	DRA           bool
+	DRAKubeletDir string
+	DRANRISocket  string
+
 	// RestConfig, when set, is used instead of Kubeconfig (tests).
 	RestConfig *rest.Config
 }
@@ -57,6 +63,8 @@ func NewOptions() *Options {
 		NICRescanInterval:      time.Minute,
 		SysfsRoot:              "/",
 		NodeFeatureNamespace:   os.Getenv("POD_NAMESPACE"),
+		DRAKubeletDir:          "/var/lib/kubelet",
+		DRANRISocket:           "/var/run/nri/nri.sock",
 		CNI: CNIOptions{
 			BinDir: "/opt/cni/bin", ConfDir: "/etc/cni/net.d/nv-ipam.d",
 			DaemonSocket: "unix:///var/lib/cni/nv-ipam/daemon.sock", DaemonCallTimeout: 5,
@@ -94,6 +102,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.SysfsRoot, "sysfs-root", o.SysfsRoot, "Directory that contains the sys/ tree the NICs are read from.")
 	fs.StringVar(&o.NodeFeatureNamespace, "nodefeature-namespace", o.NodeFeatureNamespace,
 		"Namespace of the NodeFeature object with --nic-labels=nodefeature (default $POD_NAMESPACE).")
+	fs.BoolVar(&o.DRA, "dra", o.DRA, "Run the DRA driver nic.hwipam.io: publish the NIC ports as ResourceSlices, give "+
+		"claims their rail's addresses, attach the netdevs to pods (docs/dra.md). One DRA NIC driver per node.")
+	fs.StringVar(&o.DRAKubeletDir, "dra-kubelet-dir", o.DRAKubeletDir,
+		"With --dra: the kubelet's root directory (its plugins_registry and plugins/nic.hwipam.io directories).")
+	fs.StringVar(&o.DRANRISocket, "dra-nri-socket", o.DRANRISocket,
+		"With --dra: the container runtime's NRI socket, through which netdevs move into pod sandboxes; \"\" disables the attach.")
 	c := &o.CNI
 	fs.StringVar(&c.BinDir, "cni-bin-dir", c.BinDir, "CNI binary directory the nv-ipam plugin is copied into.")
 	fs.StringVar(&c.ConfDir, "cni-conf-dir", c.ConfDir, "Directory nv-ipam.conf is written into (the plugin's confDir).")
@@ -144,6 +158,9 @@ func (o *Options) Validate() error {
 	}
 	if o.NICLabels != NICLabelsOff && o.NICRescanInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--nic-rescan-interval %s must be positive", o.NICRescanInterval))
+	}
+	if o.DRA && !filepath.IsAbs(o.DRAKubeletDir) {
+		errs = append(errs, fmt.Errorf("--dra-kubelet-dir %q must be an absolute path", o.DRAKubeletDir))
 	}
 	return errors.Join(errs...)
 }

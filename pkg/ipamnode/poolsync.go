@@ -225,3 +225,17 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 	}
 	return len(cfgs), nil
 }
+
+// railPoolsAll returns, for each rail, its IPPools (its CIDRPools when it has
+// no IPPool), and whether a listing has been seen.
+func (s *poolSync) railPoolsAll() (map[string][]string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string][]string{}
+	for k, names := range s.railPools {
+		if k.kind == v1alpha1.KindIPPool || len(out[k.rail]) == 0 && s.railPools[railKey{v1alpha1.KindIPPool, k.rail}] == nil {
+			out[k.rail] = slices.Clone(names)
+		}
+	}
+	return out, s.synced
+}

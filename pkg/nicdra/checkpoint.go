@@ -41,10 +41,14 @@ type Checkpoint struct {
 
 // PreparedClaim is one claim as prepared on this node.
 type PreparedClaim struct {
-	Namespace string           `json:"namespace"`
-	Name      string           `json:"name"`
-	State     string           `json:"state"`
-	Devices   []PreparedDevice `json:"devices"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// PodName and PodUID are the pod the claim is reserved for: the pod whose
+	// sandbox gets the devices (NRI names sandboxes by pod UID).
+	PodName string           `json:"podName,omitempty"`
+	PodUID  string           `json:"podUID,omitempty"`
+	State   string           `json:"state"`
+	Devices []PreparedDevice `json:"devices"`
 }
 
 // PreparedDevice is one allocated device of a claim.

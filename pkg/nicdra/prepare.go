@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -94,7 +95,10 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	// Recorded before anything is allocated: a crash from here on leaves a
 	// claim whose prepare started, which Unprepare (or the next Prepare)
 	// finishes.
-	pc := PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, State: PrepareStarted}
+	if err := p.checkNotInUse(claim); err != nil {
+		return nil, err
+	}
+	pc := PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, PodName: pod.name, PodUID: pod.uid, State: PrepareStarted}
 	p.state.Claims[claim.UID] = pc
 	if err := p.save(); err != nil {
 		return nil, err
@@ -146,6 +150,9 @@ func (p *Preparer) prepareDevice(ctx context.Context, claim *resourceapi.Resourc
 		InterfaceName: cfg.InterfaceName, PoolType: strings.ToLower(cfg.PoolType)}
 	if len(n.Netdevs) > 0 {
 		d.HostNetdev = n.Netdevs[0]
+	}
+	if len(n.Ports) > 0 {
+		d.MTU, d.MAC = n.Ports[0].MTU, n.Ports[0].MAC
 	}
 	if d.InterfaceName == "" {
 		d.InterfaceName = d.HostNetdev
@@ -228,6 +235,58 @@ func (p *Preparer) Unprepare(ctx context.Context, uid types.UID) error {
 	}
 	delete(p.state.Claims, uid)
 	return p.save()
+}
+
+// checkNotInUse refuses a claim that names a device another prepared claim
+// has: the scheduler never allocates one device twice, so it can only be a
+// claim allocated from a stale slice, and the device cannot be in two pods.
+// With mu held.
+func (p *Preparer) checkNotInUse(claim *resourceapi.ResourceClaim) error {
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != DriverName {
+			continue
+		}
+		for uid, other := range p.state.Claims {
+			if uid == claim.UID {
+				continue
+			}
+			for _, d := range other.Devices {
+				if d.Device == r.Device {
+					return fmt.Errorf("%w: device %s of claim %s/%s is in use by claim %s/%s (UID %s), prepared on this node "+
+						"and not unprepared: delete one of the two claims", nodealloc.ErrInvalid, r.Device, claim.Namespace,
+						claim.Name, other.Namespace, other.Name, uid)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// PodDevices returns the devices prepared for the pod with this UID, for the
+// attach when its sandbox starts and stops.
+func (p *Preparer) PodDevices(podUID string) []PreparedDevice {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.load(); err != nil {
+		return nil
+	}
+	var out []PreparedDevice
+	for _, pc := range p.state.Claims {
+		if pc.PodUID == podUID && pc.State == PrepareCompleted {
+			out = append(out, pc.Devices...)
+		}
+	}
+	return out
+}
+
+// Claims returns a copy of the prepared claims (ipamctl, garbage collection).
+func (p *Preparer) Claims() (map[types.UID]PreparedClaim, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.load(); err != nil {
+		return nil, err
+	}
+	return maps.Clone(p.state.Claims), nil
 }
 
 // podRef is the pod a claim is reserved for.

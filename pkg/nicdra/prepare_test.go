@@ -52,7 +52,7 @@ type node struct {
 	dir   string
 }
 
-func newNode(t *testing.T) *node {
+func newNode(t testing.TB) *node {
 	t.Helper()
 	tree, err := fakesysfs.DGXH100(t.TempDir())
 	if err != nil {
@@ -64,7 +64,7 @@ func newNode(t *testing.T) *node {
 }
 
 // open opens the store and the allocation state, as a (re)started daemon does.
-func (n *node) open(t *testing.T) {
+func (n *node) open(t testing.TB) {
 	t.Helper()
 	if n.st != nil {
 		if err := n.st.Close(); err != nil { // the daemon stops

@@ -21,7 +21,7 @@ import (
 	"github.com/hwipam/hwipam/test/harness"
 )
 
-func scan(t *testing.T, root string) *nicdiscovery.Inventory {
+func scan(t testing.TB, root string) *nicdiscovery.Inventory {
 	t.Helper()
 	live := false
 	inv, err := nicdiscovery.Scan(t.Context(), nicdiscovery.Options{Root: root, Live: &live})

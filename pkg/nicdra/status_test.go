@@ -41,7 +41,13 @@ func TestApplyClaimStatus(t *testing.T) {
 	claim.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
 		{Request: "gpu", Driver: "gpu.nvidia.com", Pool: "dgx-1", Device: "gpu-0"},
 		{Request: "nic", Driver: nicdra.DriverName, Pool: "dgx-1", Device: "pci-0000-18-00-0"},
-	}}}
+	}, Config: []resourceapi.DeviceAllocationConfiguration{
+		// Opaque parameters: the API server of 1.37 refuses a server-side
+		// apply to such a claim's status ("status.allocation: field cannot be
+		// modified once set"), and any status write when they were written
+		// with spaces by a protobuf client; kubectl and the scheduler send
+		// compact JSON.
+		opaque(resourceapi.AllocationConfigSourceClaim, nicdra.DriverName, `{"apiVersion":"nic.hwipam.io/v1alpha1","kind":"NicConfig","interfaceName":"net1"}`, "nic")}}}
 	claim.Status.Devices = []resourceapi.AllocatedDeviceStatus{{Driver: "gpu.nvidia.com", Pool: "dgx-1", Device: "gpu-0",
 		Data: &runtime.RawExtension{Raw: []byte(`{"uuid":"GPU-1"}`)}}}
 	if _, err := cs.ResourceV1().ResourceClaims("ml").UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {

@@ -1,0 +1,340 @@
+package nicdra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/hwipam/hwipam/nicdiscovery"
+	"github.com/hwipam/hwipam/pkg/store"
+)
+
+// The kubelet plugin's places under the kubelet's root directory
+// (--root-dir, /var/lib/kubelet): the registration socket the kubelet's plugin
+// watcher finds, and the directory of the DRA socket.
+const (
+	RegistryDir = "plugins_registry"
+	PluginsDir  = "plugins"
+)
+
+// RegistrationSocket and PluginSocket are the sockets the plugin serves under
+// the kubelet's root directory.
+func RegistrationSocket(kubeletDir string) string {
+	return filepath.Join(kubeletDir, RegistryDir, DriverName+"-reg.sock")
+}
+
+// PluginSocket is the DRA gRPC socket the kubelet calls.
+func PluginSocket(kubeletDir string) string {
+	return filepath.Join(kubeletDir, PluginsDir, DriverName, "dra.sock")
+}
+
+// Driver is the kubelet plugin: it publishes the node's NIC ports as
+// ResourceSlices, prepares and unprepares claims for the kubelet through a
+// Preparer, writes their status, reports device health, and releases the
+// allocations of claims that no longer exist.
+type Driver struct {
+	NodeName string
+	Client   kubernetes.Interface
+	Preparer *Preparer
+	// KubeletDir is the kubelet's root directory.
+	KubeletDir string
+	// Inventory scans the node's NICs (a recent scan is fine).
+	Inventory func() (*nicdiscovery.Inventory, error)
+	// PoolsByRail returns the pools labelled for each rail, and whether the
+	// pools have been listed yet.
+	PoolsByRail func() (map[string][]string, bool)
+	// Allocations walks the store's allocations; Release releases one if it
+	// is still the same (nodealloc.Manager's EachAllocation and ReleaseIf).
+	Allocations func(fn func(poolKey string, a store.Allocation) error) error
+	Release     func(ctx context.Context, poolKey string, a store.Allocation) (bool, error)
+	// RefreshInterval is how often the inventory and pools are read again for
+	// the slices and health (default 10s); GCInterval how often claims are
+	// checked for existence (default 1m).
+	RefreshInterval, GCInterval time.Duration
+	Log                         logr.Logger
+
+	helper *kubeletplugin.Helper
+	fatal  chan error
+
+	mu        sync.Mutex
+	published map[string]resourceapi.Device // by device name, as last published
+	devices   []resourceapi.Device
+	changed   chan struct{} // closed and replaced when devices change
+	status    DriverStatus
+}
+
+// Run serves the kubelet until ctx ends or a fatal error.
+func (d *Driver) Run(ctx context.Context) error {
+	if d.RefreshInterval <= 0 {
+		d.RefreshInterval = 10 * time.Second
+	}
+	if d.GCInterval <= 0 {
+		d.GCInterval = time.Minute
+	}
+	d.fatal = make(chan error, 1)
+	d.changed = make(chan struct{})
+	// Claims this node prepared must be readable before anything is served:
+	// a damaged checkpoint stops the driver, never the forgetting of them.
+	if _, err := d.Preparer.Claims(); err != nil {
+		return err
+	}
+	for _, dir := range []string{filepath.Join(d.KubeletDir, RegistryDir), filepath.Dir(PluginSocket(d.KubeletDir))} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("creating the kubelet plugin's directory: %w", err)
+		}
+	}
+	// The devices are read once before the kubelet can ask for their health.
+	d.refresh(ctx)
+	lctx := klog.NewContext(ctx, d.Log)
+	helper, err := kubeletplugin.Start(lctx, d,
+		kubeletplugin.DriverName(DriverName),
+		kubeletplugin.NodeName(d.NodeName),
+		kubeletplugin.KubeClient(d.Client),
+		kubeletplugin.RegistrarDirectoryPath(filepath.Join(d.KubeletDir, RegistryDir)),
+		kubeletplugin.PluginDataDirectoryPath(filepath.Dir(PluginSocket(d.KubeletDir))),
+		kubeletplugin.Serialize(true))
+	if err != nil {
+		return fmt.Errorf("starting the DRA kubelet plugin: %w", err)
+	}
+	d.helper = helper
+	defer helper.Stop()
+	d.Log.Info("DRA kubelet plugin serving", "driver", DriverName, "socket", PluginSocket(d.KubeletDir),
+		"registration", RegistrationSocket(d.KubeletDir))
+	if err := d.publish(ctx); err != nil {
+		return err
+	}
+	refresh := time.NewTicker(d.RefreshInterval)
+	defer refresh.Stop()
+	gc := time.NewTicker(d.GCInterval)
+	defer gc.Stop()
+	d.collect(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-d.fatal:
+			return err
+		case <-refresh.C:
+			d.writeStatus()
+			if d.refresh(ctx) {
+				if err := d.publish(ctx); err != nil {
+					return err
+				}
+			}
+		case <-gc.C:
+			d.collect(ctx)
+		}
+	}
+}
+
+// Registered says whether the kubelet has registered the plugin (nil: not
+// told yet), for ipamctl check.
+func (d *Driver) Registered() (ok bool, why string) {
+	if d.helper == nil {
+		return false, "the plugin has not started"
+	}
+	st := d.helper.RegistrationStatus()
+	switch {
+	case st == nil:
+		return false, "the kubelet has not called the registration socket " + RegistrationSocket(d.KubeletDir) + " yet"
+	case !st.PluginRegistered:
+		return false, "the kubelet refused the registration: " + st.Error
+	}
+	return true, ""
+}
+
+// refresh reads the inventory and pools again; it says whether the devices
+// changed. Devices of prepared claims that left the scan (their netdev moved
+// into a pod) stay published as they were: the device is still this node's,
+// and the claim's allocation refers to it.
+func (d *Driver) refresh(ctx context.Context) bool {
+	inv, err := d.Inventory()
+	if err != nil {
+		d.Log.Error(err, "scanning the NICs for the ResourceSlices; the last published devices stay")
+		return false
+	}
+	pools, _ := d.PoolsByRail()
+	devs, warnings := Devices(Publish{Inventory: inv, Rails: d.Preparer.Rails, PoolsByRail: pools, Now: metav1.Now()})
+	for _, w := range warnings {
+		d.Log.Info("a device attribute is not published", "warning", w)
+	}
+	claims, err := d.Preparer.Claims()
+	if err != nil {
+		d.Log.Error(err, "reading the prepared claims")
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	have := map[string]bool{}
+	for _, dev := range devs {
+		have[dev.Name] = true
+	}
+	for _, pc := range claims {
+		for _, pd := range pc.Devices {
+			if prev, ok := d.published[pd.Device]; ok && !have[pd.Device] {
+				devs = append(devs, prev)
+				have[pd.Device] = true
+			}
+		}
+	}
+	slices.SortFunc(devs, func(a, b resourceapi.Device) int { return strings.Compare(a.Name, b.Name) })
+	// A taint keeps the time it was first added, so an unchanged taint is no
+	// change.
+	for i := range devs {
+		prev, ok := d.published[devs[i].Name]
+		if !ok {
+			continue
+		}
+		for j := range devs[i].Taints {
+			for _, pt := range prev.Taints {
+				if pt.Key == devs[i].Taints[j].Key && pt.Value == devs[i].Taints[j].Value {
+					devs[i].Taints[j].TimeAdded = pt.TimeAdded
+				}
+			}
+		}
+	}
+	if d.published != nil && reflect.DeepEqual(devs, d.devices) {
+		return false
+	}
+	d.devices = devs
+	d.published = map[string]resourceapi.Device{}
+	for _, dev := range devs {
+		d.published[dev.Name] = dev
+	}
+	close(d.changed)
+	d.changed = make(chan struct{})
+	return true
+}
+
+// publish hands the devices to the library's ResourceSlice controller.
+func (d *Driver) publish(ctx context.Context) error {
+	d.mu.Lock()
+	devs := slices.Clone(d.devices)
+	d.mu.Unlock()
+	if err := d.helper.PublishResources(ctx, Resources(d.NodeName, devs)); err != nil {
+		return fmt.Errorf("publishing the ResourceSlices: %w", err)
+	}
+	d.mu.Lock()
+	d.status.Devices, d.status.Published = len(devs), time.Now()
+	d.mu.Unlock()
+	d.writeStatus()
+	d.Log.Info("ResourceSlices published", "devices", len(devs))
+	return nil
+}
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin: each claim's
+// devices get their addresses, and the claim's status says what they are.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, c := range claims {
+		start := time.Now()
+		devs, err := d.Preparer.Prepare(ctx, c)
+		if err == nil {
+			err = ApplyClaimStatus(ctx, d.Client, c.Namespace, c.Name, d.NodeName, devs)
+			if err != nil {
+				err = fmt.Errorf("claim %s/%s: its addresses are held, but writing its status failed (the kubelet "+
+					"tries again): %w", c.Namespace, c.Name, err)
+			}
+		}
+		prepareSeconds.Observe(time.Since(start).Seconds())
+		if err != nil {
+			d.Log.Error(err, "preparing a claim", "claim", klog.KObj(c), "uid", c.UID)
+			out[c.UID] = kubeletplugin.PrepareResult{Err: err}
+			continue
+		}
+		var res kubeletplugin.PrepareResult
+		for _, pd := range devs {
+			res.Devices = append(res.Devices, kubeletplugin.Device{Requests: []string{pd.Request}, PoolName: d.NodeName,
+				DeviceName: pd.Device})
+		}
+		d.Log.Info("claim prepared", "claim", klog.KObj(c), "uid", c.UID, "devices", len(devs),
+			"duration", time.Since(start).String())
+		out[c.UID] = res
+	}
+	return out, nil
+}
+
+// UnprepareResourceClaims implements kubeletplugin.DRAPlugin.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		err := d.Preparer.Unprepare(ctx, c.UID)
+		if err != nil {
+			d.Log.Error(err, "unpreparing a claim", "claim", c.String(), "uid", c.UID)
+		} else {
+			d.Log.Info("claim unprepared", "claim", c.String(), "uid", c.UID)
+		}
+		out[c.UID] = err
+	}
+	return out, nil
+}
+
+// HandleError implements kubeletplugin.DRAPlugin: errors the library cannot
+// recover from stop the driver (and so ipam-node, which the kubelet restarts).
+func (d *Driver) HandleError(_ context.Context, err error, msg string) {
+	if errors.Is(err, kubeletplugin.ErrRecoverable) {
+		d.Log.Error(err, msg)
+		d.mu.Lock()
+		d.status.PublishError = msg + ": " + err.Error()
+		d.mu.Unlock()
+		return
+	}
+	select {
+	case d.fatal <- fmt.Errorf("the DRA kubelet plugin: %s: %w", msg, err):
+	default:
+	}
+}
+
+// healthRefresh is how often health reports are sent again: within the
+// kubelet's default timeout of 30s.
+const healthRefresh = 10 * time.Second
+
+// WatchHealthStatus implements kubeletplugin.DRAPlugin: a device is
+// unhealthy while its link is down (the same condition that taints it).
+func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	t := time.NewTicker(healthRefresh)
+	defer t.Stop()
+	for {
+		d.mu.Lock()
+		devs, changed := d.devices, d.changed
+		d.mu.Unlock()
+		r := kubeletplugin.DeviceHealthReport{}
+		now := time.Now()
+		for _, dev := range devs {
+			h := kubeletplugin.DeviceHealth{PoolName: d.NodeName, DeviceName: dev.Name, Health: kubeletplugin.HealthStatusHealthy,
+				LastUpdated: now}
+			for _, taint := range dev.Taints {
+				if taint.Key == TaintLinkDown {
+					h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, "link down: "+taint.Value
+				}
+			}
+			r.Devices = append(r.Devices, h)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case reports <- r:
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-changed:
+		}
+	}
+}

@@ -1,0 +1,75 @@
+package nicdra
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// DriverStatus is what the driver says of itself in a file beside its
+// checkpoint (dra-status.json), for ipamctl check: whether the kubelet
+// registered the plugin, and what it published.
+type DriverStatus struct {
+	// KubeletDir is the kubelet root directory the plugin serves under.
+	KubeletDir string `json:"kubeletDir"`
+	// Registered is set once the kubelet has accepted the plugin;
+	// RegistrationError says why it has not (or refused).
+	Registered        bool   `json:"registered"`
+	RegistrationError string `json:"registrationError,omitempty"`
+	// Devices is how many devices the last publication had, at Published;
+	// PublishError is the last error of the ResourceSlice controller.
+	Devices      int       `json:"devices"`
+	Published    time.Time `json:"published"`
+	PublishError string    `json:"publishError,omitempty"`
+	Updated      time.Time `json:"updated"`
+}
+
+// StatusFile is the driver's status file beside a checkpoint.
+func StatusFile(checkpoint string) string {
+	return filepath.Join(filepath.Dir(checkpoint), "dra-status.json")
+}
+
+// ReadStatus reads the driver's status file; ok is false when there is none
+// (the driver never ran with this store).
+func ReadStatus(path string) (st DriverStatus, ok bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, false, fmt.Errorf("%s: %w", path, err)
+	}
+	return st, true, nil
+}
+
+// writeStatus writes the status file (temporary file, then rename); errors
+// are logged, never fatal: the file is for people.
+func (d *Driver) writeStatus() {
+	d.mu.Lock()
+	st := d.status
+	d.mu.Unlock()
+	st.KubeletDir, st.Updated = d.KubeletDir, time.Now()
+	st.Registered, st.RegistrationError = d.Registered()
+	if st.Registered {
+		st.RegistrationError = ""
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		return
+	}
+	path := StatusFile(d.Preparer.Checkpoint.Path)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err == nil {
+		err = os.Rename(tmp, path)
+		if err != nil {
+			d.Log.Error(err, "writing the driver's status file", "path", path)
+		}
+	}
+}

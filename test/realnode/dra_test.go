@@ -1,0 +1,309 @@
+package realnode_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
+	"github.com/hwipam/hwipam/pkg/nicdra"
+	"github.com/hwipam/hwipam/test/harness"
+	"github.com/hwipam/hwipam/test/realnode"
+)
+
+// draRails are the DGX-H100 tree's rails the DRA specs give host links (veths
+// named like them, as make demo does for the first two, which the ipamctl
+// specs use): rails 2 and 3 share root complex pci0000:4c with GPUs 2 and 3,
+// rails 4 and 5 pci0000:97 with GPUs 4 and 5, rail 6 pci0000:cb (and the
+// switch of GPU 6).
+var draRails = fakesysfs.DGXH100Rails[2:7]
+
+// railSubnet is the subnet of a DRA rail's pool: docs/dra.md's for rails 2
+// and 3 (10.79, 10.94), the same shape for the others.
+func railSubnet(rail string) string {
+	return "10." + strings.TrimSuffix(strings.TrimPrefix(rail, "ibp"), "s0") + ".0.0/16"
+}
+
+var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), Ordered, func() {
+	var treeRoot string
+	BeforeAll(func(ctx SpecContext) {
+		for i, r := range draRails {
+			_, err := netlink.LinkByName(r)
+			Expect(err).To(HaveOccurred(), "a host link %s exists already (is `make demo` running?)", r)
+			Expect(node.AddVeth(r, fmt.Sprintf("%sx%d", node.Prefix, i))).To(Succeed())
+		}
+		opts, err := node.BaseOptions()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(opts.HostPaths).NotTo(BeEmpty())
+		treeRoot = opts.HostPaths[0]
+		DeferCleanup(func(ctx SpecContext) {
+			deleteDocObjects(ctx)
+			Expect(node.Undeploy(ctx)).To(Succeed())
+			// The driver's slices stay after it stops (their owner is the Node).
+			Expect(node.Clientset.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
+				metav1.ListOptions{FieldSelector: "spec.driver=" + nicdra.DriverName})).To(Succeed())
+			Expect(node.Redeploy(ctx)).To(Succeed())
+		}, NodeTimeout(5*time.Minute))
+		Expect(node.Undeploy(ctx)).To(Succeed())
+		opts.Overlay = "deploy/overlays/dra"
+		Expect(node.Deploy(ctx, harness.RepoRoot(), opts)).To(Succeed())
+
+		stop, err := node.StartGPUDriver(ctx, treeRoot, fakesysfs.DGXH100GPUs, logr.Discard())
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func(ctx SpecContext) {
+			stop()
+			Expect(node.Clientset.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
+				metav1.ListOptions{FieldSelector: "spec.driver=" + realnode.GPUDriverName})).To(Succeed())
+			_ = node.Clientset.ResourceV1().DeviceClasses().Delete(ctx, realnode.GPUDriverName, metav1.DeleteOptions{})
+		})
+		kubectlApply(ctx, realnode.GPUDeviceClass)
+
+		// The pools: docs/dra.md's (rails 2 and 3), the same for the others.
+		for _, r := range draRails {
+			if slices.Contains([]string{"ibp79s0", "ibp94s0"}, r) {
+				continue
+			}
+			Expect(cl.Create(ctx, &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "rail-" + r, Namespace: "kube-system",
+				Labels: map[string]string{v1alpha1.LabelRail: r}},
+				Spec: v1alpha1.IPPoolSpec{Subnet: railSubnet(r), PerNodeBlockSize: 64, Gateway: strings.Replace(railSubnet(r), "0.0/16", "0.1", 1)}})).To(Succeed())
+		}
+		DeferCleanup(func(ctx SpecContext) {
+			for _, r := range draRails {
+				Expect(client.IgnoreNotFound(cl.Delete(ctx, &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "rail-" + r,
+					Namespace: "kube-system"}}))).To(Succeed())
+			}
+		})
+		for _, doc := range docYAML(filepath.Join(harness.RepoRoot(), "docs", "dra.md")) {
+			if strings.Contains(doc, "kind: IPPool") {
+				kubectlApply(ctx, doc)
+			}
+		}
+		for _, r := range draRails {
+			waitBlock(ctx, "rail-"+r)
+		}
+		// The node's slice: every DRA rail with its pool.
+		Eventually(ctx, func(g Gomega) {
+			devs := nicDevices(ctx, g)
+			for _, r := range draRails {
+				d, ok := devs[r]
+				g.Expect(ok).To(BeTrue(), "no device of rail %s in %v", r, slices.Collect(mapKeys(devs)))
+				g.Expect(d.Attributes[nicdra.AttrPool].StringValue).To(HaveValue(Equal("rail-" + r)))
+			}
+		}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
+	}, NodeTimeout(10*time.Minute))
+
+	It("gives docs/dra.md's pods their NICs with their rails' addresses", func(ctx SpecContext) {
+		for _, doc := range docYAML(filepath.Join(harness.RepoRoot(), "docs", "dra.md")) {
+			if strings.Contains(doc, "kind: IPPool") {
+				continue
+			}
+			kubectlApply(ctx, strings.ReplaceAll(doc, "image: busybox", "image: "+node.BusyboxImage()))
+		}
+		// rail-pod: rail 2's NIC as net1, an address of its pool.
+		got := expectDRAPod(ctx, "rail-pod", "net1")
+		Expect(got.rail).To(Equal("ibp79s0"))
+		// static-pod: rail 3's, the address asked for.
+		got = expectDRAPod(ctx, "static-pod", "net1")
+		Expect(got.rail).To(Equal("ibp94s0"))
+		Expect(got.addrs).To(ConsistOf("10.94.0.20/16"))
+		// gpu4-pod: GPU 4 and a NIC of its root complex, pci0000:97: rail 4 or 5.
+		got = expectDRAPod(ctx, "gpu4-pod", "")
+		Expect(got.gpu).To(Equal("gpu-4"))
+		Expect(got.rail).To(BeElementOf("ibp154s0", "ibp192s0"))
+		Expect(got.pcieRoot).To(Equal("pci0000:97"))
+		// gpu6-pod: GPU 6 and the NIC on its switch, rail 6.
+		got = expectDRAPod(ctx, "gpu6-pod", "")
+		Expect(got.gpu).To(Equal("gpu-6"))
+		Expect(got.rail).To(Equal("ibp206s0"))
+	})
+
+	It("aligns another GPU by root complex", func(ctx SpecContext) {
+		// rail-pod and static-pod hold rails 2 and 3: free them for GPU 3's root
+		// complex, pci0000:4c.
+		for _, p := range []string{"rail-pod", "static-pod"} {
+			deletePod(ctx, p)
+		}
+		createClaimPod(ctx, "gpu3-pod", gpuAndNIC(3))
+		got := expectDRAPod(ctx, "gpu3-pod", "")
+		Expect(got.gpu).To(Equal("gpu-3"))
+		Expect(got.rail).To(BeElementOf("ibp79s0", "ibp94s0"))
+		Expect(got.pcieRoot).To(Equal("pci0000:4c"))
+	})
+})
+
+// draPod is what a pod with a nic.hwipam.io claim got.
+type draPod struct {
+	claim, device, rail, pcieRoot, gpu, ifName string
+	addrs                                      []string
+}
+
+// expectDRAPod waits for the pod to be ready and checks what it got: its
+// claim's nic.hwipam.io device, the device's rail and pool, the address in the
+// claim's status from that pool, the netdev in the pod under ifName (the host
+// netdev's name when "") with that address, and gone from the host.
+func expectDRAPod(ctx SpecContext, name, ifName string) draPod {
+	GinkgoHelper()
+	pod := waitReady(ctx, name)
+	var got draPod
+	Expect(pod.Status.ResourceClaimStatuses).NotTo(BeEmpty())
+	got.claim = *pod.Status.ResourceClaimStatuses[0].ResourceClaimName
+	claim, err := node.Clientset.ResourceV1().ResourceClaims(ns).Get(ctx, got.claim, metav1.GetOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(claim.Status.Allocation).NotTo(BeNil())
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		switch r.Driver {
+		case nicdra.DriverName:
+			got.device = r.Device
+		case realnode.GPUDriverName:
+			got.gpu = r.Device
+		}
+	}
+	var dev resourceapi.Device
+	Eventually(ctx, func(g Gomega) {
+		for _, d := range nicDevices(ctx, g) {
+			if d.Name == got.device {
+				dev = d
+			}
+		}
+		g.Expect(dev.Name).To(Equal(got.device))
+	}).WithTimeout(10 * time.Second).Should(Succeed())
+	got.rail = *dev.Attributes[nicdra.AttrRail].StringValue
+	got.pcieRoot = *dev.Attributes["resource.kubernetes.io/pcieRoot"].StringValue
+	pool := *dev.Attributes[nicdra.AttrPool].StringValue
+	Expect(claim.Status.Devices).To(HaveLen(1), "status %+v", claim.Status.Devices)
+	st := claim.Status.Devices[0]
+	Expect(st.Driver).To(Equal(nicdra.DriverName))
+	Expect(st.NetworkData).NotTo(BeNil())
+	got.addrs, got.ifName = st.NetworkData.IPs, st.NetworkData.InterfaceName
+	if ifName == "" {
+		ifName = got.rail
+	}
+	Expect(got.ifName).To(Equal(ifName))
+	subnet := netip.MustParsePrefix(railSubnet(got.rail))
+	Expect(pool).To(Equal("rail-" + got.rail))
+	Expect(got.addrs).To(HaveLen(1))
+	Expect(subnet.Contains(netip.MustParsePrefix(got.addrs[0]).Addr())).To(BeTrue(), "%s is not in %s", got.addrs[0], subnet)
+	// In the pod: the netdev, up, with the address.
+	out, err := node.Kubectl(ctx, "-n", ns, "exec", name, "--", "ip", "-o", "addr", "show", "dev", ifName)
+	Expect(err).NotTo(HaveOccurred(), "the pod has no %s:\n%s", ifName, out)
+	Expect(out).To(ContainSubstring("inet " + got.addrs[0]))
+	// Not on the host.
+	_, err = netlink.LinkByName(got.rail)
+	Expect(err).To(HaveOccurred(), "host link %s is still on the host while %s runs", got.rail, name)
+	// The store holds it under the claim's UID.
+	Expect(allocations(ctx)).To(ContainElement(ContainSubstring(strings.Split(got.addrs[0], "/")[0])))
+	fmt.Fprintf(GinkgoWriter, "%s: claim %s, device %s (rail %s, %s), GPU %q, %s %v\n", name, got.claim, got.device, got.rail,
+		got.pcieRoot, got.gpu, ifName, got.addrs)
+	return got
+}
+
+// nicDevices are the devices of this node's nic.hwipam.io slices, by rail.
+func nicDevices(ctx context.Context, g Gomega) map[string]resourceapi.Device {
+	l, err := node.Clientset.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+		FieldSelector: "spec.driver=" + nicdra.DriverName + ",spec.nodeName=" + node.NodeName})
+	g.Expect(err).NotTo(HaveOccurred())
+	out := map[string]resourceapi.Device{}
+	for _, s := range l.Items {
+		for _, d := range s.Spec.Devices {
+			if r := d.Attributes[nicdra.AttrRail].StringValue; r != nil {
+				out[*r] = d
+			}
+		}
+	}
+	return out
+}
+
+func mapKeys[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// gpuAndNIC is a claim spec for GPU i and a NIC of its root complex.
+func gpuAndNIC(gpu int) resourceapi.ResourceClaimSpec {
+	return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+		Requests: []resourceapi.DeviceRequest{
+			{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: realnode.GPUDriverName,
+				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+					Expression: fmt.Sprintf(`device.attributes["%s"].index == %d`, realnode.GPUDriverName, gpu)}}}}},
+			{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nicdra.DriverName,
+				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+					Expression: `device.attributes["nic.hwipam.io"].linkType == "ib"`}}}}},
+		},
+		Constraints: []resourceapi.DeviceConstraint{{Requests: []string{"gpu", "nic"},
+			MatchAttribute: new(resourceapi.FullyQualifiedName("resource.kubernetes.io/pcieRoot"))}},
+	}}
+}
+
+// createClaimPod creates a claim with the spec and a busybox pod that uses it;
+// both are deleted when the spec ends.
+func createClaimPod(ctx context.Context, name string, spec resourceapi.ResourceClaimSpec) {
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: spec}
+	_, err := node.Clientset.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func(ctx SpecContext) {
+		deletePod(ctx, name)
+		Expect(client.IgnoreNotFound(node.Clientset.ResourceV1().ResourceClaims(ns).Delete(ctx, name, metav1.DeleteOptions{}))).To(Succeed())
+	})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			ResourceClaims:                []corev1.PodResourceClaim{{Name: "c", ResourceClaimName: &claim.Name}},
+			Containers:                    []corev1.Container{{Name: "app", Image: node.BusyboxImage(), Command: []string{"sleep", "1000000"}}},
+			TerminationGracePeriodSeconds: new(int64(1)),
+		}}
+	_, err = node.Clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+}
+
+// kubectlApply applies one YAML document.
+func kubectlApply(ctx context.Context, doc string) {
+	GinkgoHelper()
+	f := filepath.Join(node.Dir, fmt.Sprintf("apply-%d.yaml", time.Now().UnixNano()))
+	Expect(os.WriteFile(f, []byte(doc), 0o644)).To(Succeed())
+	out, err := node.Kubectl(ctx, "apply", "-f", f)
+	Expect(err).NotTo(HaveOccurred(), "kubectl apply:\n%s\n%s", doc, out)
+}
+
+// deleteDocObjects deletes what docs/dra.md's YAML created (but its pools,
+// which the spec deletes with its own), pods first.
+func deleteDocObjects(ctx context.Context) {
+	for _, p := range []string{"rail-pod", "static-pod", "gpu4-pod", "gpu6-pod"} {
+		deletePod(ctx, p)
+	}
+	for _, doc := range docYAML(filepath.Join(harness.RepoRoot(), "docs", "dra.md")) {
+		if strings.Contains(doc, "kind: IPPool") || strings.Contains(doc, "kind: Pod") || strings.Contains(doc, "kind: DeviceClass") {
+			continue
+		}
+		f := filepath.Join(node.Dir, "delete.yaml")
+		Expect(os.WriteFile(f, []byte(doc), 0o644)).To(Succeed())
+		if out, err := node.Kubectl(ctx, "delete", "--ignore-not-found", "-f", f); err != nil && !apierrors.IsNotFound(err) {
+			fmt.Fprintf(GinkgoWriter, "deleting %s: %v\n", out, err)
+		}
+	}
+}
