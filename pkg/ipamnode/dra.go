@@ -53,7 +53,12 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 			names, _ := pools.poolsOfRail(kind, rail)
 			return names
 		}}
+	var nri *nicdra.NRIPlugin
+	if o.DRANRISocket != "" {
+		nri = &nicdra.NRIPlugin{Devices: p, Attacher: &nicdra.Attacher{}, SysfsRoot: o.SysfsRoot, Log: logger.WithName("nri")}
+	}
 	return &nicdra.Driver{NodeName: o.NodeName, Client: client, Preparer: p, KubeletDir: o.DRAKubeletDir,
+		NRI: nri, NRISocket: o.DRANRISocket,
 		Inventory:   func() (*nicdiscovery.Inventory, error) { return scan(true) },
 		PoolsByRail: pools.railPoolsAll,
 		Allocations: func(fn func(string, store.Allocation) error) error { return m.EachAllocation("", fn) },

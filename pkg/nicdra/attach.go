@@ -108,10 +108,14 @@ func planFor(d PreparedDevice) (linkPlan, error) {
 		}
 		p.addrs = append(p.addrs, a)
 	}
-	if d.Gateway != "" {
-		g, err := netip.ParseAddr(d.Gateway)
+	gws := d.Gateways
+	if len(gws) == 0 && d.Gateway != "" {
+		gws = []string{d.Gateway} // a checkpoint written before Gateways
+	}
+	for _, s := range gws {
+		g, err := netip.ParseAddr(s)
 		if err != nil {
-			return p, fmt.Errorf("device %s: gateway %q is not an IP address", d.Device, d.Gateway)
+			return p, fmt.Errorf("device %s: gateway %q is not an IP address", d.Device, s)
 		}
 		p.gateways = append(p.gateways, g)
 	}

@@ -69,8 +69,11 @@ type PreparedDevice struct {
 	Rail      string   `json:"rail,omitempty"`
 	Addresses []string `json:"addresses"`
 	Gateway   string   `json:"gateway,omitempty"`
-	Routes    []string `json:"routes,omitempty"`
-	MAC       string   `json:"mac,omitempty"`
+	// Gateways are the gateways of the device's pools, one per family (Gateway
+	// is the first).
+	Gateways []string `json:"gateways,omitempty"`
+	Routes   []string `json:"routes,omitempty"`
+	MAC      string   `json:"mac,omitempty"`
 }
 
 // CheckpointFile is where the checkpoint is kept: the kubelet plugin's data

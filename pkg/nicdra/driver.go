@@ -67,6 +67,10 @@ type Driver struct {
 	// checked for existence (default 1m).
 	RefreshInterval, GCInterval time.Duration
 	Log                         logr.Logger
+	// NRI, when set, attaches the prepared devices to their pods' sandboxes
+	// through the runtime's NRI socket NRISocket.
+	NRI       *NRIPlugin
+	NRISocket string
 
 	helper *kubeletplugin.Helper
 	fatal  chan error
@@ -76,6 +80,8 @@ type Driver struct {
 	devices   []resourceapi.Device
 	changed   chan struct{} // closed and replaced when devices change
 	status    DriverStatus
+	// applied is, per claim, the devices whose status was last written.
+	applied map[types.UID][]PreparedDevice
 }
 
 // Run serves the kubelet until ctx ends or a fatal error.
@@ -113,6 +119,19 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	d.helper = helper
 	defer helper.Stop()
+	if d.NRI != nil {
+		nriDone := make(chan struct{})
+		nctx, stopNRI := context.WithCancel(ctx)
+		go func() {
+			defer close(nriDone)
+			if err := d.NRI.Run(nctx, d.NRISocket); err != nil {
+				d.Log.Error(err, "the NRI plugin stopped")
+			}
+		}()
+		// Stopped after the kubelet plugin: no claim is prepared for a pod
+		// whose sandbox then finds no one to attach it.
+		defer func() { stopNRI(); <-nriDone }()
+	}
 	d.Log.Info("DRA kubelet plugin serving", "driver", DriverName, "socket", PluginSocket(d.KubeletDir),
 		"registration", RegistrationSocket(d.KubeletDir))
 	if err := d.publish(ctx); err != nil {
@@ -131,6 +150,7 @@ func (d *Driver) Run(ctx context.Context) error {
 			return err
 		case <-refresh.C:
 			d.writeStatus()
+			d.reconcileStatus(ctx)
 			if d.refresh(ctx) {
 				if err := d.publish(ctx); err != nil {
 					return err
@@ -235,6 +255,34 @@ func (d *Driver) publish(ctx context.Context) error {
 	d.writeStatus()
 	d.Log.Info("ResourceSlices published", "devices", len(devs))
 	return nil
+}
+
+// reconcileStatus writes the status of claims whose devices changed since it
+// was written (the attach learnt the host link's MAC), and of every claim
+// once after a start; a failed write is tried again at the next refresh.
+func (d *Driver) reconcileStatus(ctx context.Context) {
+	claims, err := d.Preparer.Claims()
+	if err != nil {
+		return
+	}
+	if d.applied == nil {
+		d.applied = map[types.UID][]PreparedDevice{}
+	}
+	for uid := range d.applied {
+		if _, ok := claims[uid]; !ok {
+			delete(d.applied, uid)
+		}
+	}
+	for uid, pc := range claims {
+		if pc.State != PrepareCompleted || reflect.DeepEqual(d.applied[uid], pc.Devices) {
+			continue
+		}
+		if err := ApplyClaimStatus(ctx, d.Client, pc.Namespace, pc.Name, d.NodeName, pc.Devices); err != nil {
+			d.Log.Error(err, "updating a claim's status; tried again at the next refresh", "claim", pc.Namespace+"/"+pc.Name)
+			continue
+		}
+		d.applied[uid] = pc.Devices
+	}
 }
 
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin: each claim's

@@ -19,11 +19,11 @@ import (
 // claim that exists is never released, whatever pods there are: a UID, once
 // gone, never comes back, so the decision needs no pod lookup.
 
-// Gone returns which of the UIDs no ResourceClaim has: those it saw before the
+// GoneClaims returns which of the UIDs no ResourceClaim has: those it saw before the
 // listing began (the caller's snapshot) and that a consistent list of the
 // claims does not contain; a claim whose namespace and name are known is read
 // again by name, so that a claim is never called gone by a list alone.
-func Gone(ctx context.Context, c kubernetes.Interface, seen map[types.UID]metav1.ObjectMeta) (map[types.UID]bool, error) {
+func GoneClaims(ctx context.Context, c kubernetes.Interface, seen map[types.UID]metav1.ObjectMeta) (map[types.UID]bool, error) {
 	if len(seen) == 0 {
 		return nil, nil
 	}
@@ -97,7 +97,7 @@ func (d *Driver) collect(ctx context.Context) {
 		d.Log.Error(err, "claim garbage collection: reading the store")
 		return
 	}
-	gone, err := Gone(ctx, d.Client, seen)
+	gone, err := GoneClaims(ctx, d.Client, seen)
 	if err != nil {
 		d.Log.Error(err, "claim garbage collection: the API server did not answer; nothing released")
 		return

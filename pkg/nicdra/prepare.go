@@ -187,8 +187,11 @@ func (p *Preparer) prepareDevice(ctx context.Context, claim *resourceapi.Resourc
 	}
 	for _, x := range res {
 		d.Addresses = append(d.Addresses, x.Addr.String())
-		if d.Gateway == "" && x.Gateway.IsValid() {
-			d.Gateway = x.Gateway.String()
+		if x.Gateway.IsValid() {
+			if d.Gateway == "" {
+				d.Gateway = x.Gateway.String()
+			}
+			d.Gateways = append(d.Gateways, x.Gateway.String())
 		}
 		for _, rt := range x.Routes {
 			d.Routes = append(d.Routes, rt.String())
@@ -277,6 +280,31 @@ func (p *Preparer) PodDevices(podUID string) []PreparedDevice {
 		}
 	}
 	return out
+}
+
+// DeviceAttached records what the attach learnt of a device's host link (its
+// MAC and MTU), for the status and for the way back.
+func (p *Preparer) DeviceAttached(podUID string, d PreparedDevice) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.load() != nil {
+		return
+	}
+	for uid, pc := range p.state.Claims {
+		if pc.PodUID != podUID {
+			continue
+		}
+		changed := false
+		for i := range pc.Devices {
+			if pc.Devices[i].Device == d.Device && (pc.Devices[i].MAC != d.MAC || pc.Devices[i].MTU != d.MTU) {
+				pc.Devices[i].MAC, pc.Devices[i].MTU, changed = d.MAC, d.MTU, true
+			}
+		}
+		if changed {
+			p.state.Claims[uid] = pc
+			_ = p.save() // the hook must not fail for it: the record is for the MTU on the way back
+		}
+	}
 }
 
 // Claims returns a copy of the prepared claims (ipamctl, garbage collection).
