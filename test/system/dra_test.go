@@ -52,13 +52,21 @@ import (
 const (
 	// draRequest is the claims' one request.
 	draRequest = "nic"
-	// draGCBound is how long after its daemon is back (with the API server
-	// reachable) a claim deleted while the daemon was down may still hold its
-	// address.
-	draGCBound = 30 * time.Second
+	// draGCBound is how long after its daemon started a claim deleted while
+	// the daemon was down may still hold its address: the driver collects
+	// once it serves. draGCLate is how long after the API server came back,
+	// when it was away at the start: the collection then comes with the next
+	// round, at most a minute (nicdra.Driver's GCInterval) later.
+	draGCBound = 15 * time.Second
+	draGCLate  = time.Minute + 15*time.Second
 	// draCallTimeout bounds one prepare or unprepare call, as kubelet's
-	// plugin client timeout does.
+	// plugin client timeout (45 s) does.
 	draCallTimeout = 20 * time.Second
+	// draAPIHold is how long the API server stays away after a daemon
+	// restarted without it.
+	draAPIHold = 25 * time.Second
+	// draOutageTimeout bounds a prepare while the API server is unreachable.
+	draOutageTimeout = 2 * time.Second
 	// draRetryFor is how long one kubelet sync retries a plugin that does not
 	// answer (its socket not there yet after a restart).
 	draRetryFor = 10 * time.Second
@@ -111,17 +119,17 @@ type draClaim struct {
 func (c *draClaim) String() string {
 	s := fmt.Sprintf("claim %s (%s) on n%d %s/%s [%s]", c.name, c.uid[:8], c.node, c.rail, c.device, c.what)
 	if c.state == claimPrepared {
-		s += " " + c.ip.String()
+		return s + " " + c.ip.String()
 	}
-	return s
+	return s + " " + c.state.String()
 }
 
 // draGone is a claim deleted while its node's daemon was down.
 type draGone struct {
 	name string
 	node int
-	// deadline is when the daemon's garbage collection must have released it;
-	// zero while the daemon (or the API server) is down.
+	// deadline is when the daemon's garbage collection must have released it:
+	// zero while the daemon is down, pushed on while the API server is.
 	deadline time.Time
 }
 
@@ -133,25 +141,35 @@ type draAction struct {
 }
 
 func (w *world) draActions() []draAction {
-	downWithClaims := func() bool {
-		for _, c := range w.claims {
-			if w.nodes[c.node].cmd == nil {
-				return true
-			}
-		}
-		return false
-	}
+	down := func(c *draClaim) bool { return w.nodes[c.node].cmd == nil }
+	prepared := func(c *draClaim) bool { return c.state == claimPrepared }
 	return []draAction{
 		{"dra-claim", func() int { return 12 }, w.draNewClaim},
 		{"dra-prepare-again", func() int { return 3 }, w.draPrepareAgain},
 		{"dra-release", func() int { return 6 }, w.draRelease},
 		{"dra-kubelet-sync", func() int { return 3 }, w.draSync},
 		{"dra-delete-while-down", func() int {
-			if downWithClaims() {
+			if w.pickClaimExists(down) {
 				return 10
 			}
 			return 0
 		}, w.draDeleteWhileDown},
+		// A daemon starting while the API server is away cannot tell which
+		// claims still exist: its collection must release nothing.
+		{"dra-restart-api-down", func() int {
+			if !w.proxy.Up() && time.Now().After(w.apiDownUntil) &&
+				w.pickClaimExists(func(c *draClaim) bool { return c.state == claimPrepared && w.nodes[c.node].cmd != nil }) {
+				return 15
+			}
+			return 0
+		}, w.draRestartAPIDown},
+		// Daemon kills alone rarely find a prepared claim on their node.
+		{"dra-kill-and-delete", func() int {
+			if w.pickClaimExists(prepared) {
+				return 4
+			}
+			return 0
+		}, w.draKillAndDelete},
 	}
 }
 
@@ -187,8 +205,11 @@ func (w *world) draClusterSetup() {
 // while the node's daemon was down.
 func (w *world) draDaemonStarted(i int) {
 	for _, g := range w.collect {
-		if g.node == i && w.proxy.Up() {
+		if g.node == i {
 			g.deadline = time.Now().Add(draGCBound)
+			if !w.proxy.Up() {
+				g.deadline = time.Now().Add(draGCLate)
+			}
 		}
 	}
 }
@@ -276,10 +297,10 @@ func (w *world) draRegister(i int, wait time.Duration) bool {
 
 // kubeletCall makes one of kubelet's calls to the node's plugin, again while
 // the plugin does not answer (Unavailable), for up to draRetryFor.
-func kubeletCall[R any](w *world, i int, call func(context.Context) (R, error)) (R, error) {
+func kubeletCall[R any](w *world, i int, timeout time.Duration, call func(context.Context) (R, error)) (R, error) {
 	deadline := time.Now().Add(draRetryFor)
 	for {
-		ctx, cancel := context.WithTimeout(w.ctx, draCallTimeout)
+		ctx, cancel := context.WithTimeout(w.ctx, timeout)
 		r, err := call(ctx)
 		cancel()
 		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) || w.nodes[i].cmd == nil {
@@ -382,10 +403,25 @@ func (w *world) draNewClaim() {
 		}
 		c.config = string(raw)
 	}
-	if c.device = w.draDevice(i, c.rail); c.device == "" {
+	w.draSchedule(c)
+}
+
+// draSchedule allocates the claim a device of its rail on its node, as the
+// scheduler does, creates it, and has the node's kubelet prepare it; false
+// when the node has published no such device.
+func (w *world) draSchedule(c *draClaim) bool {
+	i := c.node
+	// The slices come shortly after the daemon starts (when it can reach
+	// the API server): the scheduler waits for them a little.
+	deadline := time.Now().Add(10 * time.Second)
+	for c.device = w.draDevice(i, c.rail); c.device == "" && w.nodes[i].cmd != nil && w.proxy.Up() && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		c.device = w.draDevice(i, c.rail)
+	}
+	if c.device == "" {
 		w.tracef("scheduler: no %s device of rail %s published for %s yet", nicdra.DriverName, c.rail, w.nodes[i].name)
 		w.counts["dra-no-slice"]++
-		return
+		return false
 	}
 	w.nextClaim++
 	c.name = fmt.Sprintf("d%d", w.nextClaim)
@@ -393,6 +429,7 @@ func (w *world) draNewClaim() {
 	w.claims[c.uid] = c
 	w.tracef("create %s config=%s", c, c.config)
 	w.draPrepare(c)
+	return true
 }
 
 // draStaticAddr returns an address of the node's block of pool: one that
@@ -476,18 +513,33 @@ func (w *world) draPrepare(c *draClaim) {
 		w.counts["dra-prepare-waits"]++
 		return
 	}
+	// While the API server is unreachable the plugin cannot read the claim,
+	// which the library does before anything else; it fails only after
+	// client-go's retries (about 10 s). One prepare per outage shows it, with
+	// a shorter timeout; a timeout then leaves the claim as it was, since the
+	// plugin never got past reading it.
+	timeout, apiDown := draCallTimeout, !w.proxy.Up()
+	if apiDown {
+		if w.draOutageTried == w.outages {
+			w.tracef("kubelet: prepare of %s waits for the API server", c.name)
+			w.counts["dra-prepare-waits"]++
+			return
+		}
+		w.draOutageTried, timeout = w.outages, draOutageTimeout
+	}
 	key := v1alpha1.PoolKey(c.pool.kind, c.pool.name)
 	before := w.nodeBlock(c.node, key)
 	again := c.state == claimPrepared
 	req := &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{{Namespace: namespace, Uid: string(c.uid), Name: c.name}}}
-	resp, err := kubeletCall(w, c.node, func(ctx context.Context) (*drapb.NodePrepareResourcesResponse, error) {
+	start := time.Now()
+	resp, err := kubeletCall(w, c.node, timeout, func(ctx context.Context) (*drapb.NodePrepareResourcesResponse, error) {
 		return n.dra.NodePrepareResources(ctx, req)
 	})
 	if err != nil {
-		if status.Code(err) == codes.DeadlineExceeded && c.state != claimPrepared {
+		if status.Code(err) == codes.DeadlineExceeded && c.state != claimPrepared && !apiDown {
 			c.state = claimUncertain
 		}
-		w.tracef("kubelet: prepare %s failed as a whole (retried later): %v", c, firstLine(err))
+		w.tracef("kubelet: prepare %s failed as a whole after %s (retried later): %v", c, time.Since(start).Round(time.Millisecond), firstLine(err))
 		w.counts["dra-prepare-call-failed"]++
 		return
 	}
@@ -530,8 +582,16 @@ func (w *world) draPrepare(c *draClaim) {
 			c, recs, key, draRequest, c.device, nicdra.DriverName)
 	}
 	ip := ips[0]
-	if again && ip != c.ip {
-		w.fail("prepare of %s again: the store holds %s, want the same address", c, ip)
+	if again {
+		// The same address, also when its block has gone since (a pool
+		// edited or deleted keeps what is held).
+		if ip != c.ip {
+			w.fail("prepare of %s again: the store holds %s, want the same address", c, ip)
+		}
+		w.counts["dra-prepared-again-same"]++
+		w.tracef("kubelet: prepared %s again", c)
+		w.draWaitStatus(c)
+		return
 	}
 	after := w.nodeBlock(c.node, key)
 	var in bool
@@ -557,11 +617,7 @@ func (w *world) draPrepare(c *draClaim) {
 		}
 	}
 	c.state, c.ip = claimPrepared, ip
-	if again {
-		w.counts["dra-prepared-again-same"]++
-	} else {
-		w.counts["dra-prepared"]++
-	}
+	w.counts["dra-prepared"]++
 	w.tracef("kubelet: prepared %s", c)
 	w.draWaitStatus(c)
 }
@@ -642,6 +698,33 @@ func (w *world) draWaitStatus(c *draClaim) {
 	}
 }
 
+// draRestartAPIDown kills -9 and restarts the daemon of a node with a
+// prepared claim while the API server is unreachable, and keeps it away for
+// draAPIHold while the steps go on (when they do not run out first): long
+// enough for the collection the daemon starts with to give up (client-go
+// retries the claim list, then each claim's read, about 10 s each), which
+// must then release nothing.
+func (w *world) draRestartAPIDown() {
+	c := w.pickClaim(func(c *draClaim) bool { return c.state == claimPrepared && w.nodes[c.node].cmd != nil })
+	if c == nil {
+		return
+	}
+	w.killDaemon(c.node)
+	w.tracef("kill -9 ipam-node on %s (it holds %s), the API server unreachable", w.nodes[c.node].name, c)
+	w.startDaemon(c.node)
+	w.apiDownUntil = time.Now().Add(draAPIHold)
+}
+
+// pickClaimExists says whether a claim that ok accepts exists.
+func (w *world) pickClaimExists(ok func(*draClaim) bool) bool {
+	for _, c := range w.claims {
+		if ok(c) {
+			return true
+		}
+	}
+	return false
+}
+
 // pickClaim returns a claim, in UID order, that ok accepts.
 func (w *world) pickClaim(ok func(*draClaim) bool) *draClaim {
 	var cands []*draClaim
@@ -711,7 +794,7 @@ func (w *world) draUnprepare(c *draClaim) bool {
 		return false
 	}
 	req := &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{{Namespace: namespace, Uid: string(c.uid), Name: c.name}}}
-	resp, err := kubeletCall(w, c.node, func(ctx context.Context) (*drapb.NodeUnprepareResourcesResponse, error) {
+	resp, err := kubeletCall(w, c.node, draCallTimeout, func(ctx context.Context) (*drapb.NodeUnprepareResourcesResponse, error) {
 		return n.dra.NodeUnprepareResources(ctx, req)
 	})
 	if err != nil {
@@ -749,15 +832,31 @@ func (w *world) draDelete(c *draClaim) {
 // an unprepare (the pod was force-deleted, kubelet lost track): the driver's
 // garbage collection must release its allocation when the daemon is back.
 func (w *world) draDeleteWhileDown() {
-	c := w.pickClaim(func(c *draClaim) bool { return w.nodes[c.node].cmd == nil })
-	if c == nil {
-		return
+	if c := w.pickClaim(func(c *draClaim) bool { return w.nodes[c.node].cmd == nil }); c != nil {
+		w.draDeleteDown(c)
 	}
+}
+
+func (w *world) draDeleteDown(c *draClaim) {
 	w.draDelete(c)
 	delete(w.claims, c.uid)
 	w.collect[c.uid] = &draGone{name: c.name, node: c.node}
 	w.counts["dra-deleted-while-down"]++
 	w.tracef("delete %s while ipam-node on %s is down", c, w.nodes[c.node].name)
+}
+
+// draKillAndDelete kills -9 the daemon of a node with a prepared claim and
+// deletes the claim while it is down.
+func (w *world) draKillAndDelete() {
+	c := w.pickClaim(func(c *draClaim) bool { return c.state == claimPrepared })
+	if c == nil {
+		return
+	}
+	if w.nodes[c.node].cmd != nil {
+		w.killDaemon(c.node)
+		w.tracef("kill -9 ipam-node on %s", w.nodes[c.node].name)
+	}
+	w.draDeleteDown(c)
 }
 
 // checkClaims verifies the claims against the stores and the API server:
@@ -792,7 +891,7 @@ func (w *world) checkClaims(all map[netip.Addr]held) {
 	for _, uid := range sortedKeys(goneKeys(w.collect)) {
 		g := w.collect[types.UID(uid)]
 		if !g.deadline.IsZero() && !w.proxy.Up() {
-			g.deadline = now.Add(draGCBound) // the collection needs the API server to know the claim is gone
+			g.deadline = now.Add(draGCLate) // the collection needs the API server to know the claim is gone
 		}
 		ips := byCID[uid]
 		switch {
@@ -803,8 +902,9 @@ func (w *world) checkClaims(all map[netip.Addr]held) {
 			}
 			delete(w.collect, types.UID(uid))
 		case !g.deadline.IsZero() && now.After(g.deadline):
-			w.fail("claim %s (%s) was deleted while ipam-node on %s was down; %s after it is back the store still holds %v",
-				g.name, uid, w.nodes[g.node].name, draGCBound, ips)
+			w.fail("claim %s (%s) was deleted while ipam-node on %s was down; the store still holds %v, more than %s after "+
+				"the daemon started (%s after the API server came back, when it was away)", g.name, uid, w.nodes[g.node].name, ips,
+				draGCBound, draGCLate)
 		}
 	}
 	for ip, h := range all {
@@ -840,6 +940,34 @@ func (w *world) checkClaims(all map[netip.Addr]held) {
 	}
 }
 
+// draFinalCollect deletes a prepared claim (one made for the purpose when
+// none is) while its daemon is down, starts the daemon again and waits for
+// the collection, so that every seed sees one.
+func (w *world) draFinalCollect() {
+	c := w.pickClaim(func(c *draClaim) bool { return c.state == claimPrepared })
+	for i := 0; c == nil && i < nodeCount; i++ {
+		for _, p := range []poolDef{poolDefs[3], poolDefs[4]} {
+			nc := &draClaim{node: i, what: "rail", pool: p, rail: p.rail}
+			if w.draSchedule(nc) && nc.state == claimPrepared {
+				c = nc
+				break
+			}
+		}
+	}
+	if c == nil {
+		w.tracef("final: no claim could be prepared, so none is deleted while its daemon is down")
+		return
+	}
+	w.killDaemon(c.node)
+	w.tracef("kill -9 ipam-node on %s", w.nodes[c.node].name)
+	w.draDeleteDown(c)
+	w.startDaemon(c.node)
+	for len(w.collect) > 0 {
+		w.check() // fails once the deadline has passed
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 func goneKeys(m map[types.UID]*draGone) map[string]struct{} {
 	out := make(map[string]struct{}, len(m))
 	for k := range m {
@@ -861,6 +989,7 @@ func (w *world) draFinal() {
 		w.check() // fails once a deadline has passed
 		time.Sleep(500 * time.Millisecond)
 	}
+	w.draFinalCollect()
 	for _, uid := range sortedKeys(claimKeys(w.claims)) {
 		if c := w.claims[types.UID(uid)]; c.state == claimPrepared {
 			w.draPrepare(c)

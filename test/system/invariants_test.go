@@ -151,6 +151,11 @@ type world struct {
 	claims    map[types.UID]*draClaim
 	collect   map[types.UID]*draGone
 	nextClaim int
+	// outages counts the API server's outages; draOutageTried is the last one
+	// in which a prepare was tried.
+	outages, draOutageTried int
+	// apiDownUntil keeps the API server away until then (see draRestartAPIDown).
+	apiDownUntil time.Time
 }
 
 // namedLog is the output of one process the test started.
@@ -347,7 +352,13 @@ func (w *world) createNode(i int) {
 	}
 }
 
-func (w *world) selector() *corev1.NodeSelector {
+// selector returns a pool's nodeSelector: all nodes, or one group. A rail's
+// pool selects all nodes more often (GPU nodes all have their rails), so that
+// DRA claims find their rail's pool more often than not.
+func (w *world) selector(p poolDef) *corev1.NodeSelector {
+	if p.rail != "" && w.rng.IntN(2) == 0 {
+		return nil
+	}
 	switch w.rng.IntN(3) {
 	case 0:
 		return nil
@@ -363,11 +374,11 @@ func (w *world) createPool(p poolDef) {
 	switch p.kind {
 	case v1alpha1.KindIPPool:
 		obj = &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: namespace},
-			Spec: v1alpha1.IPPoolSpec{Subnet: p.network, PerNodeBlockSize: w.blockSize(), NodeSelector: w.selector(),
+			Spec: v1alpha1.IPPoolSpec{Subnet: p.network, PerNodeBlockSize: w.blockSize(), NodeSelector: w.selector(p),
 				Exclusions: w.exclusions(p)}}
 	default:
 		obj = &v1alpha1.CIDRPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: namespace},
-			Spec: v1alpha1.CIDRPoolSpec{CIDR: p.network, PerNodeNetworkPrefix: w.nodePrefix(), NodeSelector: w.selector(),
+			Spec: v1alpha1.CIDRPoolSpec{CIDR: p.network, PerNodeNetworkPrefix: w.nodePrefix(), NodeSelector: w.selector(p),
 				Exclusions: w.exclusions(p)}}
 	}
 	if p.rail != "" {
@@ -493,7 +504,7 @@ func (w *world) run(steps int) {
 			return 0
 		}, w.apiStop},
 		{"api-start", func() int {
-			if !w.proxy.Up() {
+			if !w.proxy.Up() && time.Now().After(w.apiDownUntil) {
 				return 15
 			}
 			return 0
@@ -767,7 +778,7 @@ func (w *world) poolEdit() {
 		case 1:
 			o.Spec.Exclusions = w.exclusions(p)
 		case 2:
-			o.Spec.NodeSelector = w.selector()
+			o.Spec.NodeSelector = w.selector(p)
 		}
 	case *v1alpha1.CIDRPool:
 		switch what {
@@ -776,7 +787,7 @@ func (w *world) poolEdit() {
 		case 1:
 			o.Spec.Exclusions = w.exclusions(p)
 		case 2:
-			o.Spec.NodeSelector = w.selector()
+			o.Spec.NodeSelector = w.selector(p)
 		}
 	}
 	if err := w.c.Update(w.ctx, obj); err != nil {
@@ -858,6 +869,7 @@ func (w *world) daemonRestart() {
 
 func (w *world) apiStop() {
 	w.proxy.SetUp(false)
+	w.outages++
 	w.tracef("API server unreachable")
 }
 
