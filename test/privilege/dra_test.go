@@ -25,7 +25,12 @@ import (
 	"github.com/hwipam/hwipam/pkg/nicdra"
 )
 
-const draOverlay = "deploy/overlays/dra"
+const (
+	draOverlay = "deploy/overlays/dra"
+	// draPolicies is how many admission policies the overlay renders: the base's
+	// two, and its own for ResourceSlices and for claim status.
+	draPolicies = 4
+)
 
 // What deploy/dra/policy.yaml says when it refuses a ResourceSlice.
 const (
@@ -67,7 +72,8 @@ func TestDRAOverlayRenders(t *testing.T) {
 	}
 	slices.Sort(added)
 	if want := []string{"ClusterRole/hwipam-node-dra", "ClusterRoleBinding/hwipam-node-dra", "DeviceClass/nic.hwipam.io",
-		"ValidatingAdmissionPolicy/hwipam-node-own-resourceslices",
+		"ValidatingAdmissionPolicy/hwipam-node-own-claim-status", "ValidatingAdmissionPolicy/hwipam-node-own-resourceslices",
+		"ValidatingAdmissionPolicyBinding/hwipam-node-own-claim-status",
 		"ValidatingAdmissionPolicyBinding/hwipam-node-own-resourceslices"}; !slices.Equal(added, want) {
 		t.Errorf("the overlay adds %v, want %v", added, want)
 	}
@@ -149,7 +155,7 @@ func TestDRAOverlayRenders(t *testing.T) {
 // service account has exactly the base's rights plus the DRA driver's (kubectl auth
 // can-i, each and --list), and not the rights next to them.
 func TestDRARights(t *testing.T) {
-	e := startEnvOf(t, draOverlay, 3)
+	e := startEnvOf(t, draOverlay, draPolicies)
 	for _, r := range append(slices.Clone(rights[nodeSA].need), draRights...) {
 		t.Run("can "+r.String(), func(t *testing.T) {
 			if !canI(t, e.kubeconfig, nodeSA, r) {
@@ -212,7 +218,7 @@ func TestDRARights(t *testing.T) {
 // its devices' status (nicdra.ApplyClaimStatus) on a claim allocated on node-a;
 // every other slice and claim write is refused.
 func TestDRANodeConfinedToItsNode(t *testing.T) {
-	e := startEnvOf(t, draOverlay, 3)
+	e := startEnvOf(t, draOverlay, draPolicies)
 	ctx := t.Context()
 	for _, n := range []string{"node-a", "node-b"} {
 		e.createNode(t, n)
@@ -339,6 +345,37 @@ func TestDRANodeConfinedToItsNode(t *testing.T) {
 		})
 	}
 
+	checkClaimStatusConfined(t, e, asA, asB, asNone, true)
+	t.Run("node-b's slice unchanged", func(t *testing.T) {
+		if s, err := e.cs.ResourceV1().ResourceSlices().Get(ctx, sliceB.Name, metav1.GetOptions{}); err != nil ||
+			ptrValue(s.Spec.NodeName) != "node-b" || s.ResourceVersion != sliceB.ResourceVersion {
+			t.Errorf("node-b's slice changed: %v %+v", err, s)
+		}
+	})
+}
+
+// TestDRAClaimStatusWithoutGranularAuthorization: on an API server that does not
+// check claim status writes itself (Kubernetes 1.34 and 1.35, or
+// DRAResourceClaimGranularStatusAuthorization off), the overlay's policy
+// hwipam-node-own-claim-status refuses the same writes.
+func TestDRAClaimStatusWithoutGranularAuthorization(t *testing.T) {
+	e := startEnvWith(t, draOverlay, draPolicies, "DRAResourceClaimGranularStatusAuthorization=false")
+	for _, n := range []string{"node-a", "node-b"} {
+		e.createNode(t, n)
+	}
+	asA, asB, asNone := e.as(e.token(t, e.daemonPod(t, "node-a"))), e.as(e.token(t, e.daemonPod(t, "node-b"))), e.as(e.token(t, nil))
+	checkClaimStatusConfined(t, e, asA, asB, asNone, false)
+}
+
+// checkClaimStatusConfined makes claims allocated on node-a and node-b and checks
+// that node-a's daemon (asA) writes its devices' status only on its node's claims,
+// and nothing else of any claim. granular says whether the API server checks claim
+// status writes itself (resourceclaims/binding and /driver), which then refuses
+// before the policy does, in its own words.
+func checkClaimStatusConfined(t *testing.T, e *env, asA, asB, asNone *rest.Config, granular bool) {
+	t.Helper()
+	ctx := t.Context()
+	csA := clientset(t, asA)
 	// Claims: one allocated on node-a, one on node-b (the scheduler's allocation: a
 	// node-local device's nodeSelector names the node by metadata.name), each with a
 	// GPU driver's device beside ours, and one not allocated yet.
@@ -375,9 +412,30 @@ func TestDRANodeConfinedToItsNode(t *testing.T) {
 	})
 	onB := dev
 	onB.Device = "pci-0000-40-00-0"
-	// The API server's words when it refuses a status.devices write.
-	const notAssociated = `changing status.devices requires resource="resourceclaims/driver", verb="[arbitrary-node:patch]"`
-	const otherDriver = `changing status.devices requires resource="resourceclaims/driver", verb="[associated-node:patch arbitrary-node:patch]"`
+	// The words of the refusals: the API server's own, or the policy's.
+	notAssociated := func(node, allocated string) string {
+		return `changing status.devices requires resource="resourceclaims/driver", verb="[arbitrary-node:patch]"`
+	}
+	noNode := notAssociated("", "")
+	otherDriver := `changing status.devices requires resource="resourceclaims/driver", verb="[associated-node:patch arbitrary-node:patch]"`
+	binding := `changing status.allocation or status.reservedFor requires resource="resourceclaims/binding"`
+	if !granular {
+		notAssociated = func(node, allocated string) string {
+			return "hwipam-node on node " + node + " may write the status of claims allocated on that node only, not of one allocated " + allocated
+		}
+		noNode = "this token carries no node name"
+		otherDriver = "may change only the status.devices entries of driver nic.hwipam.io"
+		binding = "may not change a claim's status.allocation or status.reservedFor"
+		eventually(t, 30*time.Second, "the claim status policy in force", func() error {
+			_, err := csA.ResourceV1().ResourceClaims("ml").Patch(ctx, "on-b", types.MergePatchType,
+				[]byte(`{"status":{"reservedFor":[{"resource":"pods","name":"p","uid":"u1"}]}}`),
+				metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+			if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "hwipam-node-own-claim-status") {
+				return nil
+			}
+			return fmt.Errorf("a reservedFor write is not refused by the policy yet: %w", err)
+		})
+	}
 	for _, tc := range []struct {
 		name string
 		do   func(cs kubernetes.Interface) error
@@ -386,18 +444,18 @@ func TestDRANodeConfinedToItsNode(t *testing.T) {
 	}{
 		{"its devices' status on a claim allocated on node-b", func(cs kubernetes.Interface) error {
 			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-b", "node-b", []nicdra.PreparedDevice{onB})
-		}, asA, notAssociated},
+		}, asA, notAssociated("node-a", "on node-b")},
 		{"node-b's token on node-a's claim", func(cs kubernetes.Interface) error {
 			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-a", "node-a", []nicdra.PreparedDevice{dev})
-		}, asB, notAssociated},
+		}, asB, notAssociated("node-b", "on node-a")},
 		{"a token bound to no pod", func(cs kubernetes.Interface) error {
 			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-a", "node-a", []nicdra.PreparedDevice{dev})
-		}, asNone, notAssociated},
+		}, asNone, noNode},
 		// The API server knows a claim's node only from a nodeSelector naming it by
 		// metadata.name (what the scheduler writes for a node-local device).
 		{"a claim whose allocation selects node-a by label", func(cs kubernetes.Interface) error {
 			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-a-by-label", "node-a", []nicdra.PreparedDevice{dev})
-		}, asA, notAssociated},
+		}, asA, notAssociated("node-a", "without naming a node by metadata.name")},
 		{"another driver's entry on a claim of its node", func(cs kubernetes.Interface) error {
 			claim := resourcev1ac.ResourceClaim("on-a", "ml").WithStatus(resourcev1ac.ResourceClaimStatus().WithDevices(
 				resourcev1ac.AllocatedDeviceStatus().WithDriver("gpu.nvidia.com").WithPool("node-a").WithDevice("gpu-0").
@@ -408,10 +466,10 @@ func TestDRANodeConfinedToItsNode(t *testing.T) {
 		{"status.allocation", func(cs kubernetes.Interface) error {
 			return mergePatchClaim(ctx, cs, "unallocated", `{"status":{"allocation":{"devices":{"results":[`+
 				`{"request":"nic","driver":"nic.hwipam.io","pool":"node-a","device":"pci-0000-18-00-0"}]}}}}`, "status")
-		}, asA, `changing status.allocation or status.reservedFor requires resource="resourceclaims/binding"`},
+		}, asA, binding},
 		{"status.reservedFor", func(cs kubernetes.Interface) error {
 			return mergePatchClaim(ctx, cs, "on-a", `{"status":{"reservedFor":[{"resource":"pods","name":"p","uid":"u1"}]}}`, "status")
-		}, asA, `changing status.allocation or status.reservedFor requires resource="resourceclaims/binding"`},
+		}, asA, binding},
 		{"the claim's spec or metadata", func(cs kubernetes.Interface) error {
 			return mergePatchClaim(ctx, cs, "on-a", `{"metadata":{"labels":{"x":"y"}}}`, "")
 		}, asA, `cannot patch resource "resourceclaims"`},
@@ -441,10 +499,6 @@ func TestDRANodeConfinedToItsNode(t *testing.T) {
 		}
 		if c.Status.Allocation != nil || len(c.Labels) != 0 {
 			t.Errorf("claim unallocated changed: %+v %v", c.Status, c.Labels)
-		}
-		if s, err := e.cs.ResourceV1().ResourceSlices().Get(ctx, sliceB.Name, metav1.GetOptions{}); err != nil ||
-			ptrValue(s.Spec.NodeName) != "node-b" || s.ResourceVersion != sliceB.ResourceVersion {
-			t.Errorf("node-b's slice changed: %v %+v", err, s)
 		}
 	})
 }

@@ -142,8 +142,15 @@ func startEnv(t *testing.T) *env {
 // another kustomization of the repository, which renders that many policies.
 func startEnvOf(t *testing.T, kustomization string, wantPolicies int) *env {
 	t.Helper()
+	return startEnvWith(t, kustomization, wantPolicies, "")
+}
+
+// startEnvWith is startEnvOf with kube-apiserver's --feature-gates.
+func startEnvWith(t *testing.T, kustomization string, wantPolicies int, featureGates string) *env {
+	t.Helper()
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{
-		CRDDirs: []string{filepath.Join(harness.RepoRoot(), "deploy", "crds"), nfdCRDFile(t)},
+		CRDDirs:      []string{filepath.Join(harness.RepoRoot(), "deploy", "crds"), nfdCRDFile(t)},
+		FeatureGates: featureGates,
 	})
 	kubeconfig, err := cp.WriteKubeconfig(t.TempDir())
 	if err != nil {
