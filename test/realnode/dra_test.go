@@ -255,9 +255,16 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		// The sandbox stopped while no NRI plugin listened: a physical port
 		// returns to the host by itself, a veth (this node's stand-in) goes
 		// with the pod's namespace; then it is made again for what follows.
+		peer := node.Prefix + "x1"
+		Eventually(ctx, func() bool {
+			_, onHost := netlink.LinkByName("ibp94s0")
+			_, peerThere := netlink.LinkByName(peer)
+			return onHost == nil || peerThere != nil // back, or gone with its namespace
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(BeTrue(), "ibp94s0 is neither back on the host nor gone")
 		if _, err := netlink.LinkByName("ibp94s0"); err != nil {
 			fmt.Fprintf(GinkgoWriter, "ibp94s0 went with the pod's namespace (a veth); made again\n")
-			Expect(exec.Command("ip", "link", "add", "ibp94s0", "type", "veth", "peer", "name", node.Prefix+"x1").Run()).To(Succeed())
+			Expect(exec.Command("ip", "link", "add", "ibp94s0", "type", "veth", "peer", "name", peer).Run()).To(Succeed())
+			Expect(exec.Command("ip", "link", "set", peer, "up").Run()).To(Succeed())
 			Expect(exec.Command("ip", "link", "set", "ibp94s0", "up").Run()).To(Succeed())
 		} else {
 			fmt.Fprintf(GinkgoWriter, "ibp94s0 came back to the host\n")
