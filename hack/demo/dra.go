@@ -53,7 +53,7 @@ func gpuDriver(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("GPU driver %s serving %d GPUs of %s\n", realnode.GPUDriverName, len(fakesysfs.DGXH100GPUs), args[3])
+	fmt.Fprintf(os.Stdout, "GPU driver %s serving %d GPUs of %s\n", realnode.GPUDriverName, len(fakesysfs.DGXH100GPUs), args[3])
 	<-ctx.Done()
 	stopDriver()
 	return nil
@@ -120,7 +120,7 @@ func startDRAPod(ctx context.Context, c *realnode.Cluster) error {
 			Requests: []resourceapi.DeviceRequest{
 				{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: realnode.GPUDriverName,
 					Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-						Expression: fmt.Sprintf(`device.attributes["%s"].index == %d`, realnode.GPUDriverName, draGPU)}}}}},
+						Expression: fmt.Sprintf(`device.attributes[%q].index == %d`, realnode.GPUDriverName, draGPU)}}}}},
 				{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nicdra.DriverName}},
 			},
 			Constraints: []resourceapi.DeviceConstraint{{Requests: []string{"gpu", "nic"},

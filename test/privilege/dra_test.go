@@ -1,6 +1,7 @@
 package privilege
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -413,7 +414,7 @@ func checkClaimStatusConfined(t *testing.T, e *env, asA, asB, asNone *rest.Confi
 	onB := dev
 	onB.Device = "pci-0000-40-00-0"
 	// The words of the refusals: the API server's own, or the policy's.
-	notAssociated := func(node, allocated string) string {
+	notAssociated := func(_, _ string) string {
 		return `changing status.devices requires resource="resourceclaims/driver", verb="[arbitrary-node:patch]"`
 	}
 	noNode := notAssociated("", "")
@@ -660,7 +661,7 @@ func fromUnstructured(t *testing.T, o *unstructured.Unstructured, into any) {
 func equalObjects(a, b *unstructured.Unstructured) bool {
 	ja, errA := json.Marshal(a.Object)
 	jb, errB := json.Marshal(b.Object)
-	return errA == nil && errB == nil && string(ja) == string(jb)
+	return errA == nil && errB == nil && bytes.Equal(ja, jb)
 }
 
 func mustJSON(t *testing.T, v any) string {

@@ -459,7 +459,7 @@ func gpuAndNIC(gpu int) resourceapi.ResourceClaimSpec {
 		Requests: []resourceapi.DeviceRequest{
 			{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: realnode.GPUDriverName,
 				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-					Expression: fmt.Sprintf(`device.attributes["%s"].index == %d`, realnode.GPUDriverName, gpu)}}}}},
+					Expression: fmt.Sprintf(`device.attributes[%q].index == %d`, realnode.GPUDriverName, gpu)}}}}},
 			{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nicdra.DriverName,
 				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 					Expression: `device.attributes["nic.hwipam.io"].linkType == "ib"`}}}}},
