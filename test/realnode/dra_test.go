@@ -3,8 +3,6 @@ package realnode_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -314,6 +312,7 @@ func railClaim(rail string) resourceapi.ResourceClaimSpec {
 func killIPAMNode(ctx context.Context) {
 	GinkgoHelper()
 	pod := ipamNodePod(ctx)
+	Expect(pod.Status.ContainerStatuses).To(HaveLen(1))
 	restarts := pod.Status.ContainerStatuses[0].RestartCount
 	id := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
 	out, err := execCtr(ctx, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id)
@@ -334,15 +333,9 @@ func scrapeMetrics(ctx context.Context) string {
 			port = v
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+node.NodeIP.String()+port+"/metrics", http.NoBody)
-	Expect(err).NotTo(HaveOccurred())
-	resp, err := http.DefaultClient.Do(req)
-	Expect(err).NotTo(HaveOccurred())
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	Expect(err).NotTo(HaveOccurred())
+	body := httpGet(ctx, "http://"+node.NodeIP.String()+port+"/metrics")
 	var lines []string
-	for l := range strings.SplitSeq(string(body), "\n") {
+	for l := range strings.SplitSeq(body, "\n") {
 		if strings.HasPrefix(l, "hwipam_dra_prepare_duration_seconds_sum") || strings.HasPrefix(l, "hwipam_dra_prepare_duration_seconds_count") ||
 			strings.HasPrefix(l, "hwipam_dra_gc_releases_total") {
 			lines = append(lines, l)
