@@ -105,13 +105,23 @@ func startDRAPod(ctx context.Context, c *realnode.Cluster) error {
 		}
 	}
 	if err := wait.PollUntilContextTimeout(ctx, time.Second, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		pools := 0
 		for _, driver := range []string{nicdra.DriverName, realnode.GPUDriverName} {
 			l, err := c.Clientset.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + driver})
 			if err != nil || len(l.Items) == 0 {
 				return false, nil // retried until the timeout
 			}
+			for _, s := range l.Items {
+				for _, d := range s.Spec.Devices {
+					if d.Attributes[nicdra.AttrPool].StringValue != nil {
+						pools++
+					}
+				}
+			}
 		}
-		return true, nil
+		// The driver reads the pools again every 10 s: the DRA rails' pools
+		// are on their devices then.
+		return pools >= len(rails)+len(draRails), nil
 	}); err != nil {
 		return fmt.Errorf("the ResourceSlices of %s and %s: %w", nicdra.DriverName, realnode.GPUDriverName, err)
 	}
@@ -143,7 +153,20 @@ func startDRAPod(ctx context.Context, c *realnode.Cluster) error {
 		events, _ := c.Kubectl(ctx, "get", "events", "--field-selector", "involvedObject.name=demo-gpu")
 		return fmt.Errorf("%w\n%s", err, events)
 	}
-	return nil
+	// The claim's status gets the MAC once the netdev is in the pod (the
+	// driver's next refresh).
+	return wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		c, err := c.Clientset.ResourceV1().ResourceClaims("default").Get(ctx, "demo-gpu", metav1.GetOptions{})
+		if err != nil {
+			return false, nil // retried until the timeout
+		}
+		for _, st := range c.Status.Devices {
+			if st.Driver == nicdra.DriverName && st.NetworkData != nil && st.NetworkData.HardwareAddress != "" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
 }
 
 // showDRA prints what demo-gpu got: its GPU, its NIC (rail, root complex,

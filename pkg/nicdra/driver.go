@@ -67,6 +67,8 @@ type Driver struct {
 	// checked for existence (default 1m).
 	RefreshInterval, GCInterval time.Duration
 	Log                         logr.Logger
+	// Kick, when set, asks for a refresh now (the pools of a rail changed).
+	Kick <-chan struct{}
 	// NRI, when set, attaches the prepared devices to their pods' sandboxes
 	// through the runtime's NRI socket NRISocket.
 	NRI       *NRIPlugin
@@ -151,6 +153,12 @@ func (d *Driver) Run(ctx context.Context) error {
 		case <-refresh.C:
 			d.writeStatus()
 			d.reconcileStatus(ctx)
+			if d.refresh() {
+				if err := d.publish(ctx); err != nil {
+					return err
+				}
+			}
+		case <-d.Kick:
 			if d.refresh() {
 				if err := d.publish(ctx); err != nil {
 					return err
