@@ -41,6 +41,13 @@ const dir = "/tmp/hwipam-demo"
 var rails = fakesysfs.DGXH100Rails[:2]
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "gpu-driver" {
+		if err := gpuDriver(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "demo gpu-driver: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) != 2 || (os.Args[1] != "up" && os.Args[1] != "down") {
 		fmt.Fprintln(os.Stderr, "usage: demo up|down")
 		os.Exit(2)
@@ -135,7 +142,7 @@ func up() (err error) {
 	if err != nil {
 		return err
 	}
-	for i, r := range rails {
+	for i, r := range append(slices.Clone(rails), draRails...) {
 		if err := c.AddVeth(r, fmt.Sprintf("%sr%d", c.Prefix, i)); err != nil {
 			return err
 		}
@@ -144,10 +151,10 @@ func up() (err error) {
 		return err
 	}
 	if err := c.Deploy(ctx, repo, realnode.DeployOptions{Image: image, HostPaths: []string{tree.Root},
-		NodeArgs: []string{"--sysfs-root=" + tree.Root}}); err != nil {
+		Overlay: "deploy/overlays/dra", NodeArgs: []string{"--sysfs-root=" + tree.Root}}); err != nil {
 		return err
 	}
-	progress("  %-62s %5.1fs", "hwipam deployed from deploy/base (controller + node daemon)", time.Since(t).Seconds())
+	progress("  %-62s %5.1fs", "hwipam deployed from deploy/overlays/dra (controller + node daemon)", time.Since(t).Seconds())
 
 	t = time.Now()
 	if err := waitLabels(ctx, c); err != nil {
@@ -167,6 +174,15 @@ func up() (err error) {
 		return err
 	}
 	progress("  %-62s %5.1fs", "pods running with their networks", time.Since(t).Seconds())
+
+	t = time.Now()
+	if err := startGPUDriver(c, tree.Root); err != nil {
+		return err
+	}
+	if err := startDRAPod(ctx, c); err != nil {
+		return err
+	}
+	progress("  %-62s %5.1fs", "pod demo-gpu running with a GPU and its NIC (DRA)", time.Since(t).Seconds())
 	progress("ready in %.0fs\n", time.Since(start).Seconds())
 	return show(ctx, c, pods)
 }
@@ -198,13 +214,17 @@ func createNetworks(ctx context.Context, c *realnode.Cluster) error {
 		nets = append(nets, network{"demo-" + r, fmt.Sprintf("10.%d.0.0/16", 24+i), fmt.Sprintf(`"type": "macvlan", "master": %q, "mode": "bridge"`, r)})
 	}
 	nets = append(nets, network{"demo-hostdev", "10.250.0.0/24", fmt.Sprintf(`"type": "host-device", "device": %q`, c.Prefix+"hd0")})
+	// The rails of the DRA pod: pools only (a claim, not a NAD, gets their NIC).
+	for i, r := range draRails {
+		nets = append(nets, network{"demo-" + r, fmt.Sprintf("10.%d.0.0/16", 26+i), ""})
+	}
 	for _, n := range nets {
 		pool := &v1alpha1.IPPool{
 			ObjectMeta: metav1.ObjectMeta{Name: n.pool, Namespace: "kube-system"},
 			Spec: v1alpha1.IPPoolSpec{Subnet: n.subnet, PerNodeBlockSize: 32,
 				Gateway: netip.MustParsePrefix(n.subnet).Addr().Next().String()},
 		}
-		if r, ok := strings.CutPrefix(n.pool, "demo-"); ok && slices.Contains(rails, r) {
+		if r, ok := strings.CutPrefix(n.pool, "demo-"); ok && (slices.Contains(rails, r) || slices.Contains(draRails, r)) {
 			// The pool follows the rail: only nodes whose NIC discovery found it; and it
 			// is the rail's pool, for NADs that pick theirs by rail (docs/rails.md).
 			pool.Labels = map[string]string{"nic.hwipam.io/rail": r}
@@ -214,6 +234,9 @@ func createNetworks(ctx context.Context, c *realnode.Cluster) error {
 		}
 		if err := cl.Create(ctx, pool); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("IPPool %s: %w", n.pool, err)
+		}
+		if n.plugin == "" {
+			continue
 		}
 		nad := &nadv1.NetworkAttachmentDefinition{
 			ObjectMeta: metav1.ObjectMeta{Name: n.pool, Namespace: "default"},
@@ -319,6 +342,9 @@ func show(ctx context.Context, c *realnode.Cluster, pods []string) error {
 		return err
 	}
 	fmt.Fprintf(os.Stdout, "\n== kubectl get ippools -A\n%s", indent(out))
+	if err := showDRA(ctx, c); err != nil {
+		return err
+	}
 	if err := writeTry(c.Registry); err != nil {
 		return err
 	}

@@ -22,6 +22,7 @@ type Tree struct {
 
 	ifindex map[string]int    // netdev name → its ifindex
 	dirs    map[string]string // PCI address → its directory under sys/devices
+	uverbs  int               // user verbs devices made so far
 }
 
 // New creates the skeleton of a tree under root.
@@ -363,6 +364,17 @@ func (t *Tree) addRDMA(dev string, r *RDMA, netdevs []Netdev) error {
 		}
 	}
 	if err := writeFiles(dir, files); err != nil {
+		return err
+	}
+	// Its user verbs device, as ib_uverbs makes them (char major 231, minors
+	// from 192), and the rdma_cm misc device (rdma_ucm) the node has once.
+	verbs := fmt.Sprintf("uverbs%d", t.uverbs)
+	if err := writeFiles(filepath.Join(dev, "infiniband_verbs", verbs), map[string]string{
+		"dev": fmt.Sprintf("231:%d", 192+t.uverbs), "ibdev": r.Name}); err != nil {
+		return err
+	}
+	t.uverbs++
+	if err := writeFiles(t.sys("class", "misc", "rdma_cm"), map[string]string{"dev": "10:58"}); err != nil {
 		return err
 	}
 	return relLink(dir, t.sys("class", "infiniband", r.Name))

@@ -45,7 +45,8 @@ const (
 type Finding struct {
 	Severity string `json:"severity"`
 	// Check names the check: daemon, store, plugin, config, pool, block, rail,
-	// capacity, stale, gateway, api.
+	// capacity, stale, gateway, api; dra, slices and claim for ipam-node's DRA
+	// driver.
 	Check   string `json:"check"`
 	Subject string `json:"subject,omitempty"`
 	Message string `json:"message"`
@@ -76,6 +77,7 @@ type checkFlags struct {
 	sysfsRoot, railConfig      string
 	kubeconfig, nodeName, ns   string
 	probe, cluster             bool
+	netnsDirs                  []string
 }
 
 func checkCommand() *cobra.Command {
@@ -88,7 +90,8 @@ func checkCommand() *cobra.Command {
 			"NICs from (--sysfs-root) and its rail map (--rail-config); the flags override.\n" +
 			"With API access (--kubeconfig, or in a pod) it also checks that every pool selecting this node has a\n" +
 			"block here, that the rail NICs those pools select are present and up, and that each allocation's pod\n" +
-			"still exists. Exit code: 0 healthy, 1 problems found, 2 usage error or ipam-node or the API server\n" +
+			"still exists. When the daemon runs the DRA driver (--dra), it checks that the kubelet registered it, that\n" +
+			"its ResourceSlices are published, and where each prepared claim's netdev is. Exit code: 0 healthy, 1 problems found, 2 usage error or ipam-node or the API server\n" +
 			"could not be reached (the findings are printed all the same).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -121,6 +124,8 @@ func checkCommand() *cobra.Command {
 	fl.StringVar(&f.ns, "ippools-namespace", "", "namespace of the pools (default: the daemon's)")
 	fl.BoolVar(&f.cluster, "cluster", false, "also check the cluster's NetworkAttachmentDefinitions: each names an existing pool "+
 		"that selects the nodes where its master netdev exists, or (ipam.rail) finds its rail's pools, with a block on each node with the rail")
+	fl.StringSliceVar(&f.netnsDirs, "netns-dir", DefaultNetNSDirs, "where to look for pods' network namespaces, for the "+
+		"netdevs of DRA claims (the runtime's netns directories)")
 	fl.BoolVar(&f.probe, "probe", false, "resolve each pool's gateway actively (ARP/ND from this node, only inside the pool's own subnet)")
 	return cmd
 }
@@ -199,7 +204,12 @@ func (f *checkFlags) run(ctx context.Context) *CheckReport {
 		checkFailures(c, d.failures, time.Now())
 		f.checkGateways(ctx, c, d)
 	}
-	f.checkAPI(ctx, c, d, view, pick(f.ns, info.GetPoolsNamespace(), "kube-system"))
+	dra := readDRA(c, storeFile)
+	if dra != nil {
+		checkDRADriver(c, dra, time.Now())
+		checkClaims(c, dra, storeFile, f.netnsDirs)
+	}
+	f.checkAPI(ctx, c, d, view, pick(f.ns, info.GetPoolsNamespace(), "kube-system"), dra)
 	return c.r
 }
 
@@ -562,7 +572,7 @@ func neighState(link netlink.Link, ip netip.Addr, wait bool) string {
 // checkAPI compares the cluster's view with the node's: pools selecting this node
 // have a block and the daemon serves it, the rail NICs they select are here and
 // up, blocks hold the VFs of their rail, and allocations' pods exist.
-func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, view *NICView, ns string) {
+func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, view *NICView, ns string, dra *draState) {
 	if f.kubeconfig == "" && os.Getenv("KUBECONFIG") == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
 		c.add(SeverityInfo, "api", "", "the pool, rail and stale-allocation checks need the API server: give --kubeconfig", "")
 		return
@@ -649,6 +659,9 @@ func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, v
 	}
 	if d != nil {
 		checkStale(ctx, c, cl, c.r.Node, d.allocs)
+	}
+	if dra != nil {
+		checkSlicesAPI(ctx, c, cl, c.r.Node, dra)
 	}
 	if f.cluster {
 		s, err := readCluster(ctx, cl, ns)
@@ -788,7 +801,9 @@ func checkStale(ctx context.Context, c *checker, cl client.Client, node string, 
 	}
 	stale := 0
 	for _, a := range allocs {
-		if a.GetPodName() == "" {
+		// A DRA claim's allocation is released by its claim's unprepare or
+		// garbage collection, never for its pod (the claim check covers it).
+		if a.GetPodName() == "" || isClaimAllocation(a.GetNetwork()) {
 			continue
 		}
 		pod, listed := onNode[a.GetPodNamespace()+"/"+a.GetPodName()]

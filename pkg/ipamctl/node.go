@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,9 +17,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	"github.com/hwipam/hwipam/pkg/nicdra"
 )
 
 // DefaultSocket is where ipam-node listens by default.
@@ -184,6 +187,9 @@ type Allocation struct {
 	CreateTime   time.Time `json:"createTime"`
 	Network      string    `json:"network"`
 	Rail         string    `json:"rail"`
+	// Claim is the ResourceClaim of an allocation of ipam-node's DRA driver
+	// (network nic.hwipam.io, whose container ID is the claim's UID).
+	Claim *AllocationClaim `json:"claim,omitempty"`
 }
 
 // resolvePool finds the store key of --pool among the daemon's pools: the key
@@ -233,7 +239,7 @@ var ErrUnknownPool = errors.New("no such pool")
 
 func allocationsCommand() *cobra.Command {
 	var f nodeFlags
-	var pool, poolType string
+	var pool, poolType, storeFile string
 	cmd := &cobra.Command{
 		Use:   "allocations",
 		Short: "List the allocations this node's daemon holds, with their pods",
@@ -248,6 +254,7 @@ func allocationsCommand() *cobra.Command {
 			}
 			var resp *infov1.ListAllocationsResponse
 			var unknown error
+			var claims map[types.UID]nicdra.PreparedClaim
 			err := f.call(cmd.Context(), func(ctx context.Context, c infov1.NodeInfoServiceClient) error {
 				key := ""
 				if pool != "" {
@@ -260,8 +267,13 @@ func allocationsCommand() *cobra.Command {
 					}
 				}
 				var err error
-				resp, err = c.ListAllocations(ctx, &infov1.ListAllocationsRequest{Pool: key})
-				return err
+				if resp, err = c.ListAllocations(ctx, &infov1.ListAllocationsRequest{Pool: key}); err != nil {
+					return err
+				}
+				if slices.ContainsFunc(resp.GetAllocations(), func(a *infov1.AllocationRecord) bool { return isClaimAllocation(a.GetNetwork()) }) {
+					claims = preparedClaims(ctx, c, storeFile, cmd.ErrOrStderr())
+				}
+				return nil
 			})
 			if err != nil {
 				return err
@@ -272,21 +284,34 @@ func allocationsCommand() *cobra.Command {
 			if f.output != "table" {
 				r := AllocationsReport{Allocations: []Allocation{}}
 				for _, a := range resp.GetAllocations() {
-					r.Allocations = append(r.Allocations, Allocation{Pool: a.GetPool(), ContainerID: a.GetContainerId(), IfName: a.GetIfName(),
+					ra := Allocation{Pool: a.GetPool(), ContainerID: a.GetContainerId(), IfName: a.GetIfName(),
 						IP: a.GetIp(), PodName: a.GetPodName(), PodNamespace: a.GetPodNamespace(), PodUID: a.GetPodUid(),
-						DeviceID: a.GetDeviceId(), CreateTime: time.Unix(a.GetCreateTime(), 0).UTC(), Network: a.GetNetwork(), Rail: a.GetRail()})
+						DeviceID: a.GetDeviceId(), CreateTime: time.Unix(a.GetCreateTime(), 0).UTC(), Network: a.GetNetwork(), Rail: a.GetRail()}
+					if isClaimAllocation(a.GetNetwork()) {
+						ra.Claim = claimOf(claims, a.GetContainerId())
+					}
+					r.Allocations = append(r.Allocations, ra)
 				}
 				return writeReport(cmd.OutOrStdout(), f.output, &r, nil)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "RAIL\tPOOL\tIP\tNETWORK\tPOD\tCONTAINER\tIF\tDEVICE\tCREATED")
+			// A DRA claim's allocation shows its claim where a CNI one shows its
+			// container; the header says so only when there is one.
+			owner := "CONTAINER"
+			if claims != nil {
+				owner = "CONTAINER/CLAIM"
+			}
+			fmt.Fprintf(tw, "RAIL\tPOOL\tIP\tNETWORK\tPOD\t%s\tIF\tDEVICE\tCREATED\n", owner)
 			for _, a := range resp.GetAllocations() {
 				pod := "-"
 				if a.GetPodName() != "" {
 					pod = a.GetPodNamespace() + "/" + a.GetPodName()
 				}
 				cid := a.GetContainerId()
-				if len(cid) > 12 {
+				switch {
+				case isClaimAllocation(a.GetNetwork()):
+					cid = claimOf(claims, cid).String()
+				case len(cid) > 12:
 					cid = cid[:12]
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(a.GetRail()), a.GetPool(), a.GetIp(), dash(a.GetNetwork()), pod, cid, a.GetIfName(),
@@ -298,7 +323,34 @@ func allocationsCommand() *cobra.Command {
 	f.add(cmd)
 	cmd.Flags().StringVar(&pool, "pool", "", "only this pool: its name (an IPPool's or a CIDRPool's), or its store key (cidrpool/<name>)")
 	cmd.Flags().StringVar(&poolType, "pool-type", "", "with --pool: ippool or cidrpool, for a name both kinds have")
+	cmd.Flags().StringVar(&storeFile, "store-file", "", "the daemon's store, beside which its DRA checkpoint names the claims "+
+		"of DRA allocations (default: where the daemon says, else "+defaultStoreFile+")")
 	return cmd
+}
+
+// defaultStoreFile is ipam-node's default --store-file.
+const defaultStoreFile = "/var/lib/cni/nv-ipam/store"
+
+// preparedClaims reads the DRA checkpoint beside the daemon's store
+// (storeFlag, else where the daemon says): the claims of the DRA allocations.
+// It is never nil; a checkpoint it cannot read is said on stderr, and the
+// claims are then shown by UID.
+func preparedClaims(ctx context.Context, c infov1.NodeInfoServiceClient, storeFlag string, stderr io.Writer) map[types.UID]nicdra.PreparedClaim {
+	path := storeFlag
+	if path == "" {
+		if info, err := c.GetInfo(ctx, &infov1.GetInfoRequest{}); err == nil {
+			path = info.GetStoreFile()
+		}
+	}
+	if path == "" {
+		path = defaultStoreFile
+	}
+	cp, err := nicdra.CheckpointFile{Path: nicdra.CheckpointBeside(path)}.Load()
+	if err != nil {
+		fmt.Fprintf(stderr, "ipamctl: %v; DRA claims are shown by UID\n", err)
+		return map[types.UID]nicdra.PreparedClaim{}
+	}
+	return cp.Claims
 }
 
 func dash(s string) string {

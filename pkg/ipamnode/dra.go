@@ -3,7 +3,6 @@ package ipamnode
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/kubernetes"
@@ -24,7 +23,7 @@ import (
 
 // draCheckpoint is the DRA checkpoint's file, beside the store.
 func draCheckpoint(storeFile string) string {
-	return filepath.Join(filepath.Dir(storeFile), "dra-checkpoint.json")
+	return nicdra.CheckpointBeside(storeFile)
 }
 
 // newDRADriver builds the DRA driver on the daemon's allocation state, pools

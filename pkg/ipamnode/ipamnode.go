@@ -184,6 +184,8 @@ func Run(ctx context.Context, o *Options) error {
 		if dra, err = newDRADriver(o, cfg, mgrState, pools, rails, logger); err != nil {
 			return err
 		}
+		kick := make(chan struct{}, 1)
+		pools.railsChanged, dra.Kick = kick, kick
 		registerDRAMetrics()
 	}
 	if o.CleanupInterval > 0 {

@@ -38,8 +38,10 @@ type poolSync struct {
 	node      string
 	namespace string
 	// changed, when set, gets a token (never blocking) after each sync that changed
-	// what this node may allocate from.
-	changed chan<- struct{}
+	// what this node may allocate from; railsChanged, after each that changed
+	// which pools are labelled for which rail (the DRA driver publishes them).
+	changed      chan<- struct{}
+	railsChanged chan<- struct{}
 
 	// mu makes each listing and its SyncPools one step, so that two listings
 	// are not applied interleaved.
@@ -194,6 +196,7 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 	}
 	// Both lists succeeded: this is the complete set, also when it is empty.
 	s.synced = true
+	railsBefore := s.railPools
 	s.railPools, s.poolRail = map[railKey][]string{}, map[railKey]string{}
 	bind := func(kind, name, rail string) {
 		if rail == "" {
@@ -211,6 +214,12 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 	}
 	for _, names := range s.railPools {
 		slices.Sort(names)
+	}
+	if s.railsChanged != nil && !maps.EqualFunc(railsBefore, s.railPools, slices.Equal[[]string]) {
+		select {
+		case s.railsChanged <- struct{}{}:
+		default:
+		}
 	}
 	before := s.manager.Holds()
 	err := s.manager.SyncPools(cfgs)

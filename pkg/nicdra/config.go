@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -158,4 +159,33 @@ func (c Config) Pools() []string {
 		out = append(out, strings.TrimSpace(p))
 	}
 	return out
+}
+
+// CheckConfigTargets refuses a configuration of this driver that names a
+// request whose device is another driver's (a NicConfig on a GPU's request,
+// say): it would configure nothing, and the claim's author meant it for a
+// NIC.
+func CheckConfigTargets(alloc *resourceapi.AllocationResult) error {
+	if alloc == nil {
+		return nil
+	}
+	drivers := map[string][]string{} // request (and its parent) → drivers of its devices
+	for _, r := range alloc.Devices.Results {
+		parent, _, _ := strings.Cut(r.Request, "/")
+		drivers[r.Request] = append(drivers[r.Request], r.Driver)
+		drivers[parent] = append(drivers[parent], r.Driver)
+	}
+	for i, c := range alloc.Devices.Config {
+		if c.Opaque == nil || c.Opaque.Driver != DriverName {
+			continue
+		}
+		for _, req := range c.Requests {
+			if ds := drivers[req]; len(ds) > 0 && !slices.Contains(ds, DriverName) {
+				return fmt.Errorf("%w: config %d (%s) is a %s configuration for request %q, whose device is of driver %s, "+
+					"not %s: name the NIC's request in its requests", ErrConfig, i, c.Source, ConfigKind, req,
+					strings.Join(slices.Compact(slices.Sorted(slices.Values(ds))), ", "), DriverName)
+			}
+		}
+	}
+	return nil
 }

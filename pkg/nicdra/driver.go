@@ -67,6 +67,8 @@ type Driver struct {
 	// checked for existence (default 1m).
 	RefreshInterval, GCInterval time.Duration
 	Log                         logr.Logger
+	// Kick, when set, asks for a refresh now (the pools of a rail changed).
+	Kick <-chan struct{}
 	// NRI, when set, attaches the prepared devices to their pods' sandboxes
 	// through the runtime's NRI socket NRISocket.
 	NRI       *NRIPlugin
@@ -105,7 +107,7 @@ func (d *Driver) Run(ctx context.Context) error {
 		}
 	}
 	// The devices are read once before the kubelet can ask for their health.
-	d.refresh(ctx)
+	d.refresh()
 	lctx := klog.NewContext(ctx, d.Log)
 	helper, err := kubeletplugin.Start(lctx, d,
 		kubeletplugin.DriverName(DriverName),
@@ -151,7 +153,13 @@ func (d *Driver) Run(ctx context.Context) error {
 		case <-refresh.C:
 			d.writeStatus()
 			d.reconcileStatus(ctx)
-			if d.refresh(ctx) {
+			if d.refresh() {
+				if err := d.publish(ctx); err != nil {
+					return err
+				}
+			}
+		case <-d.Kick:
+			if d.refresh() {
 				if err := d.publish(ctx); err != nil {
 					return err
 				}
@@ -182,7 +190,7 @@ func (d *Driver) Registered() (ok bool, why string) {
 // changed. Devices of prepared claims that left the scan (their netdev moved
 // into a pod) stay published as they were: the device is still this node's,
 // and the claim's allocation refers to it.
-func (d *Driver) refresh(ctx context.Context) bool {
+func (d *Driver) refresh() bool {
 	inv, err := d.Inventory()
 	if err != nil {
 		d.Log.Error(err, "scanning the NICs for the ResourceSlices; the last published devices stay")

@@ -200,10 +200,11 @@ func TestNRIHandlerErrors(t *testing.T) {
 	if adj, _, err := e.plugin.CreateContainer(ctx, sandbox("uid-c", "c", e.pod.Path), &api.Container{Name: "c"}); adj != nil || err != nil {
 		t.Errorf("a device without RDMA: %v, %v", adj, err)
 	}
-	tree, err := fakesysfs.DGXH100(t.TempDir()) // without verbs devices
+	tree, err := fakesysfs.DGXH100(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
+	removeVerbs(t, tree.Root) // ib_uverbs not loaded
 	e.plugin.SysfsRoot = tree.Root
 	_, _, err = e.plugin.CreateContainer(ctx, sandbox("uid-a", "trainer", e.pod.Path), &api.Container{Name: "main"})
 	if err == nil || !strings.Contains(err.Error(), "container main, device pci-0000-18-00-0") || !strings.Contains(err.Error(), "modprobe ib_uverbs") {

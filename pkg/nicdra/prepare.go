@@ -98,6 +98,9 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	if err := p.checkNotInUse(claim); err != nil {
 		return nil, err
 	}
+	if err := CheckConfigTargets(claim.Status.Allocation); err != nil {
+		return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
 	pc := PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, PodName: pod.name, PodUID: pod.uid, State: PrepareStarted}
 	p.state.Claims[claim.UID] = pc
 	if err := p.save(); err != nil {

@@ -242,6 +242,9 @@ func TestPrepareRefuses(t *testing.T) {
 			nicdra.ErrConfig, "interfaceName"},
 		{"a device this node does not have", claim("b5", map[string]string{"nic": "pci-0000-99-00-0"}),
 			nodealloc.ErrInvalid, "no NIC port pci-0000-99-00-0 on this node"},
+		{"a NicConfig for another driver's device", claim("b6", map[string]string{"nic": "pci-0000-18-00-0", "gpu": "gpu-0"},
+			opaque(resourceapi.AllocationConfigSourceClaim, nicdra.DriverName, `{`+head+`, "interfaceName": "net1"}`, "gpu")),
+			nicdra.ErrConfig, `request "gpu", whose device is of driver gpu.nvidia.com`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			n := newNode(t)

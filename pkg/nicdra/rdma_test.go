@@ -79,16 +79,22 @@ func TestRDMACharDevicesCaptured(t *testing.T) {
 	}
 }
 
-// The DGX-H100 layout (fakesysfs) has RDMA devices but, as fakesysfs writes
-// them, no user verbs devices: each device's error says which directory is
-// empty and to load ib_uverbs. With the verbs devices written in the captured
-// ConnectX-3 tree's shape and an rdma_cm misc device, each rail gets its own
+// The DGX-H100 layout (fakesysfs) gives each RDMA device a user verbs device
+// and the node rdma_cm. Without the verbs devices (ib_uverbs not loaded) each
+// device's error says which directory is empty and to load ib_uverbs. With
+// them written in the captured ConnectX-3 tree's shape, each rail gets its own
 // uverbs and the shared rdma_cm.
 func TestRDMACharDevicesDGXH100(t *testing.T) {
 	tree, err := fakesysfs.DGXH100(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
+	for dev, got := range rdmaTable(t, tree.Root) {
+		if len(got) != 2 || !strings.HasPrefix(got[0], "/dev/infiniband/uverbs") || got[1] != "/dev/infiniband/rdma_cm 10:58 666" {
+			t.Errorf("%s as fakesysfs writes it: %q", dev, got)
+		}
+	}
+	removeVerbs(t, tree.Root)
 	for dev, got := range rdmaTable(t, tree.Root) {
 		if len(got) != 1 || !strings.Contains(got[0], "but no user verbs device") || !strings.Contains(got[0], "modprobe ib_uverbs") {
 			t.Errorf("%s without uverbs: %q", dev, got)
@@ -119,6 +125,17 @@ func writeFile(t *testing.T, p, s string) {
 	}
 	if err := os.WriteFile(p, []byte(s+"\n"), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// removeVerbs removes the user verbs devices of the tree's NIC functions, as
+// a node without ib_uverbs has them.
+func removeVerbs(t *testing.T, root string) {
+	t.Helper()
+	for _, n := range scan(t, root).NICs {
+		if err := os.RemoveAll(filepath.Join(root, "sys", "bus", "pci", "devices", n.PCIAddress, "infiniband_verbs")); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -28,6 +28,12 @@ type DriverStatus struct {
 	Updated      time.Time `json:"updated"`
 }
 
+// CheckpointBeside is where ipam-node keeps the DRA checkpoint: beside its
+// store file, so that ipamctl finds it from the store's path.
+func CheckpointBeside(storeFile string) string {
+	return filepath.Join(filepath.Dir(storeFile), "dra-checkpoint.json")
+}
+
 // StatusFile is the driver's status file beside a checkpoint.
 func StatusFile(checkpoint string) string {
 	return filepath.Join(filepath.Dir(checkpoint), "dra-status.json")

@@ -63,6 +63,9 @@ type ControlPlaneOptions struct {
 	// stores; 0 keeps etcd's default (1.5 MiB). A small value lets a test reach the
 	// limit with a few hundred nodes instead of 20,000.
 	EtcdMaxRequestBytes int
+	// FeatureGates is kube-apiserver's --feature-gates ("Name=false,..."); empty keeps
+	// the version's defaults. A test of behaviour a gate switches on or off uses it.
+	FeatureGates string
 }
 
 // NewControlPlane starts etcd and kube-apiserver from KUBEBUILDER_ASSETS and installs
@@ -95,6 +98,11 @@ func NewControlPlane(opts ControlPlaneOptions) (*ControlPlane, error) {
 		etcd := &envtest.Etcd{}
 		etcd.Configure().Set("max-request-bytes", strconv.Itoa(opts.EtcdMaxRequestBytes))
 		env.ControlPlane.Etcd = etcd
+	}
+	if opts.FeatureGates != "" {
+		apiserver := &envtest.APIServer{}
+		apiserver.Configure().Set("feature-gates", opts.FeatureGates)
+		env.ControlPlane.APIServer = apiserver
 	}
 	cfg, err := env.Start()
 	if err != nil {

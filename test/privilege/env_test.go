@@ -135,8 +135,22 @@ type env struct {
 
 func startEnv(t *testing.T) *env {
 	t.Helper()
+	return startEnvOf(t, "deploy/base", 2)
+}
+
+// startEnvOf is startEnv with the service accounts, RBAC and admission policies of
+// another kustomization of the repository, which renders that many policies.
+func startEnvOf(t *testing.T, kustomization string, wantPolicies int) *env {
+	t.Helper()
+	return startEnvWith(t, kustomization, wantPolicies, "")
+}
+
+// startEnvWith is startEnvOf with kube-apiserver's --feature-gates.
+func startEnvWith(t *testing.T, kustomization string, wantPolicies int, featureGates string) *env {
+	t.Helper()
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{
-		CRDDirs: []string{filepath.Join(harness.RepoRoot(), "deploy", "crds"), nfdCRDFile(t)},
+		CRDDirs:      []string{filepath.Join(harness.RepoRoot(), "deploy", "crds"), nfdCRDFile(t)},
+		FeatureGates: featureGates,
 	})
 	kubeconfig, err := cp.WriteKubeconfig(t.TempDir())
 	if err != nil {
@@ -145,7 +159,7 @@ func startEnv(t *testing.T) *env {
 	e := &env{cp: cp, c: cp.Client, cs: cp.Clientset, kubeconfig: kubeconfig}
 	var access []*unstructured.Unstructured
 	policies := 0
-	for _, o := range render(t, "deploy/base") {
+	for _, o := range render(t, kustomization) {
 		if accessKinds[o.GetKind()] {
 			access = append(access, o)
 		}
@@ -153,8 +167,8 @@ func startEnv(t *testing.T) *env {
 			policies++
 		}
 	}
-	if policies != 2 {
-		t.Fatalf("deploy/base renders %d ValidatingAdmissionPolicies, want 2 (node, nodefeature)", policies)
+	if policies != wantPolicies {
+		t.Fatalf("%s renders %d ValidatingAdmissionPolicies, want %d", kustomization, policies, wantPolicies)
 	}
 	apply(t, e.c, access...)
 	// The API server type-checks the policies' CEL when they are used; the warnings

@@ -29,7 +29,22 @@ const (
 	features = "nodefeatures.nfd.k8s-sigs.io"
 	leases   = "leases.coordination.k8s.io"
 	events2  = "events.events.k8s.io"
+	slicesR  = "resourceslices.resource.k8s.io"
+	claimsR  = "resourceclaims.resource.k8s.io"
+	// The synthetic resourceclaims/driver right the API server checks for a write of
+	// a claim's status.devices entries of driver nic.hwipam.io (deploy/dra/rbac.yaml).
+	driverR = claimsR + "/nic.hwipam.io"
 )
+
+// draRights are what deploy/dra adds for the node daemon: none of them is in the base.
+var draRights = []right{
+	{verb: "list", resource: slicesR}, {verb: "watch", resource: slicesR}, {verb: "create", resource: slicesR},
+	{verb: "update", resource: slicesR}, {verb: "delete", resource: slicesR},
+	{verb: "get", resource: claimsR, namespace: "default"}, {verb: "list", resource: claimsR},
+	{verb: "watch", resource: claimsR},
+	{verb: "patch", resource: claimsR, subresource: "status", namespace: "default"},
+	{verb: "associated-node:patch", resource: driverR, subresource: "driver", namespace: "default"},
+}
 
 // What each service account needs (every API call of its binary) and a list of
 // what it must not be able to do. docs/rbac.md says the same in prose.
@@ -109,36 +124,22 @@ func asSA(name string) []string {
 // widened rule fails the test.
 func TestServiceAccountRights(t *testing.T) {
 	e := startEnv(t)
-	canI := func(t *testing.T, sa string, r right) bool {
-		t.Helper()
-		args := append([]string{"--kubeconfig", e.kubeconfig, "auth", "can-i", r.verb, r.resource}, asSA(sa)...)
-		if r.subresource != "" {
-			args = append(args, "--subresource", r.subresource)
-		}
-		if r.namespace != "" {
-			args = append(args, "-n", r.namespace)
-		}
-		out, err := kubectl(t, args...)
-		switch strings.TrimSpace(out) {
-		case "yes":
-			return true
-		case "no":
-			return false
-		}
-		t.Fatalf("kubectl auth can-i %s: %q %v", r, out, err)
-		return false
-	}
 	for _, sa := range []string{nodeSA, controlSA} {
 		for _, r := range rights[sa].need {
 			t.Run(sa+" can "+r.String(), func(t *testing.T) {
-				if !canI(t, sa, r) {
+				if !canI(t, e.kubeconfig, sa, r) {
 					t.Errorf("%s cannot %s", sa, r)
 				}
 			})
 		}
-		for _, r := range rights[sa].mustNot {
+		mustNot := rights[sa].mustNot
+		if sa == nodeSA {
+			// Without deploy/dra, the node daemon has none of the DRA driver's rights.
+			mustNot = append(slices.Clone(mustNot), draRights...)
+		}
+		for _, r := range mustNot {
 			t.Run(sa+" cannot "+r.String(), func(t *testing.T) {
-				if canI(t, sa, r) {
+				if canI(t, e.kubeconfig, sa, r) {
 					t.Errorf("%s can %s", sa, r)
 				}
 			})
@@ -168,6 +169,28 @@ func TestServiceAccountRights(t *testing.T) {
 			})
 		}
 	}
+}
+
+// canI asks the real API server, through the real kubectl's `auth can-i`, whether a
+// service account of kube-system has a right.
+func canI(t *testing.T, kubeconfig, sa string, r right) bool {
+	t.Helper()
+	args := append([]string{"--kubeconfig", kubeconfig, "auth", "can-i", r.verb, r.resource}, asSA(sa)...)
+	if r.subresource != "" {
+		args = append(args, "--subresource", r.subresource)
+	}
+	if r.namespace != "" {
+		args = append(args, "-n", r.namespace)
+	}
+	out, err := kubectl(t, args...)
+	switch strings.TrimSpace(out) {
+	case "yes":
+		return true
+	case "no":
+		return false
+	}
+	t.Fatalf("kubectl auth can-i %s: %q %v", r, out, err)
+	return false
 }
 
 func subresourceSuffix(s string) string {

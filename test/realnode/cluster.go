@@ -611,6 +611,20 @@ func (c *Cluster) startContainerd(ctx context.Context, a assetDirs) error {
 		return err
 	}
 	cd := filepath.Join(c.Dir, "containerd")
+	// Sandboxes' network namespaces, on a shared mount of their own: a pod
+	// that mounts the directory HostToContainer (ipam-node with the DRA
+	// overlay, which moves netdevs into them) sees the namespaces made after
+	// it started. Teardown unmounts everything under the run directory.
+	netns := filepath.Join(cd, "state", "io.containerd.grpc.v1.cri", "netns")
+	if err := os.MkdirAll(netns, 0o711); err != nil {
+		return err
+	}
+	if err := syscall.Mount(netns, netns, "", syscall.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mounting %s: %w", netns, err)
+	}
+	if err := syscall.Mount("", netns, "", syscall.MS_SHARED|syscall.MS_REC, ""); err != nil {
+		return fmt.Errorf("making %s a shared mount: %w", netns, err)
+	}
 	hosts := filepath.Join(cd, "certs.d", c.Registry)
 	if err := os.MkdirAll(hosts, 0o755); err != nil {
 		return err

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -19,6 +21,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
@@ -54,7 +57,6 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		Expect(opts.HostPaths).NotTo(BeEmpty())
 		treeRoot = opts.HostPaths[0]
 		DeferCleanup(func(ctx SpecContext) {
-			deleteDocObjects(ctx)
 			Expect(node.Undeploy(ctx)).To(Succeed())
 			// The driver's slices stay after it stops (their owner is the Node).
 			Expect(node.Clientset.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
@@ -107,6 +109,9 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 				g.Expect(d.Attributes[nicdra.AttrPool].StringValue).To(HaveValue(Equal("rail-" + r)))
 			}
 		}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		// First of the cleanups (they run last to first): the pods and their
+		// claims go while both drivers are there to unprepare them.
+		DeferCleanup(deleteDocObjects, NodeTimeout(3*time.Minute))
 	}, NodeTimeout(10*time.Minute))
 
 	It("gives docs/dra.md's pods their NICs with their rails' addresses", func(ctx SpecContext) {
@@ -145,8 +150,199 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		Expect(got.gpu).To(Equal("gpu-3"))
 		Expect(got.rail).To(BeElementOf("ibp79s0", "ibp94s0"))
 		Expect(got.pcieRoot).To(Equal("pci0000:4c"))
+		// ipamctl in the ipam-node pod lists the allocation with its claim.
+		out, err := node.Kubectl(ctx, "-n", "kube-system", "exec", ipamNodePod(ctx).Name, "-c", "ipam-node", "--", "/ipamctl", "allocations")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(MatchRegexp(`(?m)^.*%s.*nic\.hwipam\.io.*%s/gpu3-pod.*%s/gpu3-pod`, regexp.QuoteMeta(strings.Split(got.addrs[0], "/")[0]), ns, ns))
+		fmt.Fprintf(GinkgoWriter, "ipamctl allocations:\n%s\n", out)
+
+		// The pod goes: the netdev is back on the host under its name, the
+		// address released.
+		deletePod(ctx, "gpu3-pod")
+		Eventually(ctx, func(g Gomega) {
+			l, err := netlink.LinkByName(got.rail)
+			g.Expect(err).NotTo(HaveOccurred(), "%s is not back on the host", got.rail)
+			addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(addrs).To(BeEmpty(), "%s came back with addresses", got.rail)
+			g.Expect(allocations(ctx)).NotTo(ContainElement(ContainSubstring(" " + strings.Split(got.addrs[0], "/")[0] + " ")))
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+	})
+
+	It("refuses bad claims with an event that says what is wrong, and allocates nothing", func(ctx SpecContext) {
+		before := allocations(ctx)
+		railNIC := func(config string, extra ...resourceapi.DeviceRequest) resourceapi.ResourceClaimSpec {
+			spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+				Requests: append([]resourceapi.DeviceRequest{{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nicdra.DriverName,
+					Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+						Expression: `device.attributes["nic.hwipam.io"].rail == "ibp79s0"`}}}}}}, extra...)}}
+			requests := []string{"nic"}
+			if len(extra) > 0 {
+				requests = []string{extra[0].Name}
+			}
+			spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{Requests: requests, DeviceConfiguration: resourceapi.DeviceConfiguration{
+				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: nicdra.DriverName, Parameters: runtime.RawExtension{
+					Raw: []byte(`{"apiVersion":"nic.hwipam.io/v1alpha1","kind":"NicConfig",` + config + `}`)}}}}}
+			return spec
+		}
+		gpu := resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: realnode.GPUDriverName,
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: `device.attributes["gpu.nvidia.com"].index == 2`}}}}}
+		for _, c := range []struct{ name, config, says string }{
+			{"bad-pool", `"pool":"no-such-pool"`, "no-such-pool"},
+			{"bad-static", `"ips":["10.1.2.3"]`, "10.1.2.3"},
+			{"bad-ifname", `"interfaceName":"a-name-far-too-long"`, "interfaceName"},
+			{"bad-target", `"interfaceName":"net1"`, `request "gpu", whose device is of driver gpu.nvidia.com`},
+		} {
+			By(c.name)
+			spec := railNIC(c.config)
+			if c.name == "bad-target" {
+				spec = railNIC(c.config, gpu)
+			}
+			createClaimPod(ctx, c.name, spec)
+			Eventually(ctx, func(g Gomega) {
+				ev := podEvents(ctx, c.name)
+				g.Expect(ev).To(And(ContainSubstring("FailedPrepareDynamicResources"), ContainSubstring(c.says)), "events of %s", c.name)
+			}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+			fmt.Fprintf(GinkgoWriter, "%s: %s\n", c.name, podEvents(ctx, c.name))
+			pod, err := node.Clientset.CoreV1().Pods(ns).Get(ctx, c.name, metav1.GetOptions{})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(pod.Status.Phase).To(Equal(corev1.PodPending))
+			Expect(allocations(ctx)).To(Equal(before))
+			deletePod(ctx, c.name)
+		}
+		// The rail's NIC is still there for a good claim.
+		_, err := netlink.LinkByName("ibp79s0")
+		Expect(err).NotTo(HaveOccurred())
+	})
+
+	It("loses and leaks nothing when ipam-node is killed between prepare and the sandbox's start", func(ctx SpecContext) {
+		createClaimPod(ctx, "kill-pod", railClaim("ibp79s0"))
+		// Killed as soon as the claim's status shows its address: its sandbox
+		// may or may not have started; the NRI plugin, once back, attaches.
+		Eventually(ctx, func(g Gomega) {
+			c, err := node.Clientset.ResourceV1().ResourceClaims(ns).Get(ctx, "kill-pod", metav1.GetOptions{})
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(c.Status.Devices).To(HaveLen(1))
+		}).WithTimeout(time.Minute).WithPolling(50 * time.Millisecond).Should(Succeed())
+		killIPAMNode(ctx)
+		got := expectDRAPod(ctx, "kill-pod", "ibp79s0")
+		held := 0
+		for _, a := range allocations(ctx) {
+			if strings.HasPrefix(a, "rail-ibp79s0 ") {
+				held++
+			}
+		}
+		Expect(held).To(Equal(1), "rail ibp79s0's pool holds %d addresses for one claim (%v)", held, got.addrs)
+	})
+
+	It("releases a claim deleted while ipam-node is down", func(ctx SpecContext) {
+		createClaimPod(ctx, "gone-pod", railClaim("ibp94s0"))
+		got := expectDRAPod(ctx, "gone-pod", "ibp94s0")
+		ip := strings.Split(got.addrs[0], "/")[0]
+		// Down: the pod and its claim go without the driver to unprepare it.
+		killIPAMNode(ctx)
+		zero := int64(0)
+		Expect(node.Clientset.CoreV1().Pods(ns).Delete(ctx, "gone-pod", metav1.DeleteOptions{GracePeriodSeconds: &zero})).To(Succeed())
+		Expect(node.Clientset.ResourceV1().ResourceClaims(ns).Delete(ctx, "gone-pod", metav1.DeleteOptions{})).To(Succeed())
+		Eventually(ctx, func(g Gomega) {
+			_, err := node.Clientset.ResourceV1().ResourceClaims(ns).Get(ctx, "gone-pod", metav1.GetOptions{})
+			g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the claim is still there: %v", err)
+			g.Expect(allocations(ctx)).NotTo(ContainElement(ContainSubstring(" " + ip + " ")))
+		}).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+		// The sandbox stopped while no NRI plugin listened: a physical port
+		// returns to the host by itself, a veth (this node's stand-in) goes
+		// with the pod's namespace; then it is made again for what follows.
+		peer := node.Prefix + "x1"
+		Eventually(ctx, func() bool {
+			_, onHost := netlink.LinkByName("ibp94s0")
+			_, peerThere := netlink.LinkByName(peer)
+			return onHost == nil || peerThere != nil // back, or gone with its namespace
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(BeTrue(), "ibp94s0 is neither back on the host nor gone")
+		if _, err := netlink.LinkByName("ibp94s0"); err != nil {
+			fmt.Fprintf(GinkgoWriter, "ibp94s0 went with the pod's namespace (a veth); made again\n")
+			Expect(exec.Command("ip", "link", "add", "ibp94s0", "type", "veth", "peer", "name", peer).Run()).To(Succeed())
+			Expect(exec.Command("ip", "link", "set", peer, "up").Run()).To(Succeed())
+			Expect(exec.Command("ip", "link", "set", "ibp94s0", "up").Run()).To(Succeed())
+		} else {
+			fmt.Fprintf(GinkgoWriter, "ibp94s0 came back to the host\n")
+		}
+	})
+
+	It("starts a pod with a claim about as fast as one with a Multus NAD (figure)", func(ctx SpecContext) {
+		const rounds = 5
+		var dra, multus []time.Duration
+		for i := range rounds {
+			start := time.Now()
+			name := fmt.Sprintf("start-dra-%d", i)
+			createClaimPod(ctx, name, railClaim("ibp79s0"))
+			waitReady(ctx, name)
+			dra = append(dra, time.Since(start))
+			deletePod(ctx, name)
+			Expect(node.Clientset.ResourceV1().ResourceClaims(ns).Delete(ctx, name, metav1.DeleteOptions{})).To(Succeed())
+
+			start = time.Now()
+			name = fmt.Sprintf("start-nad-%d", i)
+			createPod(ctx, name, "e2e-a")
+			waitReady(ctx, name)
+			multus = append(multus, time.Since(start))
+			deletePod(ctx, name)
+		}
+		slices.Sort(dra)
+		slices.Sort(multus)
+		fmt.Fprintf(GinkgoWriter, "FIGURE pod creation to Ready, %d rounds, alternating: DRA claim median %v (%v), Multus NAD median %v (%v)\n",
+			rounds, dra[rounds/2], dra, multus[rounds/2], multus)
+		metrics := scrapeMetrics(ctx)
+		fmt.Fprintf(GinkgoWriter, "FIGURE ipam-node prepare: %s\n", metrics)
+		// Not a race: a claim's pod waits for no more than its NAD twin plus a
+		// second (the prepare, the status write and the attach).
+		Expect(dra[rounds/2]).To(BeNumerically("<", multus[rounds/2]+time.Second))
 	})
 })
+
+// railClaim is a claim spec for the NIC of a rail, under its host name.
+func railClaim(rail string) resourceapi.ResourceClaimSpec {
+	return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
+		{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nicdra.DriverName,
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: fmt.Sprintf(`device.attributes["nic.hwipam.io"].rail == %q`, rail)}}}}}}}}
+}
+
+// killIPAMNode kills the ipam-node container (SIGKILL) and waits until it runs again.
+func killIPAMNode(ctx context.Context) {
+	GinkgoHelper()
+	pod := ipamNodePod(ctx)
+	Expect(pod.Status.ContainerStatuses).To(HaveLen(1))
+	restarts := pod.Status.ContainerStatuses[0].RestartCount
+	id := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	out, err := execCtr(ctx, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id)
+	Expect(err).NotTo(HaveOccurred(), out)
+	Eventually(ctx, func(g Gomega) {
+		p := ipamNodePod(ctx)
+		g.Expect(p.Status.ContainerStatuses[0].RestartCount).To(BeNumerically(">", restarts))
+	}).WithTimeout(90 * time.Second).WithPolling(500 * time.Millisecond).Should(Succeed())
+}
+
+// scrapeMetrics returns ipam-node's prepare histogram's count and sum.
+func scrapeMetrics(ctx context.Context) string {
+	GinkgoHelper()
+	pod := ipamNodePod(ctx)
+	port := ""
+	for _, a := range pod.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(a, "--metrics-bind-address="); ok {
+			port = v
+		}
+	}
+	body := httpGet(ctx, "http://"+node.NodeIP.String()+port+"/metrics")
+	var lines []string
+	for l := range strings.SplitSeq(body, "\n") {
+		if strings.HasPrefix(l, "hwipam_dra_prepare_duration_seconds_sum") || strings.HasPrefix(l, "hwipam_dra_prepare_duration_seconds_count") ||
+			strings.HasPrefix(l, "hwipam_dra_gc_releases_total") {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines, "; ")
+}
 
 // draPod is what a pod with a nic.hwipam.io claim got.
 type draPod struct {
@@ -162,8 +358,13 @@ func expectDRAPod(ctx SpecContext, name, ifName string) draPod {
 	GinkgoHelper()
 	pod := waitReady(ctx, name)
 	var got draPod
-	Expect(pod.Status.ResourceClaimStatuses).NotTo(BeEmpty())
-	got.claim = *pod.Status.ResourceClaimStatuses[0].ResourceClaimName
+	Expect(pod.Spec.ResourceClaims).To(HaveLen(1))
+	if n := pod.Spec.ResourceClaims[0].ResourceClaimName; n != nil {
+		got.claim = *n
+	} else {
+		Expect(pod.Status.ResourceClaimStatuses).To(HaveLen(1))
+		got.claim = *pod.Status.ResourceClaimStatuses[0].ResourceClaimName
+	}
 	claim, err := node.Clientset.ResourceV1().ResourceClaims(ns).Get(ctx, got.claim, metav1.GetOptions{})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(claim.Status.Allocation).NotTo(BeNil())
@@ -251,7 +452,7 @@ func gpuAndNIC(gpu int) resourceapi.ResourceClaimSpec {
 		Requests: []resourceapi.DeviceRequest{
 			{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: realnode.GPUDriverName,
 				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-					Expression: fmt.Sprintf(`device.attributes["%s"].index == %d`, realnode.GPUDriverName, gpu)}}}}},
+					Expression: fmt.Sprintf(`device.attributes[%q].index == %d`, realnode.GPUDriverName, gpu)}}}}},
 			{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nicdra.DriverName,
 				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 					Expression: `device.attributes["nic.hwipam.io"].linkType == "ib"`}}}}},
@@ -292,7 +493,7 @@ func kubectlApply(ctx context.Context, doc string) {
 
 // deleteDocObjects deletes what docs/dra.md's YAML created (but its pools,
 // which the spec deletes with its own), pods first.
-func deleteDocObjects(ctx context.Context) {
+func deleteDocObjects(ctx SpecContext) {
 	for _, p := range []string{"rail-pod", "static-pod", "gpu4-pod", "gpu6-pod"} {
 		deletePod(ctx, p)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -95,25 +96,31 @@ func (gpuPlugin) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceH
 
 // StartGPUDriver registers the test GPU driver with this node's kubelet and
 // publishes the GPUs at these PCI addresses of the sysfs tree at root. Stop
-// unregisters it; its ResourceSlice stays until DeleteGPUSlices.
+// unregisters it; its ResourceSlice stays until it is deleted.
 func (c *Cluster) StartGPUDriver(ctx context.Context, root string, gpus []string, log logr.Logger) (stop func(), err error) {
+	return StartGPUDriver(ctx, c.Clientset, c.NodeName, c.KubeletDir(), root, gpus, log)
+}
+
+// StartGPUDriver is Cluster.StartGPUDriver for a node known by its client,
+// name and kubelet root directory (make demo runs it in a process of its own).
+func StartGPUDriver(ctx context.Context, cs kubernetes.Interface, nodeName, kubeletDir, root string, gpus []string,
+	log logr.Logger) (stop func(), err error) {
 	devs, err := GPUDevices(root, gpus)
 	if err != nil {
 		return nil, err
 	}
-	kdir := c.KubeletDir()
-	if err := os.MkdirAll(filepath.Join(kdir, "plugins", GPUDriverName), 0o750); err != nil {
+	if err := os.MkdirAll(filepath.Join(kubeletDir, "plugins", GPUDriverName), 0o750); err != nil {
 		return nil, err
 	}
-	h, err := kubeletplugin.Start(klog.NewContext(context.WithoutCancel(ctx), log), gpuPlugin{node: c.NodeName},
-		kubeletplugin.DriverName(GPUDriverName), kubeletplugin.NodeName(c.NodeName), kubeletplugin.KubeClient(c.Clientset),
-		kubeletplugin.RegistrarDirectoryPath(filepath.Join(kdir, "plugins_registry")),
-		kubeletplugin.PluginDataDirectoryPath(filepath.Join(kdir, "plugins", GPUDriverName)))
+	h, err := kubeletplugin.Start(klog.NewContext(context.WithoutCancel(ctx), log), gpuPlugin{node: nodeName},
+		kubeletplugin.DriverName(GPUDriverName), kubeletplugin.NodeName(nodeName), kubeletplugin.KubeClient(cs),
+		kubeletplugin.RegistrarDirectoryPath(filepath.Join(kubeletDir, "plugins_registry")),
+		kubeletplugin.PluginDataDirectoryPath(filepath.Join(kubeletDir, "plugins", GPUDriverName)))
 	if err != nil {
 		return nil, fmt.Errorf("starting the test GPU driver: %w", err)
 	}
 	if err := h.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-		c.NodeName: {Slices: []resourceslice.Slice{{Devices: devs}}}}}); err != nil {
+		nodeName: {Slices: []resourceslice.Slice{{Devices: devs}}}}}); err != nil {
 		h.Stop()
 		return nil, err
 	}

@@ -569,7 +569,13 @@ func sighupDaemon(ctx context.Context) {
 // scrapeDaemon reads the daemon's metrics, on its pod's address (no hostNetwork)
 // and the default --metrics-bind-address.
 func scrapeDaemon(ctx context.Context) string {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+daemonPod(ctx).Status.PodIP+":8080/metrics", http.NoBody)
+	return httpGet(ctx, "http://"+daemonPod(ctx).Status.PodIP+":8080/metrics")
+}
+
+// httpGet returns the body of a GET.
+func httpGet(ctx context.Context, url string) string {
+	GinkgoHelper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, http.NoBody)
 	Expect(err).NotTo(HaveOccurred())
 	resp, err := http.DefaultClient.Do(req)
 	Expect(err).NotTo(HaveOccurred())

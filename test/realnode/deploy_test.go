@@ -1,0 +1,92 @@
+package realnode
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/hwipam/hwipam/test/harness"
+)
+
+// TestDeployMovesDRAMounts: the kustomization Deploy generates for
+// deploy/overlays/dra has the kubelet plugin's and the network namespaces' mounts at
+// this node's paths, inside and out, and --dra-kubelet-dir naming its kubelet's
+// directory; the one for deploy/base gets no such patch.
+func TestDeployMovesDRAMounts(t *testing.T) {
+	bin := os.Getenv("HWIPAM_NODE_BIN_DIR")
+	if bin == "" {
+		t.Fatal("HWIPAM_NODE_BIN_DIR is not set: run `make test`, or `eval \"$(hack/test-assets.sh env)\"` before `go test`")
+	}
+	dir := t.TempDir()
+	c := &Cluster{Dir: dir, Bin: bin, Kubeconfig: filepath.Join(dir, "no-kubeconfig"), NodeIP: netip.MustParseAddr("127.0.0.1"),
+		StateDir: filepath.Join(dir, "nv-ipam"), CNIBinDir: filepath.Join(dir, "cni", "bin"), CNIConfDir: filepath.Join(dir, "cni", "net.d")}
+	ctx := t.Context()
+	image := "127.0.0.1:5000/hwipam:t"
+
+	gen, err := c.generate(ctx, harness.RepoRoot(), DeployOptions{Image: image, Overlay: "deploy/overlays/dra"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Kubectl(ctx, "kustomize", gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := renderedDaemonSet(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubelet := filepath.Join(dir, "kubelet")
+	want := map[string]string{
+		"kubelet-plugins-registry": filepath.Join(kubelet, "plugins_registry"),
+		"kubelet-plugin-dir":       filepath.Join(kubelet, "plugins", "nic.hwipam.io"),
+		"netns":                    filepath.Join(dir, "containerd", "state", "io.containerd.grpc.v1.cri", "netns"),
+		"nri":                      "/var/run/nri",
+		"state":                    c.StateDir,
+	}
+	found := map[string]bool{}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if p, ok := want[v.Name]; ok {
+			found[v.Name] = true
+			if v.HostPath == nil || v.HostPath.Path != p {
+				t.Errorf("volume %s: %+v, want host path %s", v.Name, v.HostPath, p)
+			} else if v.Name == "kubelet-plugins-registry" && (v.HostPath.Type == nil || *v.HostPath.Type != "Directory") {
+				t.Errorf("volume %s lost its type: %+v", v.Name, v.HostPath)
+			}
+		}
+	}
+	ctr := ds.Spec.Template.Spec.Containers[0]
+	for _, m := range ctr.VolumeMounts {
+		if p, ok := want[m.Name]; ok && m.Name != "state" && m.MountPath != p {
+			t.Errorf("mount %s at %s, want %s (the host's path)", m.Name, m.MountPath, p)
+		}
+		if m.Name == "netns" && (m.MountPropagation == nil || *m.MountPropagation != "HostToContainer") {
+			t.Errorf("netns mount lost its propagation: %+v", m)
+		}
+	}
+	if len(found) != len(want) {
+		t.Errorf("volumes %v of %v found", found, want)
+	}
+	var kubeletFlags []string
+	for _, a := range ctr.Args {
+		if strings.HasPrefix(a, "--dra-kubelet-dir=") {
+			kubeletFlags = append(kubeletFlags, a)
+		}
+	}
+	if !slices.Equal(kubeletFlags, []string{"--dra-kubelet-dir=" + kubelet}) || !slices.Contains(ctr.Args, "--dra=true") {
+		t.Errorf("args %q: want --dra=true and --dra-kubelet-dir=%s once", ctr.Args, kubelet)
+	}
+
+	gen, err = c.generate(ctx, harness.RepoRoot(), DeployOptions{Image: image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(gen, "dra-patch.yaml")); !os.IsNotExist(err) {
+		t.Errorf("deploy/base got a DRA patch: %v", err)
+	}
+	if k, err := os.ReadFile(filepath.Join(gen, "kustomization.yaml")); err != nil || strings.Contains(string(k), "dra-patch") {
+		t.Errorf("deploy/base's kustomization: %v\n%s", err, k)
+	}
+}
