@@ -62,9 +62,6 @@ const (
 	// draCallTimeout bounds one prepare or unprepare call, as kubelet's
 	// plugin client timeout (45 s) does.
 	draCallTimeout = 20 * time.Second
-	// draAPIHold is how long the API server stays away after a daemon
-	// restarted without it.
-	draAPIHold = 25 * time.Second
 	// draOutageTimeout bounds a prepare while the API server is unreachable.
 	draOutageTimeout = 2 * time.Second
 	// draRetryFor is how long one kubelet sync retries a plugin that does not
@@ -155,11 +152,12 @@ func (w *world) draActions() []draAction {
 			return 0
 		}, w.draDeleteWhileDown},
 		// A daemon starting while the API server is away cannot tell which
-		// claims still exist: its collection must release nothing.
+		// claims still exist: its collection must release nothing. Once a
+		// seed.
 		{"dra-restart-api-down", func() int {
-			if !w.proxy.Up() && time.Now().After(w.apiDownUntil) &&
+			if !w.draRestartedAPIDown &&
 				w.pickClaimExists(func(c *draClaim) bool { return c.state == claimPrepared && w.nodes[c.node].cmd != nil }) {
-				return 15
+				return 3
 			}
 			return 0
 		}, w.draRestartAPIDown},
@@ -310,9 +308,11 @@ func kubeletCall[R any](w *world, i int, timeout time.Duration, call func(contex
 	}
 }
 
-// draDevice is the scheduler's pick: the device of the node's published
-// ResourceSlices whose rail attribute is rail, "" when there is none (yet).
-func (w *world) draDevice(i int, rail string) string {
+// draDevice is the scheduler's pick: a device of the node's published
+// ResourceSlices whose rail attribute is rail and that no existing claim is
+// allocated, "" when there is none; published says whether the node has
+// published any device of the rail yet.
+func (w *world) draDevice(i int, rail string) (device string, published bool) {
 	slicesList, err := w.cp.Clientset.ResourceV1().ResourceSlices().List(w.ctx, metav1.ListOptions{})
 	if err != nil {
 		w.fail("listing ResourceSlices: %v", err)
@@ -325,12 +325,17 @@ func (w *world) draDevice(i int, rail string) string {
 			w.fail("ResourceSlice %s of pool %s is for node %v, want %s", s.Name, s.Spec.Pool.Name, s.Spec.NodeName, w.nodes[i].name)
 		}
 		for _, d := range s.Spec.Devices {
-			if a, ok := d.Attributes[nicdra.AttrRail]; ok && a.StringValue != nil && *a.StringValue == rail {
-				return d.Name
+			a, ok := d.Attributes[nicdra.AttrRail]
+			if !ok || a.StringValue == nil || *a.StringValue != rail {
+				continue
+			}
+			published = true
+			if !w.pickClaimExists(func(c *draClaim) bool { return c.node == i && c.device == d.Name }) {
+				return d.Name, true
 			}
 		}
 	}
-	return ""
+	return "", published
 }
 
 // draNewClaim is a pod with a claim for one NIC of a random rail on a random
@@ -414,15 +419,21 @@ func (w *world) draSchedule(c *draClaim) bool {
 	// The slices come shortly after the daemon starts (when it can reach
 	// the API server): the scheduler waits for them a little.
 	deadline := time.Now().Add(10 * time.Second)
-	for c.device = w.draDevice(i, c.rail); c.device == "" && w.nodes[i].cmd != nil && w.proxy.Up() && time.Now().Before(deadline); {
+	device, published := w.draDevice(i, c.rail)
+	for ; !published && w.nodes[i].cmd != nil && w.proxy.Up() && time.Now().Before(deadline); device, published = w.draDevice(i, c.rail) {
 		time.Sleep(100 * time.Millisecond)
-		c.device = w.draDevice(i, c.rail)
 	}
-	if c.device == "" {
+	switch {
+	case !published:
 		w.tracef("scheduler: no %s device of rail %s published for %s yet", nicdra.DriverName, c.rail, w.nodes[i].name)
 		w.counts["dra-no-slice"]++
 		return false
+	case device == "":
+		w.tracef("scheduler: every %s device of rail %s on %s is allocated", nicdra.DriverName, c.rail, w.nodes[i].name)
+		w.counts["dra-rail-busy"]++
+		return false
 	}
+	c.device = device
 	w.nextClaim++
 	c.name = fmt.Sprintf("d%d", w.nextClaim)
 	w.draCreate(c)
@@ -698,21 +709,25 @@ func (w *world) draWaitStatus(c *draClaim) {
 	}
 }
 
-// draRestartAPIDown kills -9 and restarts the daemon of a node with a
-// prepared claim while the API server is unreachable, and keeps it away for
-// draAPIHold while the steps go on (when they do not run out first): long
-// enough for the collection the daemon starts with to give up (client-go
-// retries the claim list, then each claim's read, about 10 s each), which
-// must then release nothing.
+// draRestartAPIDown makes the API server unreachable (if it is not), kills -9
+// and restarts the daemon of a node with a prepared claim: the claim stays
+// held. (The collection the daemon starts with gives up only after client-go's
+// retries, about 10 s per request, which an outage here seldom lasts; keeping
+// the API server away that long would cost the run that much, and more: while
+// it is away, a restarted daemon's pool listing holds the lock that
+// ListAllocations needs for 3 s of every 5.)
 func (w *world) draRestartAPIDown() {
 	c := w.pickClaim(func(c *draClaim) bool { return c.state == claimPrepared && w.nodes[c.node].cmd != nil })
 	if c == nil {
 		return
 	}
+	if w.proxy.Up() {
+		w.apiStop()
+	}
 	w.killDaemon(c.node)
 	w.tracef("kill -9 ipam-node on %s (it holds %s), the API server unreachable", w.nodes[c.node].name, c)
 	w.startDaemon(c.node)
-	w.apiDownUntil = time.Now().Add(draAPIHold)
+	w.draRestartedAPIDown = true
 }
 
 // pickClaimExists says whether a claim that ok accepts exists.
