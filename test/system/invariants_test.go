@@ -26,10 +26,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/blocks"
 	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/store"
@@ -51,15 +54,19 @@ const (
 )
 
 // poolDef is a pool the test may create: fixed name, kind and network, so that
-// pools never overlap one another, and a re-created pool reuses its network.
+// pools never overlap one another, and a re-created pool reuses its network. A
+// pool with a rail is labelled nic.hwipam.io/rail=<rail>: DRA claims for that
+// rail's NIC get their address from it, and CNI networks name it outright.
 type poolDef struct {
-	name, kind, network string
+	name, kind, network, rail string
 }
 
 var poolDefs = []poolDef{
-	{"p0", v1alpha1.KindIPPool, "10.100.0.0/24"},
-	{"p1", v1alpha1.KindIPPool, "10.101.0.0/25"},
-	{"c0", v1alpha1.KindCIDRPool, "10.120.0.0/24"},
+	{"p0", v1alpha1.KindIPPool, "10.100.0.0/24", ""},
+	{"p1", v1alpha1.KindIPPool, "10.101.0.0/25", ""},
+	{"c0", v1alpha1.KindCIDRPool, "10.120.0.0/24", ""},
+	{"r0", v1alpha1.KindIPPool, "10.130.0.0/25", fakesysfs.DGXH100Rails[0]},
+	{"r1", v1alpha1.KindIPPool, "10.131.0.0/25", fakesysfs.DGXH100Rails[1]},
 }
 
 // network is a CNI network; several share a pool.
@@ -70,6 +77,7 @@ type network struct {
 
 var networks = []network{
 	{"net-a", poolDefs[0]}, {"net-b", poolDefs[0]}, {"net-c", poolDefs[1]}, {"net-d", poolDefs[2]}, {"net-e", poolDefs[2]},
+	{"net-r0", poolDefs[3]}, {"net-r1", poolDefs[4]},
 }
 
 // attachment is one interface's address as the model knows it.
@@ -94,6 +102,14 @@ type simNode struct {
 	info   infov1.NodeInfoServiceClient
 	socket string
 	fast   bool // the daemon serves the compact endpoint
+	// sysfs is the node's NIC tree (a DGX-H100's, which the DRA driver
+	// publishes), kubeletDir the kubelet's root the DRA plugin registers in,
+	// dra the kubelet's connection to the registered plugin (nil until it
+	// registered since the daemon last started).
+	sysfs      string
+	kubeletDir string
+	draConn    *grpc.ClientConn
+	dra        drapb.DRAPluginClient
 }
 
 type world struct {
@@ -125,6 +141,21 @@ type world struct {
 	// controller gave them to it, so its report may keep them (see checkHonestBlocks).
 	hostileHad map[string][]iprange.Range
 	logs       []namedLog
+
+	// dra: ipam-node runs its DRA kubelet plugin and the DRA actions run
+	// (HWIPAM_SYSTEM_DRA=off: neither).
+	dra bool
+	// claims: the ResourceClaims that exist, by UID; collect: claims deleted
+	// while their node's daemon was down, whose allocation the driver's
+	// garbage collection must release once it is back (see dra_test.go).
+	claims    map[types.UID]*draClaim
+	collect   map[types.UID]*draGone
+	nextClaim int
+	// outages counts the API server's outages; draOutageTried is the last one
+	// in which a prepare was tried.
+	outages, draOutageTried int
+	// apiDownUntil keeps the API server away until then (see draRestartAPIDown).
+	apiDownUntil time.Time
 }
 
 // namedLog is the output of one process the test started.
@@ -182,7 +213,8 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	w := &world{t: t, ctx: t.Context(), seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5157)), cp: cp, c: cp.Client,
 		nodeBin: bins["ipam-node"], pluginBin: bins["nv-ipam"], live: map[string]attachment{}, uncertain: map[string]attachment{},
-		counts: map[string]int{}, hostileHad: map[string][]iprange.Range{}}
+		counts: map[string]int{}, hostileHad: map[string][]iprange.Range{},
+		dra: os.Getenv("HWIPAM_SYSTEM_DRA") != "off", claims: map[types.UID]*draClaim{}, collect: map[types.UID]*draGone{}}
 	w.proxy = harness.NewAPIProxy(t, cp.Config)
 	host := w.proxy.Target()
 	kc, err := cp.WriteKubeconfig(t.TempDir())
@@ -205,6 +237,9 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 	for i := range nodeCount {
 		n := &simNode{name: fmt.Sprintf("sys-n%d", i), dir: t.TempDir(), group: []string{"a", "b"}[i%2]}
 		n.socket = filepath.Join(n.dir, "daemon.sock")
+		if w.dra {
+			w.draNodeSetup(n)
+		}
 		w.nodes = append(w.nodes, n)
 		w.createNode(i)
 		w.startDaemon(i)
@@ -213,10 +248,12 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 		Labels: map[string]string{groupLabel: []string{"a", "b"}[w.rng.IntN(2)]}}}); err != nil {
 		t.Fatalf("creating node %s: %v", hostileNode, err)
 	}
-	for _, p := range poolDefs[:2] {
+	for _, p := range poolDefs {
 		w.createPool(p)
 	}
-	w.createPool(poolDefs[2])
+	if w.dra {
+		w.draClusterSetup()
+	}
 	return w
 }
 
@@ -271,6 +308,9 @@ func (w *world) startDaemon(i int) {
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0",
 		"--pools-in-use-interval", "200ms", "--nic-labels", "off", fmt.Sprintf("--fast-endpoint=%t", fast),
 		"--cni-skip-nv-ipam-binary-copy", "--cni-skip-nv-ipam-config-creation")
+	if w.dra {
+		cmd.Args = append(cmd.Args, w.draFlags(n)...)
+	}
 	n.cmd = cmd
 	n.exited = w.startProcess(cmd, "ipam-node "+n.name)
 	deadline := time.Now().Add(30 * time.Second)
@@ -288,6 +328,9 @@ func (w *world) startDaemon(i int) {
 		w.t.Fatal(err)
 	}
 	n.conn, n.info = conn, infov1.NewNodeInfoServiceClient(conn)
+	if w.dra {
+		w.draDaemonStarted(i)
+	}
 }
 
 func (w *world) killDaemon(i int) {
@@ -296,18 +339,26 @@ func (w *world) killDaemon(i int) {
 	<-n.exited
 	_ = n.conn.Close()
 	n.cmd, n.conn, n.info = nil, nil, nil
+	w.draUnregister(n)
 	_ = os.Remove(n.socket) // a killed daemon leaves its socket; the restart replaces it anyway
 }
 
 func (w *world) createNode(i int) {
 	n := w.nodes[i]
 	obj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{groupLabel: n.group}}}
+
 	if err := w.c.Create(w.ctx, obj); err != nil {
 		w.fail("creating node %s: %v", n.name, err)
 	}
 }
 
-func (w *world) selector() *corev1.NodeSelector {
+// selector returns a pool's nodeSelector: all nodes, or one group. A rail's
+// pool selects all nodes more often (GPU nodes all have their rails), so that
+// DRA claims find their rail's pool more often than not.
+func (w *world) selector(p poolDef) *corev1.NodeSelector {
+	if p.rail != "" && w.rng.IntN(2) == 0 {
+		return nil
+	}
 	switch w.rng.IntN(3) {
 	case 0:
 		return nil
@@ -323,12 +374,15 @@ func (w *world) createPool(p poolDef) {
 	switch p.kind {
 	case v1alpha1.KindIPPool:
 		obj = &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: namespace},
-			Spec: v1alpha1.IPPoolSpec{Subnet: p.network, PerNodeBlockSize: w.blockSize(), NodeSelector: w.selector(),
+			Spec: v1alpha1.IPPoolSpec{Subnet: p.network, PerNodeBlockSize: w.blockSize(), NodeSelector: w.selector(p),
 				Exclusions: w.exclusions(p)}}
 	default:
 		obj = &v1alpha1.CIDRPool{ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: namespace},
-			Spec: v1alpha1.CIDRPoolSpec{CIDR: p.network, PerNodeNetworkPrefix: w.nodePrefix(), NodeSelector: w.selector(),
+			Spec: v1alpha1.CIDRPoolSpec{CIDR: p.network, PerNodeNetworkPrefix: w.nodePrefix(), NodeSelector: w.selector(p),
 				Exclusions: w.exclusions(p)}}
+	}
+	if p.rail != "" {
+		obj.SetLabels(map[string]string{v1alpha1.LabelRail: p.rail})
 	}
 	if err := w.c.Create(w.ctx, obj); err != nil {
 		w.fail("creating %s %s: %v", p.kind, p.name, err)
@@ -450,11 +504,16 @@ func (w *world) run(steps int) {
 			return 0
 		}, w.apiStop},
 		{"api-start", func() int {
-			if !w.proxy.Up() {
+			if !w.proxy.Up() && time.Now().After(w.apiDownUntil) {
 				return 15
 			}
 			return 0
 		}, w.apiStart},
+	}
+	if w.dra {
+		for _, a := range w.draActions() {
+			actions = append(actions, action(a))
+		}
 	}
 	for w.step = 1; w.step <= steps; w.step++ {
 		total := 0
@@ -493,6 +552,9 @@ func (w *world) run(steps int) {
 	default:
 	}
 	w.check()
+	if w.dra {
+		w.draFinal()
+	}
 	for k, a := range w.live {
 		w.mustDel(a)
 		delete(w.live, k)
@@ -716,7 +778,7 @@ func (w *world) poolEdit() {
 		case 1:
 			o.Spec.Exclusions = w.exclusions(p)
 		case 2:
-			o.Spec.NodeSelector = w.selector()
+			o.Spec.NodeSelector = w.selector(p)
 		}
 	case *v1alpha1.CIDRPool:
 		switch what {
@@ -725,7 +787,7 @@ func (w *world) poolEdit() {
 		case 1:
 			o.Spec.Exclusions = w.exclusions(p)
 		case 2:
-			o.Spec.NodeSelector = w.selector()
+			o.Spec.NodeSelector = w.selector(p)
 		}
 	}
 	if err := w.c.Update(w.ctx, obj); err != nil {
@@ -807,6 +869,7 @@ func (w *world) daemonRestart() {
 
 func (w *world) apiStop() {
 	w.proxy.SetUp(false)
+	w.outages++
 	w.tracef("API server unreachable")
 }
 
@@ -982,6 +1045,9 @@ type held struct {
 	node int
 	pool string
 	rec  string
+	// cid and ifName are the owner, network the CNI network (nic.hwipam.io for
+	// DRA claims) of the allocation.
+	cid, ifName, network string
 }
 
 // allocations returns node i's allocations as "poolKey ip containerID/ifName"
@@ -989,7 +1055,7 @@ type held struct {
 func (w *world) allocations(i int) map[netip.Addr]held {
 	n := w.nodes[i]
 	out := map[netip.Addr]held{}
-	addRec := func(pool, ip, cid, ifName string) {
+	addRec := func(pool, ip, cid, ifName, network string) {
 		a, err := netip.ParseAddr(ip)
 		if err != nil {
 			w.fail("node %s: allocation %s/%s has address %q", n.name, cid, ifName, ip)
@@ -997,7 +1063,7 @@ func (w *world) allocations(i int) map[netip.Addr]held {
 		if prev, dup := out[a]; dup {
 			w.fail("node %s holds %s twice: %s and %s/%s in %s", n.name, a, prev.rec, cid, ifName, pool)
 		}
-		out[a] = held{node: i, pool: pool, rec: cid + "/" + ifName}
+		out[a] = held{node: i, pool: pool, rec: cid + "/" + ifName, cid: cid, ifName: ifName, network: network}
 	}
 	if n.cmd == nil {
 		st, err := store.Open(filepath.Join(n.dir, "store"), store.Options{})
@@ -1011,7 +1077,7 @@ func (w *world) allocations(i int) map[netip.Addr]held {
 		}
 		for key, ps := range pools {
 			for _, a := range ps.Allocations {
-				addRec(key, a.IP, a.ContainerID, a.IfName)
+				addRec(key, a.IP, a.ContainerID, a.IfName, a.Network)
 			}
 		}
 		return out
@@ -1031,7 +1097,7 @@ func (w *world) allocations(i int) map[netip.Addr]held {
 		w.fail("listing the allocations of %s: %v", n.name, err)
 	}
 	for _, r := range res.Allocations {
-		addRec(r.Pool, r.Ip, r.ContainerId, r.IfName)
+		addRec(r.Pool, r.Ip, r.ContainerId, r.IfName, r.Network)
 	}
 	return out
 }
@@ -1096,7 +1162,8 @@ func (w *world) blocks() map[string][]struct {
 //   - no address is held twice, on one node or on two;
 //   - every ADD that succeeded is still held, with its address, unless its own
 //     network DEL'd or GC'd it;
-//   - no address a node holds lies in another node's block of any pool.
+//   - no address a node holds lies in another node's block of any pool;
+//   - with DRA, what checkClaims says.
 func (w *world) check() {
 	all := map[netip.Addr]held{}
 	for i := range w.nodes {
@@ -1127,5 +1194,8 @@ func (w *world) check() {
 				}
 			}
 		}
+	}
+	if w.dra {
+		w.checkClaims(all)
 	}
 }
