@@ -522,9 +522,11 @@ func TestBaseGrantsNoDRA(t *testing.T) {
 	wantForbidden(t, err, `cannot list resource "resourceslices"`)
 	_, err = csA.ResourceV1().ResourceClaims("ml").Get(ctx, "on-a", metav1.GetOptions{})
 	wantForbidden(t, err, `cannot get resource "resourceclaims"`)
-	wantForbidden(t, nicdra.ApplyClaimStatus(ctx, csA, "ml", "on-a", "node-a", []nicdra.PreparedDevice{{Request: "nic",
-		Device: "pci-0000-18-00-0", InterfaceName: "net1", Addresses: []string{"10.24.0.2/16"}}}),
-		`cannot patch resource "resourceclaims/status"`)
+	// ApplyClaimStatus reads the claim first (refused above); the write itself:
+	_, err = csA.ResourceV1().ResourceClaims("ml").Patch(ctx, "on-a", types.MergePatchType,
+		[]byte(`{"status":{"devices":[{"driver":"nic.hwipam.io","pool":"node-a","device":"pci-0000-18-00-0"}]}}`),
+		metav1.PatchOptions{}, "status")
+	wantForbidden(t, err, `cannot patch resource "resourceclaims/status"`)
 }
 
 // slice is a ResourceSlice with one device, node-local to node ("" for none).
