@@ -44,8 +44,11 @@ type poolSync struct {
 	railsChanged chan<- struct{}
 
 	// mu makes each listing and its SyncPools one step, so that two listings
-	// are not applied interleaved.
-	mu     sync.Mutex
+	// are not applied interleaved. It is held across the listing's API calls:
+	// readers of what the last listing found take rmu, never mu.
+	mu sync.Mutex
+	// rmu guards what the last complete listing found.
+	rmu    sync.Mutex
 	synced bool
 	// railPools are the pools labelled nic.hwipam.io/rail, by kind and rail, from
 	// the last listing.
@@ -61,16 +64,16 @@ const LabelRail = v1alpha1.LabelRail
 
 // railOfPool returns the rail a pool is labelled for.
 func (s *poolSync) railOfPool(kind, name string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
 	return s.poolRail[railKey{kind, name}]
 }
 
 // poolsOfRail returns the pools of kind labelled for rail, and whether a listing
 // has been seen.
 func (s *poolSync) poolsOfRail(kind, rail string) ([]string, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
 	return slices.Clone(s.railPools[railKey{kind, rail}]), s.synced
 }
 
@@ -154,8 +157,8 @@ func (s *poolSync) startup(ctx context.Context, logger logr.Logger) {
 }
 
 func (s *poolSync) hasSynced() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
 	return s.synced
 }
 
@@ -195,16 +198,14 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 		}
 	}
 	// Both lists succeeded: this is the complete set, also when it is empty.
-	s.synced = true
-	railsBefore := s.railPools
-	s.railPools, s.poolRail = map[railKey][]string{}, map[railKey]string{}
+	railPools, poolRail := map[railKey][]string{}, map[railKey]string{}
 	bind := func(kind, name, rail string) {
 		if rail == "" {
 			return
 		}
 		k := railKey{kind, rail}
-		s.railPools[k] = append(s.railPools[k], name)
-		s.poolRail[railKey{kind, name}] = rail
+		railPools[k] = append(railPools[k], name)
+		poolRail[railKey{kind, name}] = rail
 	}
 	for i := range ips.Items {
 		bind(v1alpha1.KindIPPool, ips.Items[i].Name, ips.Items[i].Labels[LabelRail])
@@ -212,17 +213,23 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 	for i := range cidrs.Items {
 		bind(v1alpha1.KindCIDRPool, cidrs.Items[i].Name, cidrs.Items[i].Labels[LabelRail])
 	}
-	for _, names := range s.railPools {
+	for _, names := range railPools {
 		slices.Sort(names)
 	}
-	if s.railsChanged != nil && !maps.EqualFunc(railsBefore, s.railPools, slices.Equal[[]string]) {
+	before := s.manager.Holds()
+	err := s.manager.SyncPools(cfgs)
+	// What the listing found is told once its blocks are applied: a rail's
+	// pool is not handed out before this node's block in it is there.
+	s.rmu.Lock()
+	railsBefore := s.railPools
+	s.synced, s.railPools, s.poolRail = true, railPools, poolRail
+	s.rmu.Unlock()
+	if s.railsChanged != nil && !maps.EqualFunc(railsBefore, railPools, slices.Equal[[]string]) {
 		select {
 		case s.railsChanged <- struct{}{}:
 		default:
 		}
 	}
-	before := s.manager.Holds()
-	err := s.manager.SyncPools(cfgs)
 	if s.changed != nil && !maps.EqualFunc(before, s.manager.Holds(), func(a, b v1alpha1.PoolHold) bool { return a.Block == b.Block }) {
 		select {
 		case s.changed <- struct{}{}:
@@ -238,8 +245,8 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 // railPoolsAll returns, for each rail, its IPPools (its CIDRPools when it has
 // no IPPool), and whether a listing has been seen.
 func (s *poolSync) railPoolsAll() (map[string][]string, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
 	out := map[string][]string{}
 	for k, names := range s.railPools {
 		if k.kind == v1alpha1.KindIPPool || len(out[k.rail]) == 0 && s.railPools[railKey{v1alpha1.KindIPPool, k.rail}] == nil {

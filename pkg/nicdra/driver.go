@@ -141,9 +141,10 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	refresh := time.NewTicker(d.RefreshInterval)
 	defer refresh.Stop()
-	gc := time.NewTicker(d.GCInterval)
+	// The collection runs at start and every GCInterval; one that could not
+	// ask the API server is tried again after gcRetry.
+	gc := time.NewTimer(0)
 	defer gc.Stop()
-	d.collect(ctx)
 	for {
 		select {
 		case <-ctx.Done():
@@ -165,7 +166,11 @@ func (d *Driver) Run(ctx context.Context) error {
 				}
 			}
 		case <-gc.C:
-			d.collect(ctx)
+			next := d.GCInterval
+			if !d.collect(ctx) {
+				next = min(gcRetry, d.GCInterval)
+			}
+			gc.Reset(next)
 		}
 	}
 }
@@ -355,6 +360,9 @@ func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 	default:
 	}
 }
+
+// gcRetry is how soon a collection that failed is tried again.
+const gcRetry = 5 * time.Second
 
 // healthRefresh is how often health reports are sent again: within the
 // kubelet's default timeout of 30s.

@@ -65,11 +65,11 @@ func GoneClaims(ctx context.Context, c kubernetes.Interface, seen map[types.UID]
 // of the checkpoint (through Unprepare, which also forgets them) and any
 // allocation of this driver the checkpoint does not know (a checkpoint lost or
 // restored from an older copy).
-func (d *Driver) collect(ctx context.Context) {
+func (d *Driver) collect(ctx context.Context) (ok bool) {
 	claims, err := d.Preparer.Claims()
 	if err != nil {
 		d.Log.Error(err, "claim garbage collection: reading the prepared claims")
-		return
+		return false
 	}
 	seen := map[types.UID]metav1.ObjectMeta{}
 	for uid, pc := range claims {
@@ -95,12 +95,12 @@ func (d *Driver) collect(ctx context.Context) {
 	})
 	if err != nil {
 		d.Log.Error(err, "claim garbage collection: reading the store")
-		return
+		return false
 	}
 	gone, err := GoneClaims(ctx, d.Client, seen)
 	if err != nil {
-		d.Log.Error(err, "claim garbage collection: the API server did not answer; nothing released")
-		return
+		d.Log.Error(err, "claim garbage collection: the API server did not answer; nothing released, tried again soon")
+		return false
 	}
 	for uid := range gone {
 		pc, ok := claims[uid]
@@ -130,4 +130,5 @@ func (d *Driver) collect(ctx context.Context) {
 				"ip", o.a.IP, "claim", o.a.ContainerID, "interface", o.a.IfName)
 		}
 	}
+	return true
 }
