@@ -82,6 +82,18 @@ func readDRA(c *checker, storeFile string) *draState {
 		return nil
 	}
 	if !ok {
+		// No driver runs; claims it prepared before still hold addresses.
+		if ckpt, err := (nicdra.CheckpointFile{Path: cp}).Load(); err == nil && len(ckpt.Claims) > 0 {
+			var names []string
+			for _, pc := range ckpt.Claims {
+				names = append(names, pc.Namespace+"/"+pc.Name)
+			}
+			slices.Sort(names)
+			c.add(SeverityWarning, "dra", cp, fmt.Sprintf("%d claim(s) prepared by the DRA driver, which does not run "+
+				"(ipam-node without --dra): %s; their addresses stay held", len(names), strings.Join(names, ", ")),
+				"run ipam-node with --dra again (deploy/overlays/dra) so that the kubelet can unprepare them, or delete "+
+					"the claims and then run it once: its garbage collection releases what deleted claims held")
+		}
 		return nil
 	}
 	return &draState{statusPath: path, status: st, checkpoint: cp}

@@ -301,13 +301,19 @@ func TestCheckDRA(t *testing.T) {
 	r, code = checkRun(t, "--socket", n.sock, "--netns-dir", "/run/netns")
 	wantOnly(t, "netdev gone", r, code, fmt.Sprintf("device %s's netdev %s (MAC %s) is neither on the host nor in any of the", draDevice, n.netdev, n.mac))
 
-	// A node whose daemon does not run the driver: no DRA finding at all.
+	// A daemon that no longer runs the driver (no status file), with claims
+	// the driver prepared: a warning naming them.
 	if err := os.Remove(nicdra.StatusFile(n.checkpointPath())); err != nil {
 		t.Fatal(err)
 	}
-	r, code = checkRun(t, args...)
-	if got := draFindings(r); len(got) > 0 || code != ipamctl.ExitOK {
-		t.Errorf("without the driver's status file: exit %d, DRA findings %q", code, got)
+	r, _ = checkRun(t, args...)
+	wantFinding(t, "driver off, claims prepared", r, ipamctl.SeverityWarning,
+		"1 claim(s) prepared by the DRA driver, which does not run (ipam-node without --dra): ml/trainer-0-nic")
+	// Without claims either: no DRA finding at all.
+	n.saveCheckpoint(t, map[types.UID]nicdra.PreparedClaim{})
+	r, _ = checkRun(t, args...)
+	if got := draFindings(r); len(got) > 0 {
+		t.Errorf("without the driver's status file and claims: DRA findings %q", got)
 	}
 }
 

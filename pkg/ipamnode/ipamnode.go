@@ -180,6 +180,14 @@ func Run(ctx context.Context, o *Options) error {
 	}
 	svc.Rails = newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails)
 	var dra *nicdra.Driver
+	if !o.DRA {
+		// A status file left by an earlier --dra run would tell ipamctl that a
+		// driver runs here (the checkpoint stays: its claims still hold
+		// addresses, which ipamctl check reports).
+		if err := os.Remove(nicdra.StatusFile(draCheckpoint(o.StoreFile))); err == nil {
+			logger.Info("removed the DRA driver's status file: ipam-node runs without --dra")
+		}
+	}
 	if o.DRA {
 		if dra, err = newDRADriver(o, cfg, mgrState, pools, rails, logger); err != nil {
 			return err

@@ -155,6 +155,13 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(out).To(MatchRegexp(`(?m)^.*%s.*nic\.hwipam\.io.*%s/gpu3-pod.*%s/gpu3-pod`, regexp.QuoteMeta(strings.Split(got.addrs[0], "/")[0]), ns, ns))
 		fmt.Fprintf(GinkgoWriter, "ipamctl allocations:\n%s\n", out)
+		// ipamctl check there: the plugin registered, the slices published, the
+		// claim's address in the store.
+		out, _ = node.Kubectl(ctx, "-n", "kube-system", "exec", ipamNodePod(ctx).Name, "-c", "ipam-node", "--", "/ipamctl", "check")
+		Expect(out).To(And(MatchRegexp(`(?m)^ok\s+dra\s+nic\.hwipam\.io\s+registered with the kubelet`),
+			MatchRegexp(`(?m)^ok\s+slices\s+nic\.hwipam\.io\s+the API server has the \d+ device\(s\)`),
+			MatchRegexp(`(?m)^ok\s+claim\s+-\s+\d+ prepared claim\(s\), each address held in the store`)), "ipamctl check:\n%s", out)
+		Expect(out).NotTo(MatchRegexp(`(?m)^error\s+(dra|slices|claim)`), "ipamctl check:\n%s", out)
 
 		// The pod goes: the netdev is back on the host under its name, the
 		// address released.
