@@ -124,6 +124,12 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		// rail-pod: rail 2's NIC as net1, an address of its pool.
 		got := expectDRAPod(ctx, "rail-pod", "net1")
 		Expect(got.rail).To(Equal("ibp79s0"))
+		// Its container has the port's RDMA character devices, with the numbers
+		// of the tree's dev files (rail 2's user verbs device is uverbs2, 231:194).
+		out, err := node.Kubectl(ctx, "-n", ns, "exec", "rail-pod", "--", "ls", "-l", "/dev/infiniband/")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(And(MatchRegexp(`(?m)^crw.*231,\s*194 .*uverbs2$`), MatchRegexp(`(?m)^crw.*10,\s*58 .*rdma_cm$`)), "ls -l /dev/infiniband in rail-pod:\n%s", out)
+		fmt.Fprintf(GinkgoWriter, "rail-pod's /dev/infiniband:\n%s\n", out)
 		// static-pod: rail 3's, the address asked for.
 		got = expectDRAPod(ctx, "static-pod", "net1")
 		Expect(got.rail).To(Equal("ibp94s0"))
