@@ -126,16 +126,7 @@ func startDRAPod(ctx context.Context, c *realnode.Cluster) error {
 		return fmt.Errorf("the ResourceSlices of %s and %s: %w", nicdra.DriverName, realnode.GPUDriverName, err)
 	}
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "demo-gpu", Namespace: "default"},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{
-				{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: realnode.GPUDriverName,
-					Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-						Expression: fmt.Sprintf(`device.attributes[%q].index == %d`, realnode.GPUDriverName, draGPU)}}}}},
-				{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nicdra.DriverName}},
-			},
-			Constraints: []resourceapi.DeviceConstraint{{Requests: []string{"gpu", "nic"},
-				MatchAttribute: new(resourceapi.FullyQualifiedName("resource.kubernetes.io/pcieRoot"))}},
-		}}}
+		Spec: realnode.GPUAndNIC(draGPU, "")}
 	if _, err := c.Clientset.ResourceV1().ResourceClaims("default").Create(ctx, claim, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("claim demo-gpu: %w", err)
 	}

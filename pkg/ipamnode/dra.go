@@ -29,7 +29,7 @@ func draCheckpoint(storeFile string) string {
 // newDRADriver builds the DRA driver on the daemon's allocation state, pools
 // and NIC inventory.
 func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poolSync, rails nicdiscovery.Rails,
-	logger logr.Logger) (*nicdra.Driver, error) {
+	scan func(fresh bool) (*nicdiscovery.Inventory, error), logger logr.Logger) (*nicdra.Driver, error) {
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("creating the DRA driver's client: %w", err)
@@ -38,7 +38,6 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 	if err != nil {
 		return nil, err
 	}
-	scan := inventoryCache(o.SysfsRoot)
 	inventory := func() *nicdiscovery.Inventory {
 		inv, err := scan(true)
 		if err != nil || inv == nil {

@@ -122,7 +122,8 @@ func Run(ctx context.Context, o *Options) error {
 		StoreFile: o.StoreFile, CniBinDir: o.CNI.BinDir, CniConfDir: o.CNI.ConfDir, PluginSha256: pluginSum,
 		PoolsNamespace: o.PoolsNamespace, ConfSha256: confSum, SysfsRoot: o.SysfsRoot, RailConfig: o.RailConfig,
 		RailConfigContent: string(railsContent), NicLabels: o.NICLabels}}
-	nics := &nicView{rails: rails, scan: inventoryCache(o.SysfsRoot)}
+	scan := inventoryCache(o.SysfsRoot)
+	nics := &nicView{rails: rails, scan: scan}
 	svc.NICs = nics
 	nodev1.RegisterIPAMServiceServer(srv, svc)
 	infov1.RegisterNodeInfoServiceServer(srv, svc)
@@ -178,7 +179,7 @@ func Run(ctx context.Context, o *Options) error {
 	if err := pools.setup(mgr); err != nil {
 		return err
 	}
-	svc.Rails = newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails)
+	svc.Rails = newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails, scan)
 	var dra *nicdra.Driver
 	if !o.DRA {
 		// A status file left by an earlier --dra run would tell ipamctl that a
@@ -189,7 +190,7 @@ func Run(ctx context.Context, o *Options) error {
 		}
 	}
 	if o.DRA {
-		if dra, err = newDRADriver(o, cfg, mgrState, pools, rails, logger); err != nil {
+		if dra, err = newDRADriver(o, cfg, mgrState, pools, rails, scan, logger); err != nil {
 			return err
 		}
 		kick := make(chan struct{}, 1)

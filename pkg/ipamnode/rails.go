@@ -30,18 +30,20 @@ type railSelector struct {
 }
 
 // newRailSelector reads the NICs under root ("/": the node's, through sriovnet
-// where it serves).
-func newRailSelector(pools *poolSync, m *nodealloc.Manager, root, namespace string, railMap nicdiscovery.Rails) *railSelector {
+// where it serves), scanned through the daemon's inventory cache.
+func newRailSelector(pools *poolSync, m *nodealloc.Manager, root, namespace string, railMap nicdiscovery.Rails,
+	scan func(fresh bool) (*nicdiscovery.Inventory, error)) *railSelector {
 	var loc rails.Locator = rails.SysfsLocator{Root: root}
 	if root == "/" || root == "" {
 		loc = rails.LiveLocator{}
 	}
 	return &railSelector{pools: pools, manager: m, namespace: namespace,
-		resolver: &rails.Resolver{Locator: loc, Rails: railMap, Inventory: inventoryCache(root)}}
+		resolver: &rails.Resolver{Locator: loc, Rails: railMap, Inventory: scan}}
 }
 
 // inventoryCache scans root at most once a second, and on demand when a device
-// was not in the last scan.
+// was not in the last scan. The daemon has one, shared by the rail resolver,
+// the NIC view and the DRA driver.
 func inventoryCache(root string) func(fresh bool) (*nicdiscovery.Inventory, error) {
 	var (
 		mu   sync.Mutex

@@ -154,16 +154,12 @@ func (d *Driver) Run(ctx context.Context) error {
 		case <-refresh.C:
 			d.writeStatus()
 			d.reconcileStatus(ctx)
-			if d.refresh() {
-				if err := d.publish(ctx); err != nil {
-					return err
-				}
+			if err := d.refreshAndPublish(ctx); err != nil {
+				return err
 			}
 		case <-d.Kick:
-			if d.refresh() {
-				if err := d.publish(ctx); err != nil {
-					return err
-				}
+			if err := d.refreshAndPublish(ctx); err != nil {
+				return err
 			}
 		case <-gc.C:
 			next := d.GCInterval
@@ -252,6 +248,14 @@ func (d *Driver) refresh() bool {
 	close(d.changed)
 	d.changed = make(chan struct{})
 	return true
+}
+
+// refreshAndPublish publishes the devices when they changed.
+func (d *Driver) refreshAndPublish(ctx context.Context) error {
+	if !d.refresh() {
+		return nil
+	}
+	return d.publish(ctx)
 }
 
 // publish hands the devices to the library's ResourceSlice controller.

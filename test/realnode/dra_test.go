@@ -3,13 +3,13 @@ package realnode_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -105,7 +105,7 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 			devs := nicDevices(ctx, g)
 			for _, r := range draRails {
 				d, ok := devs[r]
-				g.Expect(ok).To(BeTrue(), "no device of rail %s in %v", r, slices.Collect(mapKeys(devs)))
+				g.Expect(ok).To(BeTrue(), "no device of rail %s in %v", r, slices.Sorted(maps.Keys(devs)))
 				g.Expect(d.Attributes[nicdra.AttrPool].StringValue).To(HaveValue(Equal("rail-" + r)))
 			}
 		}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
@@ -151,7 +151,7 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		for _, p := range []string{"rail-pod", "static-pod"} {
 			deletePod(ctx, p)
 		}
-		createClaimPod(ctx, "gpu3-pod", gpuAndNIC(3))
+		createClaimPod(ctx, "gpu3-pod", realnode.GPUAndNIC(3, `device.attributes["nic.hwipam.io"].linkType == "ib"`))
 		got := expectDRAPod(ctx, "gpu3-pod", "")
 		Expect(got.gpu).To(Equal("gpu-3"))
 		Expect(got.rail).To(BeElementOf("ibp79s0", "ibp94s0"))
@@ -442,37 +442,6 @@ func nicDevices(ctx context.Context, g Gomega) map[string]resourceapi.Device {
 		}
 	}
 	return out
-}
-
-func mapKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		keys := make([]string, 0, len(m))
-		for k := range m {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}
-
-// gpuAndNIC is a claim spec for GPU i and a NIC of its root complex.
-func gpuAndNIC(gpu int) resourceapi.ResourceClaimSpec {
-	return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-		Requests: []resourceapi.DeviceRequest{
-			{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: realnode.GPUDriverName,
-				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-					Expression: fmt.Sprintf(`device.attributes[%q].index == %d`, realnode.GPUDriverName, gpu)}}}}},
-			{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nicdra.DriverName,
-				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-					Expression: `device.attributes["nic.hwipam.io"].linkType == "ib"`}}}}},
-		},
-		Constraints: []resourceapi.DeviceConstraint{{Requests: []string{"gpu", "nic"},
-			MatchAttribute: new(resourceapi.FullyQualifiedName("resource.kubernetes.io/pcieRoot"))}},
-	}}
 }
 
 // createClaimPod creates a claim with the spec and a busybox pod that uses it;

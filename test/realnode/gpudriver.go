@@ -15,6 +15,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
+
+	"github.com/hwipam/hwipam/pkg/nicdra"
 )
 
 // GPUDriverName is the test-only GPU DRA driver's name, that of NVIDIA's GPU
@@ -129,3 +131,23 @@ func StartGPUDriver(ctx context.Context, cs kubernetes.Interface, nodeName, kube
 
 // KubeletDir is the kubelet's --root-dir.
 func (c *Cluster) KubeletDir() string { return filepath.Join(c.Dir, "kubelet") }
+
+// GPUAndNIC is a claim for GPU index gpu (of the test GPU driver, as NVIDIA's
+// names it) and a nic.hwipam.io NIC on the same PCIe root complex; nicSelector,
+// when set, is a CEL expression the NIC must also match.
+func GPUAndNIC(gpu int, nicSelector string) resourceapi.ResourceClaimSpec {
+	nic := &resourceapi.ExactDeviceRequest{DeviceClassName: nicdra.DriverName}
+	if nicSelector != "" {
+		nic.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: nicSelector}}}
+	}
+	return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+		Requests: []resourceapi.DeviceRequest{
+			{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: GPUDriverName,
+				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+					Expression: fmt.Sprintf(`device.attributes[%q].index == %d`, GPUDriverName, gpu)}}}}},
+			{Name: "nic", Exactly: nic},
+		},
+		Constraints: []resourceapi.DeviceConstraint{{Requests: []string{"gpu", "nic"},
+			MatchAttribute: new(resourceapi.FullyQualifiedName("resource.kubernetes.io/pcieRoot"))}},
+	}}
+}
