@@ -47,10 +47,7 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 	}
 	p := &nicdra.Preparer{Allocator: m, Checkpoint: nicdra.CheckpointFile{Path: draCheckpoint(o.StoreFile)},
 		Inventory: inventory, Rails: rails, BootID: bootID,
-		PoolsForRail: func(rail, kind string) []string {
-			names, _ := pools.poolsOfRail(kind, rail)
-			return names
-		}}
+		PoolsForRail: func(rail, kind string) ([]string, bool) { return pools.poolsOfRail(kind, rail) }}
 	var nri *nicdra.NRIPlugin
 	if o.DRANRISocket != "" {
 		nri = &nicdra.NRIPlugin{Devices: p, Attacher: &nicdra.Attacher{}, SysfsRoot: o.SysfsRoot, Log: logger.WithName("nri")}

@@ -42,8 +42,11 @@ type Preparer struct {
 	Inventory func() *nicdiscovery.Inventory
 	Rails     nicdiscovery.Rails
 	// PoolsForRail returns the pools labelled for a rail, of a kind
-	// (v1alpha1.KindIPPool or KindCIDRPool): one, or two for dual-stack.
-	PoolsForRail func(rail, kind string) []string
+	// (v1alpha1.KindIPPool or KindCIDRPool): one, or two for dual-stack; and
+	// whether the pools are known (listed from the API server since the
+	// daemon started): while they are not, a prepare that needs them fails
+	// with ErrNotReady.
+	PoolsForRail func(rail, kind string) (pools []string, known bool)
 	// BootID is the node's, recorded with the checkpoint.
 	BootID string
 
@@ -75,7 +78,7 @@ func (p *Preparer) save() error {
 // what it got then. When any device fails, what the claim got is released and
 // the error says what was wrong (errors.Is ErrConfig, nodealloc.ErrInvalid,
 // ErrUnknownPool, ErrExhausted: no retry fixes those but a changed claim or
-// pool).
+// pool; ErrNotReady: the kubelet's retry will).
 func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]PreparedDevice, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -100,6 +103,9 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	}
 	if err := CheckConfigTargets(claim.Status.Allocation); err != nil {
 		return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	if err := p.checkInterfaceNames(claim, pod, p.Inventory()); err != nil {
+		return nil, err
 	}
 	pc := PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, PodName: pod.name, PodUID: pod.uid, State: PrepareStarted}
 	p.state.Claims[claim.UID] = pc
@@ -173,9 +179,8 @@ func (p *Preparer) prepareDevice(ctx context.Context, claim *resourceapi.Resourc
 			return PreparedDevice{}, fmt.Errorf("%w: device %s has no rail (no labelled port) and its configuration "+
 				"names no pool: name one in a %s configuration", nodealloc.ErrInvalid, r.Device, ConfigKind)
 		}
-		if d.Pools = p.PoolsForRail(d.Rail, kind); len(d.Pools) == 0 {
-			return PreparedDevice{}, fmt.Errorf("%w: no %s is labelled %s=%s: label the rail's pool (two for dual-stack), "+
-				"or name a pool in the claim's %s configuration", nodealloc.ErrUnknownPool, kind, v1alpha1.LabelRail, d.Rail, ConfigKind)
+		if d.Pools, err = p.railPools(d.Rail, kind); err != nil {
+			return PreparedDevice{}, err
 		}
 	}
 	req := p.request(claim.UID, d, pod)
