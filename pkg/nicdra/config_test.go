@@ -2,12 +2,15 @@ package nicdra_test
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
 
 	"github.com/hwipam/hwipam/pkg/nicdra"
 )
@@ -172,6 +175,54 @@ func TestConfigRefused(t *testing.T) {
 				if !errors.Is(err, nicdra.ErrConfig) || !strings.Contains(err.Error(), c.want) {
 					t.Errorf("%s: %v, want ErrConfig saying %q", source, err, c.want)
 				}
+			}
+		})
+	}
+}
+
+// docs/dra.md's pinned DeviceClass does what the page says: its claims keep
+// its pool and cannot choose an address, and their other fields are theirs.
+func TestConfigOfTheDocsPinnedClass(t *testing.T) {
+	md, err := os.ReadFile(filepath.Join("..", "..", "docs", "dra.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dc resourceapi.DeviceClass
+	for block := range strings.SplitSeq(string(md), "```yaml\n") {
+		block, _, _ = strings.Cut(block, "```")
+		if strings.Contains(block, "kind: DeviceClass") && strings.Contains(block, "allowClaimAddresses") {
+			if err := yaml.UnmarshalStrict([]byte(block), &dc); err != nil {
+				t.Fatalf("docs/dra.md's DeviceClass: %v", err)
+			}
+		}
+	}
+	if len(dc.Spec.Config) != 1 || dc.Spec.Config[0].Opaque == nil {
+		t.Fatalf("docs/dra.md has no DeviceClass with a NicConfig: %+v", dc)
+	}
+	// The scheduler copies the class's configuration into the allocation,
+	// with the request that named the class.
+	fromClass := resourceapi.DeviceAllocationConfiguration{Source: resourceapi.AllocationConfigSourceClass,
+		Requests: []string{"nic"}, DeviceConfiguration: dc.Spec.Config[0].DeviceConfiguration}
+	for _, c := range []struct {
+		name, claim, refused string
+	}{
+		{"the interface name is the claim's", `"interfaceName": "net1"`, ""},
+		{"another pool", `"pool": "spare"`, `it sets pool "spare", but the DeviceClass's configuration sets pool "rail-ibp79s0"`},
+		{"a static address", `"ips": ["10.79.0.5"]`, "allowClaimAddresses false"},
+		{"allowClaimAddresses", `"allowClaimAddresses": true`, "only a DeviceClass's configuration may set"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			alloc := &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Config: []resourceapi.DeviceAllocationConfiguration{
+				fromClass, claimConfig(c.claim, "nic")}}}
+			cfg, err := nicdra.ConfigFor(alloc, "nic")
+			if c.refused == "" {
+				if err != nil || cfg.Pool != "rail-ibp79s0" || cfg.InterfaceName != "net1" {
+					t.Errorf("%+v %v, want the class's pool and the claim's name", cfg, err)
+				}
+				return
+			}
+			if !errors.Is(err, nicdra.ErrConfig) || !strings.Contains(err.Error(), c.refused) {
+				t.Errorf("%v, want ErrConfig saying %q", err, c.refused)
 			}
 		})
 	}
