@@ -30,7 +30,8 @@ type Config struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
 	// InterfaceName is the netdev's name in the pod (a netdev name: at most 15
-	// bytes, no '/', ':' or whitespace); default: its name on the host.
+	// bytes, no '/', ':', '%' or whitespace; not eth0 or lo, which the pod
+	// has); default: its name on the host.
 	InterfaceName string `json:"interfaceName,omitempty"`
 	// Pool overrides the rail's pool: one pool, or two comma-separated for
 	// dual-stack, of PoolType (ippool, the default, or cidrpool).
