@@ -111,6 +111,7 @@ func Run(ctx context.Context, o *Options) error {
 		return err
 	}
 	registerMetrics(mgrState, st)
+	keepLegacyDRA := markLegacyDRA(ctx, o.StoreFile, mgrState, logger)
 
 	lis, err := listen(o.BindAddress)
 	if err != nil {
@@ -204,7 +205,8 @@ func Run(ctx context.Context, o *Options) error {
 		}
 		cleanupLog := logger.WithName("cleanup")
 		if err := mgr.Add(&cleaner{reader: mgr.GetAPIReader(), watchPods: nodePodWatcher(podMeta, o.NodeName, cleanupLog),
-			manager: mgrState, interval: o.CleanupInterval, misses: o.CleanupMisses, log: cleanupLog}); err != nil {
+			manager: mgrState, interval: o.CleanupInterval, misses: o.CleanupMisses, log: cleanupLog,
+			keepLegacyDRA: keepLegacyDRA}); err != nil {
 			return fmt.Errorf("adding the stale-allocation cleaner: %w", err)
 		}
 	}

@@ -211,7 +211,7 @@ func (p *Preparer) request(uid types.UID, d PreparedDevice, pod podRef) *nodeall
 	}
 	return &nodealloc.Request{Pools: d.Pools, Kind: kind, ContainerID: string(uid), IfName: d.Request + ":" + d.Device,
 		Meta: nodealloc.Metadata{PodName: pod.name, PodNamespace: pod.namespace, PodUID: pod.uid, DeviceID: d.PCIAddress,
-			Rail: d.Rail, Network: DriverName}}
+			Rail: d.Rail, Network: DriverName, Owner: OwnerDRA}}
 }
 
 // release releases the devices of a claim; errors are left for the claim
