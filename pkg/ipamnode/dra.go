@@ -45,8 +45,11 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 		}
 		return inv
 	}
+	host := &hostPortsReader{}
 	p := &nicdra.Preparer{Allocator: m, Checkpoint: nicdra.CheckpointFile{Path: draCheckpoint(o.StoreFile)},
 		Inventory: inventory, Rails: rails, BootID: bootID,
+		Ports: &nicdra.PortUse{InUse: func() map[string]string { return portsInUse(m) }, HostPorts: host.read,
+			Exclude: o.DRAExcludeDevices},
 		PoolsForRail: func(rail, kind string) []string {
 			names, _ := pools.poolsOfRail(kind, rail)
 			return names

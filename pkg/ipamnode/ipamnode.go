@@ -180,7 +180,12 @@ func Run(ctx context.Context, o *Options) error {
 	if err := pools.setup(mgr); err != nil {
 		return err
 	}
-	svc.Rails = newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails, scan)
+	railSel := newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails, scan)
+	svc.Rails = railSel
+	// Every CNI allocation that names a device records its port, with or
+	// without --dra (the driver may be turned on later).
+	ports := &cniPorts{loc: railSel.resolver.Locator}
+	svc.Ports = ports
 	var dra *nicdra.Driver
 	if !o.DRA {
 		// A status file left by an earlier --dra run would tell ipamctl that a
@@ -196,6 +201,7 @@ func Run(ctx context.Context, o *Options) error {
 		}
 		kick := make(chan struct{}, 1)
 		pools.railsChanged, dra.Kick = kick, kick
+		ports.heldBy, ports.kick = dra.HeldBy, kick
 		registerDRAMetrics()
 	}
 	if o.CleanupInterval > 0 {

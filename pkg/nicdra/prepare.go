@@ -46,6 +46,9 @@ type Preparer struct {
 	PoolsForRail func(rail, kind string) []string
 	// BootID is the node's, recorded with the checkpoint.
 	BootID string
+	// Ports says which ports are not to be handed out (uplink, excluded, in
+	// use by the CNI path); nil: none known.
+	Ports *PortUse
 
 	mu    sync.Mutex
 	state *Checkpoint
@@ -106,7 +109,7 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	if err := p.save(); err != nil {
 		return nil, err
 	}
-	inv := p.Inventory()
+	inv := withPreparedNetdevs(p.Inventory(), PreparedNetdevs(p.state.Claims))
 	byRail := rails.PFRails(inv, p.Rails)
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
@@ -145,6 +148,9 @@ func (p *Preparer) prepareDevice(ctx context.Context, claim *resourceapi.Resourc
 			"scheduler allocated it): delete the pod and its claim to have another allocated", nodealloc.ErrInvalid, r.Device)
 	}
 	n := inv.NICs[i]
+	if err := p.Ports.check(inv, n); err != nil {
+		return PreparedDevice{}, err
+	}
 	pf := n.PCIAddress
 	if n.Function == nicdiscovery.FunctionVF {
 		pf = n.PhysFn
