@@ -95,6 +95,17 @@ func markLegacyDRA(ctx context.Context, storeFile string, m *nodealloc.Manager, 
 	return false
 }
 
+// preparedNetdevs reads the DRA checkpoint beside the store for the host
+// netdevs of the prepared claims' devices (nicdra.PreparedNetdevs); none when
+// there is no checkpoint or it cannot be read.
+func preparedNetdevs(storeFile string) map[string]string {
+	c, err := nicdra.CheckpointFile{Path: draCheckpoint(storeFile)}.Load()
+	if err != nil {
+		return nil
+	}
+	return nicdra.PreparedNetdevs(c.Claims)
+}
+
 // runDRA runs the driver until ctx ends.
 func runDRA(ctx context.Context, d *nicdra.Driver) error {
 	if err := d.Run(ctx); err != nil {

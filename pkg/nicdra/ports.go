@@ -70,7 +70,7 @@ func (u *PortUse) check(inv *nicdiscovery.Inventory, n nicdiscovery.NIC) error {
 // PreparedNetdevs returns, by PCI address, the host netdev of each device of
 // the prepared claims: where a device's netdev is not in the host's namespace
 // (it is in the claim's pod), the inventory is read as if it were
-// (withPreparedNetdevs).
+// (WithPreparedNetdevs).
 func PreparedNetdevs(claims map[types.UID]PreparedClaim) map[string]string {
 	out := map[string]string{}
 	for _, pc := range claims {
@@ -83,13 +83,15 @@ func PreparedNetdevs(claims map[types.UID]PreparedClaim) map[string]string {
 	return out
 }
 
-// withPreparedNetdevs returns inv with the host netdev of each prepared device
+// WithPreparedNetdevs returns inv with the host netdev of each prepared device
 // (by PCI address: PreparedNetdevs) put back where the scan does not show one
 // because the netdev is in the claim's pod. The device then keeps the
 // attributes that come from its netdev (rail, pool, netdev) and its PF's rail
 // stays that of its port label, instead of changing on every attach and
-// detach. inv itself is not changed.
-func withPreparedNetdevs(inv *nicdiscovery.Inventory, prepared map[string]string) *nicdiscovery.Inventory {
+// detach. inv itself is not changed. ipam-node's NIC labeller reads its scans
+// through it too, so that a port in a claim's pod keeps its node labels also
+// after a restart.
+func WithPreparedNetdevs(inv *nicdiscovery.Inventory, prepared map[string]string) *nicdiscovery.Inventory {
 	out := *inv
 	out.NICs = slices.Clone(inv.NICs)
 	for i := range out.NICs {
@@ -128,7 +130,7 @@ func exempt(p Publish, prepared map[string]string) Publish {
 func (d *Driver) publishInputs(inv *nicdiscovery.Inventory, claims map[types.UID]PreparedClaim,
 	pools map[string][]string) (Publish, error) {
 	prepared := PreparedNetdevs(claims)
-	pub := Publish{Inventory: withPreparedNetdevs(inv, prepared), Rails: d.Preparer.Rails, PoolsByRail: pools, Now: metav1.Now()}
+	pub := Publish{Inventory: WithPreparedNetdevs(inv, prepared), Rails: d.Preparer.Rails, PoolsByRail: pools, Now: metav1.Now()}
 	if err := d.Preparer.Ports.fill(&pub); err != nil {
 		return pub, err
 	}

@@ -109,7 +109,7 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	if err := p.save(); err != nil {
 		return nil, err
 	}
-	inv := withPreparedNetdevs(p.Inventory(), PreparedNetdevs(p.state.Claims))
+	inv := WithPreparedNetdevs(p.Inventory(), PreparedNetdevs(p.state.Claims))
 	byRail := rails.PFRails(inv, p.Rails)
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/nicdra"
 )
@@ -114,5 +115,37 @@ func TestPrepareRefusesAPortInUse(t *testing.T) {
 	claims, err := p.Claims()
 	if err != nil || len(claims) != 0 {
 		t.Errorf("checkpointed after the refusals: %v %v", claims, err)
+	}
+}
+
+// TestPreparedNetdevsKeepTheNodeLabels: the node labels computed from a scan
+// in which a claim's PF is in its pod (netdev gone, RDMA device left) are, read
+// through WithPreparedNetdevs as ipam-node's labeller reads them, the labels of
+// the port on the host: the node stays in the pools that select its rail.
+func TestPreparedNetdevsKeepTheNodeLabels(t *testing.T) {
+	tree, err := fakesysfs.DGXH100(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := nicdiscovery.Labels(scan(t, tree.Root), nil)
+	if err := tree.MoveNetdev("0000:18:00.0", "ibp24s0"); err != nil {
+		t.Fatal(err)
+	}
+	inPod := scan(t, tree.Root)
+	if bare, _ := nicdiscovery.Labels(inPod, nil); bare["nic.hwipam.io/ibp24s0"] != "" {
+		t.Fatalf("the tree still shows ibp24s0 on the host: %v", bare)
+	}
+	kept, _ := nicdiscovery.Labels(nicdra.WithPreparedNetdevs(inPod, map[string]string{"0000:18:00.0": "ibp24s0"}), nil)
+	compared := 0
+	for k, v := range before {
+		if strings.HasPrefix(k, "nic.hwipam.io/ibp24s0") && !strings.HasPrefix(k, "nic.hwipam.io/ibp24s0_8001") {
+			compared++
+			if kept[k] != v {
+				t.Errorf("label %s: %q in the pod, %q on the host", k, kept[k], v)
+			}
+		}
+	}
+	if compared == 0 {
+		t.Fatalf("no label of ibp24s0 on the host: %v", before)
 	}
 }
