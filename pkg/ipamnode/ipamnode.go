@@ -230,8 +230,7 @@ func Run(ctx context.Context, o *Options) error {
 	if o.NICLabels != NICLabelsOff {
 		if err := mgr.Add(&nicLabeler{client: mgr.GetClient(), reader: mgr.GetAPIReader(), node: o.NodeName, mode: o.NICLabels,
 			namespace: o.NodeFeatureNamespace, root: o.SysfsRoot, rails: rails, interval: o.NICRescanInterval, hup: hup, view: nics,
-			prepared: func() map[string]string { return preparedNetdevs(o.StoreFile) },
-			log:      logger.WithName("nic-labels")}); err != nil {
+			log: logger.WithName("nic-labels"), prepared: func() map[string]string { return preparedNetdevs(o.StoreFile) }}); err != nil {
 			return fmt.Errorf("adding the NIC labeler: %w", err)
 		}
 	} else {
