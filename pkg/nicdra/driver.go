@@ -10,11 +10,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -76,6 +76,8 @@ type Driver struct {
 
 	helper *kubeletplugin.Helper
 	fatal  chan error
+	// held are the ports of the prepared claims (HeldBy), as last read.
+	held atomic.Pointer[map[string]string]
 
 	mu        sync.Mutex
 	published map[string]resourceapi.Device // by device name, as last published
@@ -198,17 +200,25 @@ func (d *Driver) refresh() bool {
 		return false
 	}
 	pools, _ := d.PoolsByRail()
-	devs, warnings := Devices(Publish{Inventory: inv, Rails: d.Preparer.Rails, PoolsByRail: pools, Now: metav1.Now()})
-	for _, w := range warnings {
-		d.Log.Info("a device attribute is not published", "warning", w)
-	}
 	claims, err := d.Preparer.Claims()
 	if err != nil {
 		d.Log.Error(err, "reading the prepared claims")
 		return false
 	}
+	d.updateHeld(claims)
+	pub, err := d.publishInputs(inv, claims, pools)
+	if err != nil {
+		d.Log.Error(err, "the last published devices stay")
+		return false
+	}
+	devs, warnings := Devices(pub)
+	for _, w := range warnings {
+		d.Log.Info("a device attribute is not published", "warning", w)
+	}
+	withheld := Withheld(pub)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.status.Withheld = withheld
 	have := map[string]bool{}
 	for _, dev := range devs {
 		have[dev.Name] = true
@@ -331,6 +341,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			"duration", time.Since(start).String())
 		out[c.UID] = res
 	}
+	d.refreshHeld()
 	return out, nil
 }
 
@@ -346,6 +357,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		}
 		out[c.UID] = err
 	}
+	d.refreshHeld()
 	return out, nil
 }
 

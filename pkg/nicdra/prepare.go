@@ -49,6 +49,9 @@ type Preparer struct {
 	PoolsForRail func(rail, kind string) (pools []string, known bool)
 	// BootID is the node's, recorded with the checkpoint.
 	BootID string
+	// Ports says which ports are not to be handed out (uplink, excluded, in
+	// use by the CNI path); nil: none known.
+	Ports *PortUse
 
 	mu    sync.Mutex
 	state *Checkpoint
@@ -112,7 +115,7 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	if err := p.save(); err != nil {
 		return nil, err
 	}
-	inv := p.Inventory()
+	inv := WithPreparedNetdevs(p.Inventory(), PreparedNetdevs(p.state.Claims))
 	byRail := rails.PFRails(inv, p.Rails)
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
@@ -151,6 +154,9 @@ func (p *Preparer) prepareDevice(ctx context.Context, claim *resourceapi.Resourc
 			"scheduler allocated it): delete the pod and its claim to have another allocated", nodealloc.ErrInvalid, r.Device)
 	}
 	n := inv.NICs[i]
+	if err := p.Ports.check(inv, n); err != nil {
+		return PreparedDevice{}, err
+	}
 	pf := n.PCIAddress
 	if n.Function == nicdiscovery.FunctionVF {
 		pf = n.PhysFn
@@ -216,7 +222,7 @@ func (p *Preparer) request(uid types.UID, d PreparedDevice, pod podRef) *nodeall
 	}
 	return &nodealloc.Request{Pools: d.Pools, Kind: kind, ContainerID: string(uid), IfName: d.Request + ":" + d.Device,
 		Meta: nodealloc.Metadata{PodName: pod.name, PodNamespace: pod.namespace, PodUID: pod.uid, DeviceID: d.PCIAddress,
-			Rail: d.Rail, Network: DriverName}}
+			Rail: d.Rail, Network: DriverName, Owner: OwnerDRA}}
 }
 
 // release releases the devices of a claim; errors are left for the claim
