@@ -517,15 +517,26 @@ func (a *Attacher) Detach(podNetNS string, d PreparedDevice) (DetachOutcome, err
 		}
 		return out, err
 	}
+	clash := func(other netlink.Link) error {
+		return fmt.Errorf("%w: device %s cannot go back to the host as %s: the host has another link by that "+
+			"name now (%s), which is left as it is: rename or delete it, then stop the pod again (the device stays "+
+			"in the pod's network namespace %s as %s meanwhile)", ErrNameClash, d.Device, d.HostNetdev, describe(other),
+			podNetNS, podLink.Attrs().Name)
+	}
+	// Nothing is changed in the pod before the way back is known to be free.
+	if other, err := linkByName(p.host, d.HostNetdev); err != nil || other != nil {
+		if err != nil {
+			return "", fmt.Errorf("looking up %s on the host: %w", d.HostNetdev, err)
+		}
+		return "", clash(other)
+	}
 	if err := flushDown(p.pod, podLink); err != nil {
 		return "", fmt.Errorf("device %s (%s in the pod's network namespace %s): %w", d.Device, podLink.Attrs().Name, podNetNS, err)
 	}
 	if err := moveLink(p.podNS, podLink.Attrs().Index, p.hostNS, d.HostNetdev); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			other, _ := linkByName(p.host, d.HostNetdev)
-			return "", fmt.Errorf("%w: device %s cannot go back to the host as %s: the host has another link by that "+
-				"name now (%s): rename or delete it, then stop the pod again", ErrNameClash, d.Device, d.HostNetdev,
-				describe(other))
+			return "", clash(other)
 		}
 		return "", fmt.Errorf("moving device %s (%s) from the pod's network namespace %s back to the host as %s: %w",
 			d.Device, podLink.Attrs().Name, podNetNS, d.HostNetdev, err)

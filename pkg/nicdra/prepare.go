@@ -46,6 +46,11 @@ type Preparer struct {
 	PoolsForRail func(rail, kind string) []string
 	// BootID is the node's, recorded with the checkpoint.
 	BootID string
+	// Reclaim, when set, brings a device's netdev back to its host name
+	// before its claim is unprepared (Attacher.Reclaim: a StopPodSandbox the
+	// driver missed leaves a port under its pod name); an error fails the
+	// Unprepare, which the kubelet retries.
+	Reclaim func(PreparedDevice) error
 
 	mu    sync.Mutex
 	state *Checkpoint
@@ -59,6 +64,9 @@ func (p *Preparer) load() error {
 	c, err := p.Checkpoint.Load()
 	if err != nil {
 		return err
+	}
+	if c.BootID != "" && p.BootID != "" && c.BootID != p.BootID && p.Inventory != nil {
+		c.afterReboot(p.Inventory()) // what the attach recorded describes namespaces that are gone
 	}
 	p.state = c
 	return nil
@@ -153,6 +161,8 @@ func (p *Preparer) prepareDevice(ctx context.Context, claim *resourceapi.Resourc
 		InterfaceName: cfg.InterfaceName, PoolType: strings.ToLower(cfg.PoolType)}
 	if len(n.Netdevs) > 0 {
 		d.HostNetdev = n.Netdevs[0]
+	} else if err := CheckNetdev(inv, n); err != nil {
+		return PreparedDevice{}, err
 	}
 	if len(n.Ports) > 0 {
 		d.MTU, d.MAC = n.Ports[0].MTU, n.Ports[0].MAC
@@ -235,6 +245,14 @@ func (p *Preparer) Unprepare(ctx context.Context, uid types.UID) error {
 		return nil
 	}
 	for _, d := range pc.Devices {
+		if p.Reclaim == nil {
+			break
+		}
+		if err := p.Reclaim(d); err != nil {
+			return fmt.Errorf("claim %s/%s: %w", pc.Namespace, pc.Name, err)
+		}
+	}
+	for _, d := range pc.Devices {
 		if err := p.Allocator.Deallocate(ctx, p.request(uid, d, podRef{})); err != nil {
 			return fmt.Errorf("releasing claim %s/%s's device %s: %w", pc.Namespace, pc.Name, d.Device, err)
 		}
@@ -299,8 +317,8 @@ func (p *Preparer) DeviceAttached(podUID string, d PreparedDevice) {
 		}
 		changed := false
 		for i := range pc.Devices {
-			if pc.Devices[i].Device == d.Device && (pc.Devices[i].MAC != d.MAC || pc.Devices[i].MTU != d.MTU) {
-				pc.Devices[i].MAC, pc.Devices[i].MTU, changed = d.MAC, d.MTU, true
+			if pc.Devices[i].Device == d.Device && pc.Devices[i].recordAttach(d) {
+				changed = true
 			}
 		}
 		if changed {
