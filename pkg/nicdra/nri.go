@@ -18,7 +18,8 @@ import (
 // (so a clash with the pod's own interfaces shows), an error failing the
 // sandbox; StopPodSandbox before the network is torn down and the namespace
 // removed (containerd logs an error of it and goes on); CreateContainer for
-// each container, whose adjustment adds the devices' RDMA character devices.
+// each container, which attaches what a missed RunPodSandbox left on the host
+// and whose adjustment adds the devices' RDMA character devices.
 // Every hook answers from memory and netlink (no API call): containerd gives a
 // plugin 2s per request by default (plugin_request_timeout).
 
@@ -36,10 +37,12 @@ type PodDevices interface {
 	// this UID (none for a pod without any), from memory: it is called in the
 	// runtime's hooks.
 	PodDevices(podUID string) []PreparedDevice
-	// DeviceAttached is told a device's MAC address and MTU on the host (set
-	// in d) once it has moved into the pod: record them with the device, so
-	// that the MTU is restored when it comes back (PodDevices returns them
-	// then) and the claim's networkData can show the MAC.
+	// DeviceAttached is told what the attach learnt of a device (set in d by
+	// Attachment.RecordIn: its MAC address, MTU, permanent MAC, parent
+	// device and admin state on the host, its ifindex in the pod) once it is
+	// in the pod: record them with the device (PreparedDevice.recordAttach),
+	// so that the detach finds it by them and restores its state (PodDevices
+	// returns them then), and the claim's networkData can show the MAC.
 	DeviceAttached(podUID string, d PreparedDevice)
 }
 
