@@ -1,6 +1,7 @@
 package nicdra_test
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -14,11 +15,15 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"github.com/go-logr/logr/testr"
 	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/nicdra"
+	"github.com/hwipam/hwipam/pkg/store"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -443,5 +448,71 @@ func BenchmarkAttachDetach(b *testing.B) {
 		if _, err := att.Detach(pod.Path, d); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// The kubelet plugin registers only once the NRI plugin has synchronized with
+// the runtime, so that no claim is prepared for a sandbox that then starts
+// with no one to attach it; without a runtime, it registers after NRIWait.
+// (The API server plays no part here: a fake client serves the slices.)
+func TestDriverRegistersAfterNRI(t *testing.T) {
+	for _, runtimeUp := range []bool{true, false} {
+		t.Run(map[bool]string{true: "runtime starts late", false: "no runtime"}[runtimeUp], func(t *testing.T) {
+			n := newNode(t)
+			kubeletDir, err := os.MkdirTemp("", "kl")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = os.RemoveAll(kubeletDir) })
+			dir := t.TempDir()
+			devs := newPodDevices()
+			plugin := &nicdra.NRIPlugin{Devices: devs, Attacher: &nicdra.Attacher{}, Log: testr.New(t)}
+			wait := 30 * time.Second
+			if !runtimeUp {
+				wait = 500 * time.Millisecond
+			}
+			d := &nicdra.Driver{NodeName: "dgx-1", Client: fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dgx-1"}}), Preparer: n.preparer(), KubeletDir: kubeletDir,
+				Inventory:   func() (*nicdiscovery.Inventory, error) { return n.inv, nil },
+				PoolsByRail: func() (map[string][]string, bool) { return nil, true },
+				Allocations: func(fn func(string, store.Allocation) error) error { return n.alloc.EachAllocation("", fn) },
+				Release:     n.alloc.ReleaseIf, NRI: plugin, NRISocket: filepath.Join(dir, "nri.sock"), NRIWait: wait,
+				Log: testr.New(t)}
+			ctx, stop := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- d.Run(ctx) }()
+			t.Cleanup(func() {
+				stop()
+				// The fake client's ResourceSlice informer never syncs: the
+				// first publish is still waiting when the test ends.
+				if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+					t.Errorf("the driver stopped with %v", err)
+				}
+			})
+			registered := func() bool { _, err := os.Stat(nicdra.RegistrationSocket(kubeletDir)); return err == nil }
+			time.Sleep(300 * time.Millisecond)
+			if runtimeUp {
+				if registered() {
+					t.Fatal("the kubelet plugin registered before the NRI plugin connected")
+				}
+				rt := startRuntime(t, dir)
+				t.Cleanup(func() { rt.nri.Stop() })
+			}
+			waitFor(t, "the registration socket", func() error {
+				if !registered() {
+					return errors.New("not there")
+				}
+				return nil
+			})
+			select {
+			case <-plugin.Ready():
+				if !runtimeUp {
+					t.Error("the NRI plugin says it is ready without a runtime")
+				}
+			default:
+				if runtimeUp {
+					t.Error("registered, but the NRI plugin is not ready")
+				}
+			}
+		})
 	}
 }
