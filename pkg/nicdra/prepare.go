@@ -245,11 +245,10 @@ func (p *Preparer) Unprepare(ctx context.Context, uid types.UID) error {
 		return nil
 	}
 	for _, d := range pc.Devices {
-		if p.Reclaim == nil {
-			break
-		}
-		if err := p.Reclaim(d); err != nil {
-			return fmt.Errorf("claim %s/%s: %w", pc.Namespace, pc.Name, err)
+		if p.Reclaim != nil {
+			if err := p.Reclaim(d); err != nil { // a port left under its pod name gets its own back
+				return fmt.Errorf("claim %s/%s: %w", pc.Namespace, pc.Name, err)
+			}
 		}
 	}
 	for _, d := range pc.Devices {

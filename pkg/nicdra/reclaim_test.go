@@ -3,6 +3,7 @@ package nicdra_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -145,7 +146,7 @@ func TestDetachRestoresAdminState(t *testing.T) {
 func TestDetachZombieNamespace(t *testing.T) {
 	e := newAttachEnv(t, "", 0)
 	harness.NewVethPair(t, e.host, "rail0", e.wire, "peer0")
-	name := "hwt-zombie-" + strings.ToLower(t.Name()[len(t.Name())-6:])
+	name := fmt.Sprintf("hwt-zombie-%d", time.Now().UnixNano()%1_000_000_000)
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
