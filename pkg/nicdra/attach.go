@@ -622,7 +622,8 @@ func reclaimOn(h *netlink.Handle, d PreparedDevice, restore bool) (DetachOutcome
 // findInPod returns the device's link in a pod's namespace (nil when it is
 // not there). With the ifindex the attach recorded, only the link with that
 // index is the device, if it still is what was recorded (a pod may rename it,
-// and name another link as it); without one (a record from before the
+// and name another link as it; and once the device has left, the namespace
+// may give its index to a new link); without one (a record from before the
 // ifindex was kept), the link named ifName if it is the device, else the one
 // link that is.
 func findInPod(h *netlink.Handle, d PreparedDevice, ifName string) (netlink.Link, error) {

@@ -94,6 +94,31 @@ func TestDetachFindsRenamedPort(t *testing.T) {
 	}
 }
 
+// The device left the pod (a pod with NET_ADMIN deleted it; a physical port
+// would have been moved elsewhere) and the pod made a link named net1, which
+// may even take the device's ifindex (the namespace's index allocation
+// reaches numbers that links moved in had): the stop reports it, naming what
+// it found, and moves nothing. (A link that also copies the MAC address is
+// told apart by its parent device, which a physical port has and a veth has
+// not; this test's veth stand-in has none.)
+func TestDetachReportsUnidentifiedLink(t *testing.T) {
+	e := newAttachEnv(t, "rail0", 9000)
+	d := e.attached(t, railDevice())
+	if _, err := e.pod.Exec("ip", "link", "del", "net1"); err != nil {
+		t.Fatal(err)
+	}
+	harness.NewVethPair(t, e.pod, "net1", harness.NewNetNS(t), "x0")
+	t.Logf("the device had ifindex %d in the pod, the pod's new net1 has %d", d.PodIfIndex, link(t, e.pod, "net1").Attrs().Index)
+	out, err := e.att.Detach(e.pod.Path, d)
+	if !errors.Is(err, nicdra.ErrNotTheDevice) || !strings.Contains(err.Error(), "net1 (veth, MAC ") {
+		t.Fatalf("detach: %q, %v; want ErrNotTheDevice naming the pod's net1", out, err)
+	}
+	t.Log(err)
+	if link(t, e.pod, "net1") == nil || link(t, e.host, "rail0") != nil {
+		t.Error("the pod's net1 was moved")
+	}
+}
+
 // The device is in the pod and the host has another link by its name: the
 // stop fails with the clash, the device stays in the pod, and the host's link
 // is not touched (its address and up state kept).
