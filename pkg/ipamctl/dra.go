@@ -356,7 +356,8 @@ func checkNetdev(c *checker, links *linkFinder, subject string, pc nicdra.Prepar
 	if l := links.hostByMAC(pd.MAC); l != nil {
 		c.add(SeverityWarning, "claim", subject, fmt.Sprintf("%s is on the host as %s, not under its host name", what, l.Attrs().Name),
 			"the kernel gives a physical port back under its pod name when the pod's namespace goes: ipam-node renames it back when "+
-				"the pod's sandbox stops; if the pod is gone, `ip link set "+l.Attrs().Name+" name "+pd.HostNetdev+"`")
+				"the pod's sandbox stops, when the claim is unprepared, and at its start; if that fails, ipam-node's log says "+
+				"why (another link with the name): free the name, or `ip link set "+l.Attrs().Name+" name "+pd.HostNetdev+"`")
 		return
 	}
 	if ns, l := links.inNamespace(pd.MAC); l != nil {

@@ -53,7 +53,9 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 		PoolsForRail: func(rail, kind string) ([]string, bool) { return pools.poolsOfRail(kind, rail) }}
 	var nri *nicdra.NRIPlugin
 	if o.DRANRISocket != "" {
-		nri = &nicdra.NRIPlugin{Devices: p, Attacher: &nicdra.Attacher{}, SysfsRoot: o.SysfsRoot, Log: logger.WithName("nri")}
+		att := &nicdra.Attacher{}
+		nri = &nicdra.NRIPlugin{Devices: p, Attacher: att, SysfsRoot: o.SysfsRoot, Log: logger.WithName("nri")}
+		p.Reclaim = nicdra.ReclaimFunc(att, logger.WithName("dra"))
 	}
 	return &nicdra.Driver{NodeName: o.NodeName, Client: client, Preparer: p, KubeletDir: o.DRAKubeletDir,
 		NRI: nri, NRISocket: o.DRANRISocket,

@@ -52,6 +52,11 @@ type Preparer struct {
 	// Ports says which ports are not to be handed out (uplink, excluded, in
 	// use by the CNI path); nil: none known.
 	Ports *PortUse
+	// Reclaim, when set, brings a device's netdev back to its host name
+	// before its claim is unprepared (Attacher.Reclaim: a StopPodSandbox the
+	// driver missed leaves a port under its pod name); an error fails the
+	// Unprepare, which the kubelet retries.
+	Reclaim func(PreparedDevice) error
 
 	mu    sync.Mutex
 	state *Checkpoint
@@ -65,6 +70,9 @@ func (p *Preparer) load() error {
 	c, err := p.Checkpoint.Load()
 	if err != nil {
 		return err
+	}
+	if c.BootID != "" && p.BootID != "" && c.BootID != p.BootID && p.Inventory != nil {
+		c.afterReboot(p.Inventory()) // what the attach recorded describes namespaces that are gone
 	}
 	p.state = c
 	return nil
@@ -165,6 +173,8 @@ func (p *Preparer) prepareDevice(ctx context.Context, claim *resourceapi.Resourc
 		InterfaceName: cfg.InterfaceName, PoolType: strings.ToLower(cfg.PoolType)}
 	if len(n.Netdevs) > 0 {
 		d.HostNetdev = n.Netdevs[0]
+	} else if err := CheckNetdev(inv, n); err != nil {
+		return PreparedDevice{}, err
 	}
 	if len(n.Ports) > 0 {
 		d.MTU, d.MAC = n.Ports[0].MTU, n.Ports[0].MAC
@@ -246,6 +256,13 @@ func (p *Preparer) Unprepare(ctx context.Context, uid types.UID) error {
 		return nil
 	}
 	for _, d := range pc.Devices {
+		if p.Reclaim != nil {
+			if err := p.Reclaim(d); err != nil { // a port left under its pod name gets its own back
+				return fmt.Errorf("claim %s/%s: %w", pc.Namespace, pc.Name, err)
+			}
+		}
+	}
+	for _, d := range pc.Devices {
 		if err := p.Allocator.Deallocate(ctx, p.request(uid, d, podRef{})); err != nil {
 			return fmt.Errorf("releasing claim %s/%s's device %s: %w", pc.Namespace, pc.Name, d.Device, err)
 		}
@@ -310,8 +327,8 @@ func (p *Preparer) DeviceAttached(podUID string, d PreparedDevice) {
 		}
 		changed := false
 		for i := range pc.Devices {
-			if pc.Devices[i].Device == d.Device && (pc.Devices[i].MAC != d.MAC || pc.Devices[i].MTU != d.MTU) {
-				pc.Devices[i].MAC, pc.Devices[i].MTU, changed = d.MAC, d.MTU, true
+			if pc.Devices[i].Device == d.Device && pc.Devices[i].recordAttach(d) {
+				changed = true
 			}
 		}
 		if changed {
