@@ -68,6 +68,9 @@ func podName(pod *api.PodSandbox) string { return pod.GetNamespace() + "/" + pod
 // one fails, those it attached go back to the host and the error, which
 // fails the sandbox (the kubelet retries it), says which device and why.
 func (p *NRIPlugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	if err := refusal(p.Devices, pod.GetUid()); err != nil {
+		return fmt.Errorf("%s: pod %s: %w", DriverName, podName(pod), err)
+	}
 	devs := p.Devices.PodDevices(pod.GetUid())
 	if len(devs) == 0 {
 		return nil

@@ -58,7 +58,7 @@ func TestApplyClaimStatus(t *testing.T) {
 		Addresses: []string{"10.24.0.2/16", "fd00:24::2/64"}, Gateway: "10.24.0.1", Routes: []string{"10.0.0.0/8"}, MAC: "00:00:10:29:fe:80"}
 	var rv string
 	for i := range 2 {
-		if err := nicdra.ApplyClaimStatus(ctx, cs, "ml", "pair", "dgx-1", []nicdra.PreparedDevice{dev}); err != nil {
+		if err := nicdra.ApplyClaimStatus(ctx, cs, "ml", "pair", claim.UID, "dgx-1", []nicdra.PreparedDevice{dev}); err != nil {
 			t.Fatal(err)
 		}
 		got, err := cs.ResourceV1().ResourceClaims("ml").Get(ctx, "pair", metav1.GetOptions{})
@@ -94,7 +94,7 @@ func TestApplyClaimStatus(t *testing.T) {
 	// A device the claim was not allocated is refused by the API server.
 	other := dev
 	other.Device = "pci-0000-40-00-0"
-	if err := nicdra.ApplyClaimStatus(ctx, cs, "ml", "pair", "dgx-1", []nicdra.PreparedDevice{dev, other}); err == nil {
+	if err := nicdra.ApplyClaimStatus(ctx, cs, "ml", "pair", claim.UID, "dgx-1", []nicdra.PreparedDevice{dev, other}); err == nil {
 		t.Errorf("the status of a device the claim was not allocated was accepted")
 	}
 }
