@@ -57,9 +57,9 @@ type PreparedClaim struct {
 	Name      string `json:"name"`
 	// PodName and PodUID are the pod the claim is reserved for: the pod whose
 	// sandbox gets the devices (NRI names sandboxes by pod UID).
-	PodName string           `json:"podName,omitempty"`
-	PodUID  string           `json:"podUID,omitempty"`
-	State   string           `json:"state"`
+	PodName string `json:"podName,omitempty"`
+	PodUID  string `json:"podUID,omitempty"`
+	State   string `json:"state"`
 	// Unpreparing is set before Unprepare releases the claim's addresses:
 	// some may be released already, so a Prepare allocates them again (in the
 	// recorded pools) instead of returning what is recorded.
@@ -80,16 +80,16 @@ type PreparedDevice struct {
 	// InterfaceName is its name in the pod.
 	InterfaceName string `json:"interfaceName"`
 	// Pools (their kind: PoolType) and what the pod gets from them.
-	Pools     []string `json:"pools"`
-	PoolType  string   `json:"poolType"`
-	Rail      string   `json:"rail,omitempty"`
+	Pools    []string `json:"pools"`
+	PoolType string   `json:"poolType"`
+	Rail     string   `json:"rail,omitempty"`
 	// RequestedIPs and RequestedIndex are the configuration's static
 	// addresses or index in the pools' blocks, for a prepare that is finished
 	// after a crash.
 	RequestedIPs   []string `json:"requestedIPs,omitempty"`
 	RequestedIndex *int32   `json:"requestedIndex,omitempty"`
 	Addresses      []string `json:"addresses"`
-	Gateway   string   `json:"gateway,omitempty"`
+	Gateway        string   `json:"gateway,omitempty"`
 	// Gateways are the gateways of the device's pools, one per family (Gateway
 	// is the first).
 	Gateways []string `json:"gateways,omitempty"`

@@ -29,8 +29,8 @@ type DriverStatus struct {
 	// read: the driver then refuses every prepare and unprepare, collects
 	// nothing and publishes no device, until the file is restored or moved
 	// away (ipam-node's CNI path is not affected).
-	CheckpointError string `json:"checkpointError,omitempty"`
-	Updated      time.Time `json:"updated"`
+	CheckpointError string    `json:"checkpointError,omitempty"`
+	Updated         time.Time `json:"updated"`
 }
 
 // CheckpointBeside is where ipam-node keeps the DRA checkpoint: beside its
