@@ -46,7 +46,7 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 		return inv
 	}
 	p := &nicdra.Preparer{Allocator: m, Checkpoint: nicdra.CheckpointFile{Path: draCheckpoint(o.StoreFile)},
-		Inventory: inventory, Rails: rails, BootID: bootID,
+		Inventory: inventory, Rails: rails, BootID: bootID, Log: logger.WithName("dra"),
 		PoolsForRail: func(rail, kind string) []string {
 			names, _ := pools.poolsOfRail(kind, rail)
 			return names
