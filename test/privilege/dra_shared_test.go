@@ -58,6 +58,9 @@ func TestDRAClaimNotShared(t *testing.T) {
 		t.Fatalf("reserving the claim for its pod: %v", err)
 	}
 	eventually(t, 30*time.Second, "a second pod refused", func() error {
+		if err := reserve("nic", "first"); err != nil { // back, when a try passed before the policy was in force
+			return err
+		}
 		err := reserve("nic", "first", "second")
 		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "hwipam-nic-claims-not-shared") &&
 			strings.Contains(err.Error(), "cannot be shared") && strings.Contains(err.Error(), "ml/nic") {
