@@ -321,8 +321,18 @@ func TestCheckpointAfterReboot(t *testing.T) {
 	d := devs[0]
 	d.MAC, d.HostUp, d.PodIfIndex = "02:00:00:00:00:01", &up, 7
 	p.DeviceAttached("pod-uid", d)
-	if got := n.preparer().PodDevices("pod-uid"); len(got) != 1 || got[0].PodIfIndex != 7 {
-		t.Fatalf("same boot: %+v, want the attach's record", got)
+	// The attach's record reaches the file soon after the hook (never while
+	// the runtime waits for it).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := n.preparer().PodDevices("pod-uid")
+		if len(got) == 1 && got[0].PodIfIndex == 7 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("same boot: %+v, want the attach's record", got)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	inv := *n.inv
 	inv.NICs = slices.Clone(inv.NICs)

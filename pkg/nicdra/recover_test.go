@@ -150,7 +150,7 @@ func TestDriverRefusesOnADamagedCheckpoint(t *testing.T) {
 	// An allocation of a claim that does not exist: a collection would release it.
 	if _, err := n.alloc.Allocate(t.Context(), &nodealloc.Request{Pools: []string{"spare"}, Kind: v1alpha1.KindIPPool,
 		ContainerID: "0d5c0e8a-0000-4000-8000-00000000dead", IfName: "nic:pci-0000-3b-00-0",
-		Meta: nodealloc.Metadata{Network: nicdra.DriverName, PodName: "gone", PodNamespace: "ml"}}); err != nil {
+		Meta: nodealloc.Metadata{Network: nicdra.DriverName, Owner: nicdra.OwnerDRA, PodName: "gone", PodNamespace: "ml"}}); err != nil {
 		t.Fatal(err)
 	}
 	d, k := runDriver(t, cs, n)
@@ -230,7 +230,7 @@ func TestDriverRecovers(t *testing.T) {
 		}
 		if _, err := n.alloc.Allocate(ctx, &nodealloc.Request{Pools: []string{"spare"}, Kind: v1alpha1.KindIPPool,
 			ContainerID: "0d5c0e8a-0000-4000-8000-00000000dead", IfName: "nic:pci-0000-3b-00-0",
-			Meta: nodealloc.Metadata{Network: nicdra.DriverName, PodName: "gone", PodNamespace: "ml"}}); err != nil {
+			Meta: nodealloc.Metadata{Network: nicdra.DriverName, Owner: nicdra.OwnerDRA, PodName: "gone", PodNamespace: "ml"}}); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, "the orphan released", func() error {
