@@ -342,7 +342,7 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		}).WithTimeout(15 * time.Second).WithPolling(time.Second).Should(Succeed())
 		out, err := node.Kubectl(ctx, "-n", ns, "exec", "nad-master", "--", "ip", "link", "show", "net1")
 		Expect(err).NotTo(HaveOccurred(), out)
-		Expect(out).To(ContainSubstring("state UP"), "nad-master's net1:\n%s", out)
+		Expect(out).To(ContainSubstring("LOWER_UP"), "nad-master's net1 lost its carrier:\n%s", out)
 
 		// The NAD pod goes: the port is published again and the claim gets it.
 		deletePod(ctx, "nad-master")
