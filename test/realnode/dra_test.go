@@ -443,8 +443,12 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 			addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4)
 			Expect(addrs).To(BeEmpty(), "%s came back with the pod's addresses", ownerRail)
 		}
-		out, _ = node.Kubectl(ctx, "-n", "kube-system", "exec", ipamNodePod(ctx).Name, "-c", "ipam-node", "--", "/ipamctl", "check")
-		Expect(out).NotTo(MatchRegexp(`(?m)^error\s+(dra|slices|claim)`), "ipamctl check:\n%s", out)
+		// Once the restarted plugin is registered again, check finds nothing
+		// wrong with the driver, its slices or its claims.
+		Eventually(ctx, func(g Gomega) {
+			out, _ := node.Kubectl(ctx, "-n", "kube-system", "exec", ipamNodePod(ctx).Name, "-c", "ipam-node", "--", "/ipamctl", "check")
+			g.Expect(out).NotTo(MatchRegexp(`(?m)^error\s+(dra|slices|claim)`), "ipamctl check:\n%s", out)
+		}).WithTimeout(time.Minute).WithPolling(2 * time.Second).Should(Succeed())
 	})
 
 })
