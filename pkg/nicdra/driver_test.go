@@ -1,18 +1,14 @@
 package nicdra_test
 
 import (
-	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -20,11 +16,9 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
-	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/pkg/nicdra"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/store"
-	"github.com/hwipam/hwipam/test/harness"
 )
 
 // kubelet is the test's stand-in for the kubelet: it calls the plugin's
@@ -107,48 +101,9 @@ func waitFor(t *testing.T, what string, cond func() error) {
 // by claim UID what claims deleted behind its back held — and only that.
 func TestDriverWithKubelet(t *testing.T) {
 	n := newNode(t)
-	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
-	cs, err := kubernetes.NewForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, cs := controlPlane(t)
 	ctx := t.Context()
-	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dgx-1"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ml"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	kubeletDir, err := os.MkdirTemp("", "kl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(kubeletDir) })
-	d := &nicdra.Driver{NodeName: "dgx-1", Client: cs, Preparer: n.preparer(), KubeletDir: kubeletDir,
-		Inventory:   func() (*nicdiscovery.Inventory, error) { return n.inv, nil },
-		PoolsByRail: func() (map[string][]string, bool) { return map[string][]string{"ibp24s0": {"rail0", "rail0-v6"}}, true },
-		Allocations: func(fn func(string, store.Allocation) error) error { return n.alloc.EachAllocation("", fn) },
-		Release:     n.alloc.ReleaseIf, RefreshInterval: 200 * time.Millisecond, GCInterval: 300 * time.Millisecond,
-		Log: testr.New(t)}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- d.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("the driver stopped with %v", err)
-		}
-	})
-	waitFor(t, "the plugin's sockets", func() error {
-		for _, p := range []string{nicdra.RegistrationSocket(kubeletDir), nicdra.PluginSocket(kubeletDir)} {
-			if _, err := os.Stat(p); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	k := &kubelet{dra: drapb.NewDRAPluginClient(dial(t, nicdra.PluginSocket(kubeletDir))),
-		reg: registerapi.NewRegistrationClient(dial(t, nicdra.RegistrationSocket(kubeletDir)))}
+	d, k, kubeletDir := startDriver(t, cs, n)
 	info, err := k.reg.GetInfo(ctx, &registerapi.InfoRequest{})
 	if err != nil {
 		t.Fatal(err)

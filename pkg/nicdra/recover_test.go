@@ -52,6 +52,18 @@ func (c *claimLists) RoundTrip(r *http.Request) (*http.Response, error) {
 // with its kubelet registered, until the test ends.
 func runDriver(t *testing.T, cs kubernetes.Interface, n *node) (*nicdra.Driver, *kubelet) {
 	t.Helper()
+	d, k, _ := startDriver(t, cs, n)
+	if _, err := k.reg.NotifyRegistrationStatus(t.Context(), &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+		t.Fatal(err)
+	}
+	return d, k
+}
+
+// startDriver runs the driver of node n on the control plane as node
+// dgx-1 until the test ends, and returns it once its sockets are there, with
+// a kubelet that has not registered it yet, and the kubelet directory.
+func startDriver(t *testing.T, cs kubernetes.Interface, n *node) (*nicdra.Driver, *kubelet, string) {
+	t.Helper()
 	ctx := t.Context()
 	kubeletDir, err := os.MkdirTemp("", "kl")
 	if err != nil {
@@ -89,10 +101,7 @@ func runDriver(t *testing.T, cs kubernetes.Interface, n *node) (*nicdra.Driver, 
 	})
 	k := &kubelet{dra: drapb.NewDRAPluginClient(dial(t, nicdra.PluginSocket(kubeletDir))),
 		reg: registerapi.NewRegistrationClient(dial(t, nicdra.RegistrationSocket(kubeletDir)))}
-	if _, err := k.reg.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
-		t.Fatal(err)
-	}
-	return d, k
+	return d, k, kubeletDir
 }
 
 // controlPlane starts an API server with node dgx-1 and namespace ml.
