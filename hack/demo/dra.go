@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -113,15 +114,17 @@ func startDRAPod(ctx context.Context, c *realnode.Cluster) error {
 			}
 			for _, s := range l.Items {
 				for _, d := range s.Spec.Devices {
-					if d.Attributes[nicdra.AttrPool].StringValue != nil {
+					rail := d.Attributes[nicdra.AttrRail].StringValue
+					if d.Attributes[nicdra.AttrPool].StringValue != nil && rail != nil && slices.Contains(draRails, *rail) {
 						pools++
 					}
 				}
 			}
 		}
 		// The driver reads the pools again every 10 s: the DRA rails' pools
-		// are on their devices then.
-		return pools >= len(rails)+len(draRails), nil
+		// are on their devices then. (The NAD rails' ports are not published
+		// while the demo's pods use them as macvlan masters.)
+		return pools >= len(draRails), nil
 	}); err != nil {
 		return fmt.Errorf("the ResourceSlices of %s and %s: %w", nicdra.DriverName, realnode.GPUDriverName, err)
 	}
