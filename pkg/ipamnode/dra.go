@@ -53,7 +53,7 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 		}}
 	var nri *nicdra.NRIPlugin
 	if o.DRANRISocket != "" {
-		nri = &nicdra.NRIPlugin{Devices: p, Attacher: &nicdra.Attacher{}, SysfsRoot: o.SysfsRoot, Log: logger.WithName("nri")}
+		nri = &nicdra.NRIPlugin{Devices: p, Attacher: &nicdra.Attacher{HostNetNS: o.DRAHostNetNS}, SysfsRoot: o.SysfsRoot, Log: logger.WithName("nri")}
 	}
 	return &nicdra.Driver{NodeName: o.NodeName, Client: client, Preparer: p, KubeletDir: o.DRAKubeletDir,
 		NRI: nri, NRISocket: o.DRANRISocket,

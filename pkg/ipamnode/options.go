@@ -41,6 +41,7 @@ type Options struct {
 	DRA           bool
 	DRAKubeletDir string
 	DRANRISocket  string
+	DRAHostNetNS  string
 
 	// RestConfig, when set, is used instead of Kubeconfig (tests).
 	RestConfig *rest.Config
@@ -108,6 +109,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"With --dra: the kubelet's root directory (its plugins_registry and plugins/nic.hwipam.io directories).")
 	fs.StringVar(&o.DRANRISocket, "dra-nri-socket", o.DRANRISocket,
 		"With --dra: the container runtime's NRI socket, through which netdevs move into pod sandboxes; \"\" disables the attach.")
+	fs.StringVar(&o.DRAHostNetNS, "dra-host-netns", o.DRAHostNetNS,
+		"With --dra: the path of the host's network namespace, where the ports are while no pod holds them, for a daemon "+
+			"that does not run in it (e.g. /proc/1/ns/net with hostPID); \"\" is the daemon's own (hostNetwork).")
 	c := &o.CNI
 	fs.StringVar(&c.BinDir, "cni-bin-dir", c.BinDir, "CNI binary directory the nv-ipam plugin is copied into.")
 	fs.StringVar(&c.ConfDir, "cni-conf-dir", c.ConfDir, "Directory nv-ipam.conf is written into (the plugin's confDir).")
@@ -161,6 +165,9 @@ func (o *Options) Validate() error {
 	}
 	if o.DRA && !filepath.IsAbs(o.DRAKubeletDir) {
 		errs = append(errs, fmt.Errorf("--dra-kubelet-dir %q must be an absolute path", o.DRAKubeletDir))
+	}
+	if o.DRAHostNetNS != "" && !filepath.IsAbs(o.DRAHostNetNS) {
+		errs = append(errs, fmt.Errorf("--dra-host-netns %q must be an absolute path (e.g. /proc/1/ns/net), or empty for the daemon's own", o.DRAHostNetNS))
 	}
 	return errors.Join(errs...)
 }
