@@ -29,6 +29,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/containerd/nri/pkg/api"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -111,6 +112,10 @@ type draClaim struct {
 	index            int        // index: the index asked for
 	state            claimState
 	ip               netip.Addr // prepared: what it holds
+	// ifName is the name its port takes in its pod; pod is its pod's
+	// running sandbox (nil when none runs).
+	ifName string
+	pod    *draPod
 }
 
 func (c *draClaim) String() string {
@@ -168,6 +173,51 @@ func (w *world) draActions() []draAction {
 			}
 			return 0
 		}, w.draKillAndDelete},
+		// The attach (attach_test.go, issue 36).
+		{"dra-pod-start", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return c.state == claimPrepared && c.pod == nil && !down(c) }) {
+				return 10
+			}
+			return 0
+		}, w.draPodStart},
+		{"dra-pod-restart", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return c.pod != nil && !down(c) }) {
+				return 2
+			}
+			return 0
+		}, w.draPodRestart},
+		{"dra-missed-stop", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return c.pod != nil }) {
+				return 2
+			}
+			return 0
+		}, w.draMissedStop},
+		{"dra-pod-rename", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return c.pod != nil && c.state == claimPrepared && !down(c) }) {
+				return 2
+			}
+			return 0
+		}, w.draPodRename},
+		{"dra-shared-claim", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return prepared(c) && !down(c) }) {
+				return 2
+			}
+			return 0
+		}, w.draSharedClaim},
+		{"cni-master-add", func() int { return 3 }, w.cniMasterAdd},
+		{"dra-recreate-while-down", func() int {
+			if w.pickClaimExists(prepared) {
+				return 2
+			}
+			return 0
+		}, w.draRecreateWhileDown},
+		{"dra-kill-during-prepare", func() int { return 3 }, w.draKillDuringPrepare},
+		{"dra-slow-prepare", func() int {
+			if !w.draSlowDone && w.pickClaimExists(func(c *draClaim) bool { return prepared(c) && !down(c) }) {
+				return 3
+			}
+			return 0
+		}, w.draSlowPrepare},
 	}
 }
 
@@ -183,10 +233,13 @@ func (w *world) draNodeSetup(n *simNode) {
 		w.t.Fatal(err)
 	}
 	w.t.Cleanup(func() { _ = os.RemoveAll(n.kubeletDir) })
+	w.draAttachSetup(len(w.nodes), n, tree)
 }
 
 func (w *world) draFlags(n *simNode) []string {
-	return []string{"--dra", "--dra-kubelet-dir=" + n.kubeletDir, "--dra-nri-socket=", "--sysfs-root=" + n.sysfs}
+	n.nri.addsAtStart.Store(n.nri.adds.Load())
+	return []string{"--dra", "--dra-kubelet-dir=" + n.kubeletDir, "--dra-nri-socket=" + n.nri.sock,
+		"--dra-host-netns=/run/netns/" + n.hostNS, "--sysfs-root=" + n.sysfs}
 }
 
 // draClusterSetup creates the DeviceClass the claims name.
@@ -202,6 +255,7 @@ func (w *world) draClusterSetup() {
 // draDaemonStarted starts the garbage-collection clock of the claims deleted
 // while the node's daemon was down.
 func (w *world) draDaemonStarted(i int) {
+	w.portsReturning(i)
 	for _, g := range w.collect {
 		if g.node == i {
 			g.deadline = time.Now().Add(draGCBound)
@@ -359,6 +413,7 @@ func (w *world) draNewClaim() {
 	case 0, 1, 2, 3:
 	case 4:
 		config("interfaceName", "net1")
+		c.ifName = "net1"
 	case 5:
 		c.what = "static"
 		c.want, c.refuseFirst = w.draStaticAddr(i, c.pool)
@@ -415,6 +470,15 @@ func (w *world) draNewClaim() {
 // scheduler does, creates it, and has the node's kubelet prepare it; false
 // when the node has published no such device.
 func (w *world) draSchedule(c *draClaim) bool {
+	if !w.draAllocate(c) {
+		return false
+	}
+	w.draPrepare(c)
+	return true
+}
+
+// draAllocate is draSchedule without the prepare.
+func (w *world) draAllocate(c *draClaim) bool {
 	i := c.node
 	// The slices come shortly after the daemon starts (when it can reach
 	// the API server): the scheduler waits for them a little.
@@ -439,7 +503,6 @@ func (w *world) draSchedule(c *draClaim) bool {
 	w.draCreate(c)
 	w.claims[c.uid] = c
 	w.tracef("create %s config=%s", c, c.config)
-	w.draPrepare(c)
 	return true
 }
 
@@ -628,6 +691,9 @@ func (w *world) draPrepare(c *draClaim) {
 		}
 	}
 	c.state, c.ip = claimPrepared, ip
+	if c.ifName == "" {
+		c.ifName = w.portOf(c.node, c.device).name
+	}
 	w.counts["dra-prepared"]++
 	w.tracef("kubelet: prepared %s", c)
 	w.draWaitStatus(c)
@@ -793,7 +859,10 @@ func (w *world) draRelease() {
 	if c == nil {
 		return
 	}
-	if !w.draUnprepare(c) {
+	if c.pod != nil && !w.nriConnected(c.node, draRetryFor) {
+		return
+	}
+	if !w.podStop(c, true) {
 		return
 	}
 	w.draDelete(c)
@@ -831,6 +900,7 @@ func (w *world) draUnprepare(c *draClaim) bool {
 		}
 	}
 	c.state = claimPending
+	w.portsUnprepared(c)
 	w.counts["dra-unprepared"]++
 	w.tracef("kubelet: unprepared %s", c)
 	return true
@@ -853,6 +923,14 @@ func (w *world) draDeleteWhileDown() {
 }
 
 func (w *world) draDeleteDown(c *draClaim) {
+	if pod := c.pod; pod != nil {
+		// The pod goes too, its stop missed by the plugin.
+		ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
+		_ = w.nodes[c.node].nri.rt.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: pod.sandbox()})
+		cancel()
+		w.podGone(pod, true)
+		c.pod = nil
+	}
 	w.draDelete(c)
 	delete(w.claims, c.uid)
 	w.collect[c.uid] = &draGone{name: c.name, node: c.node}
@@ -1016,6 +1094,12 @@ func (w *world) draFinal() {
 	w.check()
 	for _, uid := range sortedKeys(claimKeys(w.claims)) {
 		c := w.claims[types.UID(uid)]
+		if c.pod != nil {
+			if !w.nriConnected(c.node, 30*time.Second) {
+				w.fail("the NRI plugin of %s did not connect within 30s of everything being up", w.nodes[c.node].name)
+			}
+			w.podStop(c, false)
+		}
 		deadline := time.Now().Add(30 * time.Second)
 		for !w.draUnprepare(c) {
 			if time.Now().After(deadline) {

@@ -86,6 +86,9 @@ type attachment struct {
 	net         network
 	containerID string
 	ip          netip.Addr
+	// master is the port its configuration names (a macvlan NAD's master),
+	// "" for none.
+	master string
 }
 
 func (a attachment) String() string {
@@ -110,6 +113,12 @@ type simNode struct {
 	kubeletDir string
 	draConn    *grpc.ClientConn
 	dra        drapb.DRAPluginClient
+	// hostNS is the node's host network namespace (its ports, veths named
+	// as the tree's netdevs), wireNS holds their peers, nri is its
+	// container runtime's NRI side (attach_test.go).
+	hostNS, wireNS string
+	ports          []*hostPort
+	nri            *nriNode
 }
 
 type world struct {
@@ -156,6 +165,10 @@ type world struct {
 	outages, draOutageTried int
 	// draRestartedAPIDown says that draRestartAPIDown has run.
 	draRestartedAPIDown bool
+	// nextPod numbers pod namespaces; draSlowDone says that draSlowPrepare
+	// has run (once a seed: it takes seconds).
+	nextPod     int
+	draSlowDone bool
 }
 
 // namedLog is the output of one process the test started.
@@ -589,6 +602,9 @@ func (w *world) call(cmd string, a attachment, extra map[string]any) ([]byte, er
 		ipam["poolType"] = "cidrpool"
 	}
 	conf := map[string]any{"cniVersion": "1.1.0", "name": a.net.name, "type": "system-test", "ipam": ipam}
+	if a.master != "" {
+		conf["master"] = a.master
+	}
 	for k, v := range extra {
 		conf[k] = v
 	}
@@ -1197,5 +1213,6 @@ func (w *world) check() {
 	}
 	if w.dra {
 		w.checkClaims(all)
+		w.checkPorts()
 	}
 }
