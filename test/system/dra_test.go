@@ -237,7 +237,7 @@ func (w *world) draNodeSetup(n *simNode) {
 }
 
 func (w *world) draFlags(n *simNode) []string {
-	n.nri.addsAtStart.Store(n.nri.adds.Load())
+	n.nri.syncsAtStart.Store(n.nri.syncs.Load())
 	return []string{"--dra", "--dra-kubelet-dir=" + n.kubeletDir, "--dra-nri-socket=" + n.nri.sock,
 		"--dra-host-netns=/run/netns/" + n.hostNS, "--sysfs-root=" + n.sysfs}
 }
@@ -463,7 +463,11 @@ func (w *world) draNewClaim() {
 		}
 		c.config = string(raw)
 	}
-	w.draSchedule(c)
+	// The kubelet starts the pod's sandbox once its claims are prepared
+	// (mostly at once here; dra-pod-start starts the others later).
+	if w.draSchedule(c) && c.state == claimPrepared && w.rng.IntN(4) != 0 && w.nriConnected(c.node, draRetryFor) {
+		w.podStart(c)
+	}
 }
 
 // draSchedule allocates the claim a device of its rail on its node, as the
@@ -896,7 +900,7 @@ func (w *world) draUnprepare(c *draClaim) bool {
 	}
 	for ip, h := range w.allocations(c.node) {
 		if h.cid == string(c.uid) {
-			w.fail("unprepared %s, but the store still holds %s (%s) under its UID", c, ip, h.rec)
+			w.violation("unprepare-leaves-address", "unprepared %s, but the store still holds %s (%s) under its UID", c, ip, h.rec)
 		}
 	}
 	c.state = claimPending
@@ -972,11 +976,11 @@ func (w *world) checkClaims(all map[netip.Addr]held) {
 		switch c.state {
 		case claimPrepared:
 			if len(ips) != 1 || ips[0] != c.ip || all[c.ip].node != c.node {
-				w.fail("%s is prepared, but the stores hold %v under its UID", c, ips)
+				w.violation("prepared-holds", "%s is prepared, but the stores hold %v under its UID", c, ips)
 			}
 		case claimPending:
 			if len(ips) != 0 {
-				w.fail("%s is not prepared (never, refused or unprepared), but the stores hold %v under its UID", c, ips)
+				w.violation("pending-holds", "%s is not prepared (never, refused or unprepared), but the stores hold %v under its UID", c, ips)
 			}
 		}
 	}
@@ -1007,7 +1011,8 @@ func (w *world) checkClaims(all map[netip.Addr]held) {
 		_, known := w.claims[types.UID(h.cid)]
 		_, gone := w.collect[types.UID(h.cid)]
 		if !known && !gone {
-			w.fail("%s holds %s (%s %s) for a claim that was unprepared and deleted, or never existed", w.nodes[h.node].name, ip, h.pool, h.rec)
+			w.violation("held-for-gone-claim", "%s holds %s (%s %s) for a claim that was unprepared and deleted, or never existed",
+				w.nodes[h.node].name, ip, h.pool, h.rec)
 		}
 	}
 	list, err := w.cp.Clientset.ResourceV1().ResourceClaims(namespace).List(w.ctx, metav1.ListOptions{})
@@ -1027,7 +1032,7 @@ func (w *world) checkClaims(all map[netip.Addr]held) {
 			}
 		case claimPending:
 			if len(ips) != 0 {
-				w.fail("%s is not prepared, but its status shows %v", c, ips)
+				w.violation("status-of-unprepared", "%s is not prepared, but its status shows %v", c, ips)
 			}
 		}
 	}
@@ -1083,6 +1088,7 @@ func (w *world) draFinal() {
 		time.Sleep(500 * time.Millisecond)
 	}
 	w.draFinalCollect()
+	w.portsFinal()
 	for _, uid := range sortedKeys(claimKeys(w.claims)) {
 		if c := w.claims[types.UID(uid)]; c.state == claimPrepared {
 			w.draPrepare(c)
@@ -1111,5 +1117,6 @@ func (w *world) draFinal() {
 		delete(w.claims, c.uid)
 	}
 	w.check()
+	w.portsFinal()
 	w.tracef("every claim unprepared and deleted")
 }

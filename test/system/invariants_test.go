@@ -169,6 +169,9 @@ type world struct {
 	// has run (once a seed: it takes seconds).
 	nextPod     int
 	draSlowDone bool
+	// violations counts issue 36's broken invariants by kind, with
+	// HWIPAM_SYSTEM_REPORT=1 (see violation).
+	violations map[string]int
 }
 
 // namedLog is the output of one process the test started.
@@ -590,6 +593,9 @@ func (w *world) run(steps int) {
 		w.checkHonestBlocks()
 	}
 	w.t.Logf("seed %d: %d steps, actions %v", w.seed, steps, w.counts)
+	if len(w.violations) > 0 {
+		w.t.Errorf("seed %d: broken invariants (HWIPAM_SYSTEM_REPORT=1 went on past them), by kind: %v", w.seed, w.violations)
+	}
 }
 
 // ---- CNI actions through the plugin binary ----
