@@ -1039,10 +1039,12 @@ func (w *world) draSlowPrepare() {
 		return
 	}
 	stop := w.slowFile(filepath.Join(n.sysfs, "sys", "class", "net", "enp225s0f1np1", "operstate"), 3*time.Second)
+	time.Sleep(1100 * time.Millisecond) // past the daemon's inventory cache (a fresh scan is reused for 1 s)
 	req := &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{{Namespace: namespace, Uid: string(nc.uid), Name: nc.name}}}
 	done := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(w.ctx, draCallTimeout)
 	plugin := n.dra
+	began := time.Now()
 	go func() {
 		_, err := plugin.NodePrepareResources(ctx, req)
 		done <- err
@@ -1055,6 +1057,6 @@ func (w *world) draSlowPrepare() {
 	cancel()
 	stop()
 	nc.state = claimUncertain
-	w.tracef("the slow prepare of %s returned: %v", nc, err)
+	w.tracef("the slow prepare of %s returned after %s: %v", nc, time.Since(began).Round(time.Millisecond), err)
 	w.draPrepare(nc)
 }
