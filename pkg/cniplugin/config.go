@@ -16,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/hwipam/hwipam/pkg/devicename"
+	"github.com/hwipam/hwipam/pkg/ipamwire"
 )
 
 // Defaults, as nv-ipam's.
@@ -107,6 +108,13 @@ type Config struct {
 	PrevResult       json.RawMessage
 }
 
+// errReservedName refuses the network name of the DRA driver's allocations
+// (ipamwire.ReservedNetworkName).
+func errReservedName() error {
+	return configErr("network name %q is reserved for hwipam's DRA driver (its allocations carry it): rename the "+
+		"network (the \"name\" of the NetworkAttachmentDefinition's config)", ipamwire.ReservedNetworkName)
+}
+
 // errConfig marks configuration errors (CNI code 7).
 var errConfig = errors.New("invalid network configuration")
 
@@ -130,6 +138,11 @@ func resolveConfig(nc *netConf, envArgs string, needPod bool, readFile func(stri
 	decodeFile func([]byte, *FileConfig) error) (*Config, error) {
 	if nc.IPAM == nil {
 		return nil, configErr("no \"ipam\" section")
+	}
+	// A DEL goes through: an attachment made before the name was refused is
+	// released by its own container ID and interface.
+	if needPod && nc.Name == ipamwire.ReservedNetworkName {
+		return nil, errReservedName()
 	}
 	ipam := nc.IPAM.FileConfig
 	confDir := ipam.ConfDir

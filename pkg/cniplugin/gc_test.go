@@ -75,3 +75,31 @@ func TestGCReleasesOnlyItsOwnNetwork(t *testing.T) {
 		t.Errorf("after a refused GC = %v, want nothing released", got)
 	}
 }
+
+// TestTheDRANetworkNameIsRefused: a network named nic.hwipam.io (the name the
+// DRA driver's allocations carry) is refused at ADD, by the fast way and by the
+// library's, with a configuration error that says to rename it, and nothing is
+// allocated; its GC is refused too, so that it cannot release the driver's
+// allocations. A DEL goes through (an attachment made before is released).
+func TestTheDRANetworkNameIsRefused(t *testing.T) {
+	socket, m := daemon(t)
+	conf := netConf(socket, "nic.hwipam.io", "")
+	for _, verb := range []string{"ADD", "GC"} {
+		env := map[string]string{"CNI_COMMAND": verb, "CNI_CONTAINERID": "c1", "CNI_NETNS": "/nonexistent", "CNI_IFNAME": "net1",
+			"CNI_ARGS": podArgs, "CNI_PATH": "/opt/cni/bin"}
+		var out bytes.Buffer
+		p := &cniplugin.Plugin{Stdout: &out, Stderr: &bytes.Buffer{}}
+		code := p.Run(func(k string) string { return env[k] }, bytes.NewReader(conf))
+		if code == 0 || !bytes.Contains(out.Bytes(), []byte("reserved for hwipam's DRA driver")) ||
+			!bytes.Contains(out.Bytes(), []byte("rename the network")) || !bytes.Contains(out.Bytes(), []byte(`"code": 7`)) {
+			t.Errorf("%s of network nic.hwipam.io: exit %d, %s; want CNI error 7 saying to rename the network", verb, code, out.String())
+		}
+	}
+	if got := held(m); len(got) != 0 {
+		t.Errorf("allocations after the refused ADD: %v", got)
+	}
+	p := &cniplugin.Plugin{Stdout: &bytes.Buffer{}}
+	if err := p.Del(&cniplugin.CmdArgs{ContainerID: "c1", IfName: "net1", Args: podArgs, StdinData: conf}); err != nil {
+		t.Errorf("DEL of network nic.hwipam.io: %v, want it to go through", err)
+	}
+}

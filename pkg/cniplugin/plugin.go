@@ -305,6 +305,10 @@ func (p *Plugin) GC(args *CmdArgs) error {
 		return types.NewError(types.ErrInvalidNetworkConfig, "invalid network configuration",
 			"GC needs the network's \"name\": it releases only allocations made by that network")
 	}
+	if s.cfg.Network == ipamwire.ReservedNetworkName {
+		// Its allocations are the DRA driver's: none is this network's to collect.
+		return toCNIError(errReservedName())
+	}
 	valid := map[string]bool{}
 	for _, a := range s.cfg.ValidAttachments {
 		valid[a.ContainerID+"/"+a.IfName] = true

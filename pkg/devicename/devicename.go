@@ -25,7 +25,9 @@ const (
 	// under /sys/bus/auxiliary/devices: mlx5_core.sf.4.
 	AuxDevice
 	// Netdev is a network interface name, by the kernel's rule (dev_valid_name):
-	// 1 to 15 bytes, not "." or "..", no '/', ':' or whitespace.
+	// 1 to 15 bytes, not "." or "..", no '/', ':' or whitespace; and no '%',
+	// which the kernel reads as a pattern when it names a netdev ("net%d" becomes
+	// net0, net1, ...), so that no netdev is ever called by a name with one.
 	Netdev
 )
 
@@ -96,7 +98,7 @@ func (k Kind) describe() string {
 		parts = append(parts, "an auxiliary device name (module.name.id, e.g. mlx5_core.sf.4)")
 	}
 	if k&Netdev != 0 {
-		parts = append(parts, fmt.Sprintf("a netdev name (1 to %d bytes, not \".\" or \"..\", without '/', ':' or whitespace, e.g. ens1f0np0)", maxNetdev))
+		parts = append(parts, fmt.Sprintf("a netdev name (1 to %d bytes, not \".\" or \"..\", without '/', ':', '%%' or whitespace, e.g. ens1f0np0)", maxNetdev))
 	}
 	return strings.Join(parts, " or ")
 }
@@ -129,6 +131,8 @@ func problem(s string, k Kind) string {
 		return "it contains a control character"
 	case k == Netdev && strings.IndexByte(s, ':') >= 0:
 		return "it contains ':'"
+	case strings.IndexByte(s, '%') >= 0:
+		return "it contains '%' (the kernel reads a netdev name with '%' as a pattern: net%d names net0, net1, ...)"
 	}
 	return ""
 }
@@ -190,14 +194,15 @@ func validAux(s string) bool {
 // validNetdev is the kernel's dev_valid_name: not empty, shorter than
 // IFNAMSIZ, not "." or "..", and no '/', ':' or whitespace (the kernel's
 // isspace: \t \n \v \f \r, ' ' and 0xa0); and, a Go string being no C string, no
-// NUL.
+// NUL; and no '%': the kernel accepts it, but as a pattern (dev_alloc_name:
+// "net%d" registers as net0), so a netdev's actual name never has one.
 func validNetdev(s string) bool {
 	if s == "" || len(s) > maxNetdev || s == "." || s == ".." {
 		return false
 	}
 	for i := range len(s) {
 		switch c := s[i]; c {
-		case 0, '/', ':', ' ', '\t', '\n', '\v', '\f', '\r', 0xa0:
+		case 0, '/', ':', '%', ' ', '\t', '\n', '\v', '\f', '\r', 0xa0:
 			return false
 		}
 	}

@@ -14,7 +14,7 @@ func TestValidNames(t *testing.T) {
 		devicename.PCIAddress: {"0000:3b:00.1", "0000:00:1f.7", "10000:e1:00.0", "ffffffff:ff:1f.7", "0000:AF:00.0"},
 		devicename.AuxDevice:  {"mlx5_core.sf.4", "mlx5_core.eth-rep.0", "mlx5_core.rdma.12", "ice.roce.0"},
 		devicename.Netdev: {"ens1f0np0", "ibp24s0.8001", "eth0", "a", "123456789012345", "bonding_masters", "..a", "...",
-			"eth%d", "v@x"},
+			"v@x"},
 	} {
 		for _, n := range names {
 			if !kind.Valid(n) {
@@ -42,6 +42,8 @@ func TestHostileValues(t *testing.T) {
 		{"eth 0", "whitespace"},
 		{"eth0\n", "whitespace"},
 		{"\xa0eth0", "whitespace"},
+		{"net%d", "it contains '%'"},
+		{"eth%", "it contains '%'"},
 	} {
 		for _, f := range fields {
 			err := f.Check(c.value)
@@ -103,4 +105,22 @@ func FuzzField(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A netdev name with '%' is refused: the kernel takes it as a pattern
+// ("net%d" registers as net0, net1, ...), so no netdev is ever called by it,
+// and a name asked for with one is not the name the netdev gets.
+func TestNetdevRefusesPercent(t *testing.T) {
+	for _, name := range []string{"net%d", "%d", "eth%", "a%s", "%%"} {
+		t.Run(name, func(t *testing.T) {
+			if devicename.Netdev.Valid(name) {
+				t.Errorf("%q is a valid netdev name, want refused", name)
+			}
+			err := devicename.Device.Check(name)
+			if !errors.Is(err, devicename.ErrInvalid) || !strings.Contains(err.Error(), "it contains '%'") ||
+				!strings.Contains(err.Error(), "pattern") || strings.Contains(err.Error(), "%!") {
+				t.Errorf("device %q: %v, want refused saying it contains '%%' (a pattern)", name, err)
+			}
+		})
+	}
 }

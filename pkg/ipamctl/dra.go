@@ -152,6 +152,25 @@ func checkDRADriver(c *checker, d *draState, now time.Time) {
 		c.add(SeverityOK, "slices", nicdra.DriverName, fmt.Sprintf("%d device(s) published at %s", st.Devices,
 			st.Published.UTC().Format(time.RFC3339)), "")
 	}
+	for _, w := range st.Withheld {
+		subject := w.Device + " (" + w.PCIAddress
+		if w.Netdev != "" {
+			subject += ", " + w.Netdev
+		}
+		subject += ")"
+		c.add(SeverityInfo, "slices", subject, "not published to claims: "+w.Reason, withheldFix(w.Reason))
+	}
+}
+
+// withheldFix says what makes a withheld port available to claims.
+func withheldFix(reason string) string {
+	switch {
+	case strings.HasPrefix(reason, nicdra.WithheldUplink):
+		return "the port carries the node's own network: moving it into a pod would cut the node off; it is never published"
+	case strings.HasPrefix(reason, nicdra.WithheldExcluded):
+		return "remove it from ipam-node's --dra-exclude-devices to publish it"
+	}
+	return "published again once the pod's attachment is gone (within 10 s); until then claims get other ports"
 }
 
 // checkSlicesAPI compares the driver's publication with the ResourceSlices the
@@ -246,6 +265,9 @@ func checkClaims(c *checker, d *draState, storeFile string, netnsDirs []string) 
 		}
 		completed++
 		for _, pd := range pc.Devices {
+			c.add(SeverityInfo, "claim", subject, fmt.Sprintf("claim %s holds port %s (%s, host netdev %s) for pod %s/%s", subject,
+				pd.Device, pd.PCIAddress, dash(pd.HostNetdev), pc.Namespace, dash(pc.PodName)),
+				"")
 			checkNetdev(c, links, subject, pc, pd)
 		}
 	}
@@ -334,7 +356,8 @@ func checkNetdev(c *checker, links *linkFinder, subject string, pc nicdra.Prepar
 	if l := links.hostByMAC(pd.MAC); l != nil {
 		c.add(SeverityWarning, "claim", subject, fmt.Sprintf("%s is on the host as %s, not under its host name", what, l.Attrs().Name),
 			"the kernel gives a physical port back under its pod name when the pod's namespace goes: ipam-node renames it back when "+
-				"the pod's sandbox stops; if the pod is gone, `ip link set "+l.Attrs().Name+" name "+pd.HostNetdev+"`")
+				"the pod's sandbox stops, when the claim is unprepared, and at its start; if that fails, ipam-node's log says "+
+				"why (another link with the name): free the name, or `ip link set "+l.Attrs().Name+" name "+pd.HostNetdev+"`")
 		return
 	}
 	if ns, l := links.inNamespace(pd.MAC); l != nil {

@@ -234,6 +234,22 @@ func TestCheckDRA(t *testing.T) {
 	r, code = checkRun(t, args...)
 	wantOnly(t, "publish error", r, code, "publishing the ResourceSlices failed: creating ResourceSlice")
 
+	// Ports the driver withholds, and the port the prepared claim holds: said,
+	// not problems.
+	st = n.status
+	st.Withheld = []nicdra.WithheldDevice{
+		{Device: "pci-0000-40-00-0", PCIAddress: "0000:40:00.0", Netdev: "ibp64s0", Reason: "in use by pod ml/nad-a (network demo-a)"},
+		{Device: "pci-0000-e1-00-0", PCIAddress: "0000:e1:00.0", Netdev: "enp225s0f0np0",
+			Reason: "uplink: enp225s0f0np0 carries the host's default route"},
+	}
+	n.saveStatus(t, st)
+	r, code = checkRun(t, args...)
+	wantOnly(t, "withheld ports", r, code)
+	wantFinding(t, "withheld ports", r, ipamctl.SeverityInfo, "not published to claims: in use by pod ml/nad-a (network demo-a)")
+	wantFinding(t, "withheld ports", r, ipamctl.SeverityInfo, "not published to claims: uplink: enp225s0f0np0 carries the host's default route")
+	wantFinding(t, "claim's port", r, ipamctl.SeverityInfo, "claim ml/trainer-0-nic holds port "+draDevice+" (")
+	n.saveStatus(t, n.status)
+
 	st = n.status
 	st.Devices = 0
 	n.saveStatus(t, st)

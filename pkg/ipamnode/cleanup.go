@@ -44,6 +44,10 @@ type cleaner struct {
 	interval  time.Duration
 	misses    int
 	log       logr.Logger
+	// keepLegacyDRA: the DRA checkpoint could not be read at start, so the
+	// allocations of network nic.hwipam.io without an owner mark (made before
+	// the mark existed) may be live claims' and are left alone.
+	keepLegacyDRA bool
 
 	counts        map[string]int
 	problems      problems // reading pods by GET
@@ -153,10 +157,11 @@ func (c *cleaner) check(ctx context.Context, pool string, a store.Allocation, lo
 	if a.PodName == "" || a.PodNamespace == "" {
 		return
 	}
-	if a.Network == nicdra.DriverName {
+	if nicdra.OwnedByDRA(a) || c.keepLegacyDRA && nicdra.LegacyDRA(a) {
 		// A DRA claim's address: released when the claim is unprepared or
 		// gone, never by pod lookups (a pod may be recreated for the same
-		// claim, and the claim outlives it).
+		// claim, and the claim outlives it). The network name decides nothing
+		// (a NAD may carry any); see nicdra.OwnedByDRA.
 		return
 	}
 	key := pool + "/" + a.ContainerID + "/" + a.IfName

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -400,9 +401,12 @@ func TestCleanupFallsBackToGetsWithoutListWatch(t *testing.T) {
 	}
 }
 
-// An allocation made for a DRA claim (network nic.hwipam.io) is never released
-// by pod lookups, whatever they say: only its claim's unprepare or garbage
-// collection releases it. A CNI allocation of a pod that is gone is, beside it.
+// An allocation made for a DRA claim (owner mark "dra") is never released by
+// pod lookups, whatever they say: only its claim's unprepare or garbage
+// collection releases it. Nor is one an earlier version made for a claim the
+// DRA checkpoint knows (network nic.hwipam.io, no mark: marked at start). A
+// CNI allocation of a pod that is gone is released beside them, also one
+// whose NAD was named nic.hwipam.io (a network name decides nothing).
 func TestCleanupLeavesClaimAllocations(t *testing.T) {
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	ctx := t.Context()
@@ -413,15 +417,26 @@ func TestCleanupLeavesClaimAllocations(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
+	gone := func(cid, ifName, ip, network, owner string) store.Put {
+		return store.Put{PoolKey: "p", Allocation: store.Allocation{ContainerID: cid, IfName: ifName, IP: ip,
+			PodName: "gone", PodNamespace: "default", PodUID: "gone-uid", Network: network, Owner: owner, CreateTime: now}}
+	}
 	if err := st.Commit([]store.Put{
-		{PoolKey: "p", Allocation: store.Allocation{ContainerID: "claim-uid", IfName: "nic:pci-0000-18-00-0", IP: "10.15.0.2",
-			PodName: "gone", PodNamespace: "default", PodUID: "gone-uid", Network: nicdra.DriverName, CreateTime: now}},
-		{PoolKey: "p", Allocation: store.Allocation{ContainerID: "cni-cid", IfName: "net1", IP: "10.15.0.3",
-			PodName: "gone", PodNamespace: "default", PodUID: "gone-uid", Network: "net-a", CreateTime: now}},
+		gone("claim-uid", "nic:pci-0000-18-00-0", "10.15.0.2", nicdra.DriverName, nicdra.OwnerDRA),
+		gone("old-claim-uid", "nic:pci-0000-19-00-0", "10.15.0.4", nicdra.DriverName, ""),
+		gone("cni-cid", "net1", "10.15.0.3", "net-a", ""),
+		gone("nad-cid", "net2", "10.15.0.5", nicdra.DriverName, ""),
 	}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The checkpoint an earlier ipam-node left: it prepared old-claim-uid.
+	if err := (nicdra.CheckpointFile{Path: nicdra.CheckpointBeside(filepath.Join(dir, "store"))}).Save(&nicdra.Checkpoint{
+		Claims: map[types.UID]nicdra.PreparedClaim{"old-claim-uid": {Namespace: "default", Name: "c", State: nicdra.PrepareCompleted,
+			Devices: []nicdra.PreparedDevice{{Request: "nic", Device: "pci-0000-19-00-0", Pools: []string{"p"}}}}},
+	}); err != nil {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, cp.Config, dir, func(o *ipamnode.Options) {
@@ -433,11 +448,14 @@ func TestCleanupLeavesClaimAllocations(t *testing.T) {
 		_, err := d.ipam.IsAllocated(ctx, &nodev1.IsAllocatedRequest{Parameters: prm})
 		return err
 	}
-	waitFor(t, "the gone pod's CNI allocation to be released", func() bool {
-		return code(isAllocated("cni-cid", "net1")) == codes.NotFound
+	waitFor(t, "the gone pods' CNI allocations to be released", func() bool {
+		return code(isAllocated("cni-cid", "net1")) == codes.NotFound && code(isAllocated("nad-cid", "net2")) == codes.NotFound
 	})
 	time.Sleep(time.Second) // five more sweeps
 	if err := isAllocated("claim-uid", "nic:pci-0000-18-00-0"); err != nil {
 		t.Errorf("a DRA claim's allocation was released by pod lookups: %v", err)
+	}
+	if err := isAllocated("old-claim-uid", "nic:pci-0000-19-00-0"); err != nil {
+		t.Errorf("a checkpointed claim's allocation from an earlier version was released by pod lookups: %v", err)
 	}
 }

@@ -45,15 +45,17 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 		}
 		return inv
 	}
+	host := &hostPortsReader{netns: o.DRAHostNetNS}
 	p := &nicdra.Preparer{Allocator: m, Checkpoint: nicdra.CheckpointFile{Path: draCheckpoint(o.StoreFile)},
 		Inventory: inventory, Rails: rails, BootID: bootID,
-		PoolsForRail: func(rail, kind string) []string {
-			names, _ := pools.poolsOfRail(kind, rail)
-			return names
-		}}
+		Ports: &nicdra.PortUse{InUse: func() map[string]string { return portsInUse(m) }, HostPorts: host.read,
+			Exclude: o.DRAExcludeDevices},
+		PoolsForRail: func(rail, kind string) ([]string, bool) { return pools.poolsOfRail(kind, rail) }}
 	var nri *nicdra.NRIPlugin
 	if o.DRANRISocket != "" {
-		nri = &nicdra.NRIPlugin{Devices: p, Attacher: &nicdra.Attacher{HostNetNS: o.DRAHostNetNS}, SysfsRoot: o.SysfsRoot, Log: logger.WithName("nri")}
+		att := &nicdra.Attacher{HostNetNS: o.DRAHostNetNS}
+		nri = &nicdra.NRIPlugin{Devices: p, Attacher: att, SysfsRoot: o.SysfsRoot, Log: logger.WithName("nri")}
+		p.Reclaim = nicdra.ReclaimFunc(att, logger.WithName("dra"))
 	}
 	return &nicdra.Driver{NodeName: o.NodeName, Client: client, Preparer: p, KubeletDir: o.DRAKubeletDir,
 		NRI: nri, NRISocket: o.DRANRISocket,
@@ -62,6 +64,45 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 		Allocations: func(fn func(string, store.Allocation) error) error { return m.EachAllocation("", fn) },
 		Release:     m.ReleaseIf,
 		Log:         logger.WithName("dra")}, nil
+}
+
+// markLegacyDRA marks as the DRA driver's (nicdra.MarkLegacy) the allocations
+// an earlier ipam-node made for claims, which carry only the network name
+// nic.hwipam.io: those whose claim UID the checkpoint knows. Any other
+// allocation of that network is a CNI allocation from then on (a NAD of that
+// name, or a claim this node no longer has prepared), which the
+// stale-allocation cleaner releases once its pod is gone. It runs at start,
+// with or without --dra. It returns true when the checkpoint cannot be read:
+// the cleaner then leaves all such allocations alone.
+func markLegacyDRA(ctx context.Context, storeFile string, m *nodealloc.Manager, logger logr.Logger) (keepLegacy bool) {
+	c, err := nicdra.CheckpointFile{Path: draCheckpoint(storeFile)}.Load()
+	if err != nil {
+		logger.Error(err, "reading the DRA checkpoint to mark the driver's allocations made by an earlier version; "+
+			"allocations of network "+nicdra.DriverName+" without an owner are left alone until it can be read")
+		return true
+	}
+	n, err := nicdra.MarkLegacy(ctx, c.Claims, func(fn func(string, store.Allocation) error) error { return m.EachAllocation("", fn) },
+		m.SetOwner)
+	if err != nil {
+		logger.Error(err, "marking the DRA driver's allocations made by an earlier version; allocations of network "+
+			nicdra.DriverName+" without an owner are left alone until the next start")
+		return true
+	}
+	if n > 0 {
+		logger.Info("marked the DRA driver's allocations made by an earlier version", "allocations", n)
+	}
+	return false
+}
+
+// preparedNetdevs reads the DRA checkpoint beside the store for the host
+// netdevs of the prepared claims' devices (nicdra.PreparedNetdevs); none when
+// there is no checkpoint or it cannot be read.
+func preparedNetdevs(storeFile string) map[string]string {
+	c, err := nicdra.CheckpointFile{Path: draCheckpoint(storeFile)}.Load()
+	if err != nil {
+		return nil
+	}
+	return nicdra.PreparedNetdevs(c.Claims)
 }
 
 // runDRA runs the driver until ctx ends.

@@ -111,6 +111,7 @@ func Run(ctx context.Context, o *Options) error {
 		return err
 	}
 	registerMetrics(mgrState, st)
+	keepLegacyDRA := markLegacyDRA(ctx, o.StoreFile, mgrState, logger)
 
 	lis, err := listen(o.BindAddress)
 	if err != nil {
@@ -179,7 +180,12 @@ func Run(ctx context.Context, o *Options) error {
 	if err := pools.setup(mgr); err != nil {
 		return err
 	}
-	svc.Rails = newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails, scan)
+	railSel := newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails, scan)
+	svc.Rails = railSel
+	// Every CNI allocation that names a device records its port, with or
+	// without --dra (the driver may be turned on later).
+	ports := &cniPorts{loc: railSel.resolver.Locator}
+	svc.Ports = ports
 	var dra *nicdra.Driver
 	if !o.DRA {
 		// A status file left by an earlier --dra run would tell ipamctl that a
@@ -195,6 +201,7 @@ func Run(ctx context.Context, o *Options) error {
 		}
 		kick := make(chan struct{}, 1)
 		pools.railsChanged, dra.Kick = kick, kick
+		ports.heldBy, ports.kick = dra.HeldBy, kick
 		registerDRAMetrics()
 	}
 	if o.CleanupInterval > 0 {
@@ -204,7 +211,8 @@ func Run(ctx context.Context, o *Options) error {
 		}
 		cleanupLog := logger.WithName("cleanup")
 		if err := mgr.Add(&cleaner{reader: mgr.GetAPIReader(), watchPods: nodePodWatcher(podMeta, o.NodeName, cleanupLog),
-			manager: mgrState, interval: o.CleanupInterval, misses: o.CleanupMisses, log: cleanupLog}); err != nil {
+			manager: mgrState, interval: o.CleanupInterval, misses: o.CleanupMisses, log: cleanupLog,
+			keepLegacyDRA: keepLegacyDRA}); err != nil {
 			return fmt.Errorf("adding the stale-allocation cleaner: %w", err)
 		}
 	}
@@ -222,7 +230,7 @@ func Run(ctx context.Context, o *Options) error {
 	if o.NICLabels != NICLabelsOff {
 		if err := mgr.Add(&nicLabeler{client: mgr.GetClient(), reader: mgr.GetAPIReader(), node: o.NodeName, mode: o.NICLabels,
 			namespace: o.NodeFeatureNamespace, root: o.SysfsRoot, rails: rails, interval: o.NICRescanInterval, hup: hup, view: nics,
-			log: logger.WithName("nic-labels")}); err != nil {
+			log: logger.WithName("nic-labels"), prepared: func() map[string]string { return preparedNetdevs(o.StoreFile) }}); err != nil {
 			return fmt.Errorf("adding the NIC labeler: %w", err)
 		}
 	} else {

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/hwipam/hwipam/nicdiscovery"
+	"github.com/hwipam/hwipam/pkg/nicdra"
 )
 
 // NIC label publishing modes (--nic-labels).
@@ -60,6 +61,10 @@ type nicLabeler struct {
 	log       logr.Logger
 	// view, when set, gets every scan's inventory, for ipamctl.
 	view *nicView
+	// prepared, when set, returns the host netdevs of the DRA claims' devices
+	// by PCI address (nicdra.PreparedNetdevs): a port in a claim's pod keeps
+	// its labels, also when the daemon never saw it on the host.
+	prepared func() map[string]string
 
 	last         map[string]string // what is published, as far as we know; nil until read
 	netdevs      map[string]nicPorts
@@ -178,6 +183,9 @@ func (l *nicLabeler) publish(ctx context.Context) {
 		return
 	}
 	nicCount.Set(float64(len(inv.NICs)))
+	if l.prepared != nil {
+		inv = nicdra.WithPreparedNetdevs(inv, l.prepared())
+	}
 	kept := l.keepNetdevs(inv)
 	if l.view != nil {
 		l.view.update(inv, kept, nil)

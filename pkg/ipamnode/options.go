@@ -42,6 +42,9 @@ type Options struct {
 	DRAKubeletDir string
 	DRANRISocket  string
 	DRAHostNetNS  string
+	// DRAExcludeDevices are NIC ports (netdev names or PCI addresses) the DRA
+	// driver never publishes nor prepares.
+	DRAExcludeDevices []string
 
 	// RestConfig, when set, is used instead of Kubeconfig (tests).
 	RestConfig *rest.Config
@@ -107,6 +110,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"claims their rail's addresses, attach the netdevs to pods (docs/dra.md). One DRA NIC driver per node.")
 	fs.StringVar(&o.DRAKubeletDir, "dra-kubelet-dir", o.DRAKubeletDir,
 		"With --dra: the kubelet's root directory (its plugins_registry and plugins/nic.hwipam.io directories).")
+	fs.StringSliceVar(&o.DRAExcludeDevices, "dra-exclude-devices", o.DRAExcludeDevices,
+		"NIC ports the DRA driver never hands to claims, comma-separated netdev names or PCI addresses (besides the ports "+
+			"that carry the host's addresses or routes, which it never hands out either).")
 	fs.StringVar(&o.DRANRISocket, "dra-nri-socket", o.DRANRISocket,
 		"With --dra: the container runtime's NRI socket, through which netdevs move into pod sandboxes; \"\" disables the attach.")
 	fs.StringVar(&o.DRAHostNetNS, "dra-host-netns", o.DRAHostNetNS,

@@ -18,6 +18,12 @@ import (
 	"math"
 )
 
+// ReservedNetworkName is the network name of the DRA driver nic.hwipam.io's
+// allocations. A CNI network of that name is refused (by the plugin at ADD and
+// GC, and by the daemon at Allocate): the name is shown beside the driver's
+// allocations, and a NAD that took it could be mistaken for them.
+const ReservedNetworkName = "nic.hwipam.io"
+
 // PoolType is nv-ipam's PoolType enum.
 type PoolType int32
 

@@ -115,16 +115,18 @@ func (e *attachEnv) checkInPod(t *testing.T, d nicdra.PreparedDevice) {
 	}
 }
 
-// checkOnHost checks the device is back on the host under its name, down,
-// without addresses, with the MTU it had, and gone from the pod.
+// checkOnHost checks the device is back on the host under its name, up or
+// down as it was before the attach (down when that is not recorded), without
+// addresses, with the MTU it had, and gone from the pod.
 func (e *attachEnv) checkOnHost(t *testing.T, d nicdra.PreparedDevice, mtu int) {
 	t.Helper()
 	l := link(t, e.host, d.HostNetdev)
 	if l == nil {
 		t.Fatalf("%s is not back on the host", d.HostNetdev)
 	}
-	if l.Attrs().Flags&net.FlagUp != 0 {
-		t.Errorf("%s is up on the host", d.HostNetdev)
+	wantUp := d.HostUp != nil && *d.HostUp
+	if up := l.Attrs().Flags&net.FlagUp != 0; up != wantUp {
+		t.Errorf("%s on the host: up %v, want %v (as before the attach)", d.HostNetdev, up, wantUp)
 	}
 	if a := e.host.Addrs(t, d.HostNetdev, netlink.FAMILY_ALL); len(a) > 0 {
 		t.Errorf("%s has addresses on the host: %v", d.HostNetdev, a)
@@ -154,7 +156,9 @@ func TestAttachDetach(t *testing.T) {
 			t.Errorf("cycle %d: attach: %+v, want attached with MAC %s, MTU 9000", cycle, a, mac)
 		}
 		e.checkInPod(t, d)
-		d.MAC, d.MTU = a.MAC, a.MTU // as the driver records them
+		if a.RecordIn(&d); d.HostUp == nil || !*d.HostUp || d.PodIfIndex == 0 {
+			t.Errorf("cycle %d: the attach recorded %+v, want the host link up and its ifindex in the pod", cycle, d)
+		}
 		if a, err = e.att.Attach(e.pod.Path, d); err != nil || a.Outcome != nicdra.AlreadyAttached {
 			t.Fatalf("cycle %d: attach again: %+v, %v; want already-attached", cycle, a, err)
 		}
@@ -237,7 +241,7 @@ func TestDetachAfterNetNSDeleted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.MAC, d.MTU = a.MAC, a.MTU
+	a.RecordIn(&d)
 	if out, err := exec.Command("ip", "netns", "del", pod).CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -317,7 +321,7 @@ func TestAttachErrors(t *testing.T) {
 		d := railDevice()
 		d.MAC = "02:00:00:00:00:01"
 		_, err := e.att.Attach(e.pod.Path, d)
-		if !errors.Is(err, nicdra.ErrNameClash) || !strings.Contains(err.Error(), "not the device's 02:00:00:00:00:01") {
+		if !errors.Is(err, nicdra.ErrNameClash) || !strings.Contains(err.Error(), "not the device (PCI 0000:18:00.0, MAC 02:00:00:00:00:01)") {
 			t.Fatalf("got %v, want ErrNameClash naming the MACs", err)
 		}
 		t.Log(err)
@@ -333,10 +337,14 @@ func TestAttachErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		d := railDevice()
-		_, err := e.att.Attach(e.pod.Path, d)
+		a, err := e.att.Attach(e.pod.Path, d)
 		if !errors.Is(err, nicdra.ErrNameClash) || !strings.Contains(err.Error(), "defaultGateway false") {
 			t.Fatalf("got %v, want ErrNameClash about the default route", err)
 		}
+		if a.Outcome != nicdra.Attached {
+			t.Errorf("outcome %q, want attached: the device moved before the route failed", a.Outcome)
+		}
+		a.RecordIn(&d)
 		t.Log(err)
 		// The device went in; detach brings it back.
 		if out, err := e.att.Detach(e.pod.Path, d); err != nil || out != nicdra.Detached {

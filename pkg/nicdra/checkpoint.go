@@ -74,6 +74,17 @@ type PreparedDevice struct {
 	Gateways []string `json:"gateways,omitempty"`
 	Routes   []string `json:"routes,omitempty"`
 	MAC      string   `json:"mac,omitempty"`
+	// What the attach learnt of the host link, to find the port again by
+	// what it is rather than by a name a pod can give to anything (and to
+	// give it back as it was): its permanent MAC address (PermMAC, when the
+	// driver reports one), its parent device (ParentDev: the PCI address of a
+	// NIC's function, "" for a virtual link), its ifindex in the pod's
+	// network namespace after the move (PodIfIndex), and whether it was up on
+	// the host before (HostUp; nil: not recorded, brought back down).
+	PermMAC    string `json:"permMAC,omitempty"`
+	ParentDev  string `json:"parentDev,omitempty"`
+	PodIfIndex int    `json:"podIfIndex,omitempty"`
+	HostUp     *bool  `json:"hostUp,omitempty"`
 }
 
 // CheckpointFile is where the checkpoint is kept: the kubelet plugin's data

@@ -10,11 +10,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -73,9 +73,14 @@ type Driver struct {
 	// through the runtime's NRI socket NRISocket.
 	NRI       *NRIPlugin
 	NRISocket string
+	// NRIWait bounds how long Run waits for the NRI plugin to connect before
+	// the kubelet plugin registers (default 10s).
+	NRIWait time.Duration
 
 	helper *kubeletplugin.Helper
 	fatal  chan error
+	// held are the ports of the prepared claims (HeldBy), as last read.
+	held atomic.Pointer[map[string]string]
 
 	mu        sync.Mutex
 	published map[string]resourceapi.Device // by device name, as last published
@@ -94,6 +99,9 @@ func (d *Driver) Run(ctx context.Context) error {
 	if d.GCInterval <= 0 {
 		d.GCInterval = time.Minute
 	}
+	if d.NRIWait <= 0 {
+		d.NRIWait = 10 * time.Second
+	}
 	d.fatal = make(chan error, 1)
 	d.changed = make(chan struct{})
 	// Claims this node prepared must be readable before anything is served:
@@ -108,6 +116,33 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	// The devices are read once before the kubelet can ask for their health.
 	d.refresh()
+	// Ports whose pods stopped while the driver was down get their names
+	// back, before the runtime's events are served.
+	d.Preparer.ReclaimAll(d.Log)
+	if d.NRI != nil {
+		nriDone := make(chan struct{})
+		nctx, stopNRI := context.WithCancel(ctx)
+		go func() {
+			defer close(nriDone)
+			if err := d.NRI.Run(nctx, d.NRISocket); err != nil {
+				d.Log.Error(err, "the NRI plugin stopped")
+			}
+		}()
+		// Stopped after the kubelet plugin: no claim is prepared for a pod
+		// whose sandbox then finds no one to attach it.
+		defer func() { stopNRI(); <-nriDone }()
+		// And registered after the NRI plugin is connected, for the same
+		// reason (a bounded wait: without NRI, claims still get addresses).
+		select {
+		case <-d.NRI.Ready():
+		case <-time.After(d.NRIWait):
+			d.Log.Info("the NRI plugin is not connected to the runtime yet; the kubelet plugin registers anyway, and "+
+				"devices of pods that start meanwhile are attached when it connects or when their containers are created",
+				"socket", d.NRISocket, "waited", d.NRIWait)
+		case <-ctx.Done():
+			return nil
+		}
+	}
 	lctx := klog.NewContext(ctx, d.Log)
 	helper, err := kubeletplugin.Start(lctx, d,
 		kubeletplugin.DriverName(DriverName),
@@ -121,19 +156,6 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	d.helper = helper
 	defer helper.Stop()
-	if d.NRI != nil {
-		nriDone := make(chan struct{})
-		nctx, stopNRI := context.WithCancel(ctx)
-		go func() {
-			defer close(nriDone)
-			if err := d.NRI.Run(nctx, d.NRISocket); err != nil {
-				d.Log.Error(err, "the NRI plugin stopped")
-			}
-		}()
-		// Stopped after the kubelet plugin: no claim is prepared for a pod
-		// whose sandbox then finds no one to attach it.
-		defer func() { stopNRI(); <-nriDone }()
-	}
 	d.Log.Info("DRA kubelet plugin serving", "driver", DriverName, "socket", PluginSocket(d.KubeletDir),
 		"registration", RegistrationSocket(d.KubeletDir))
 	if err := d.publish(ctx); err != nil {
@@ -198,17 +220,25 @@ func (d *Driver) refresh() bool {
 		return false
 	}
 	pools, _ := d.PoolsByRail()
-	devs, warnings := Devices(Publish{Inventory: inv, Rails: d.Preparer.Rails, PoolsByRail: pools, Now: metav1.Now()})
-	for _, w := range warnings {
-		d.Log.Info("a device attribute is not published", "warning", w)
-	}
 	claims, err := d.Preparer.Claims()
 	if err != nil {
 		d.Log.Error(err, "reading the prepared claims")
 		return false
 	}
+	d.updateHeld(claims)
+	pub, err := d.publishInputs(inv, claims, pools)
+	if err != nil {
+		d.Log.Error(err, "the last published devices stay")
+		return false
+	}
+	devs, warnings := Devices(pub)
+	for _, w := range warnings {
+		d.Log.Info("a device attribute is not published", "warning", w)
+	}
+	withheld := Withheld(pub)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.status.Withheld = withheld
 	have := map[string]bool{}
 	for _, dev := range devs {
 		have[dev.Name] = true
@@ -331,6 +361,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			"duration", time.Since(start).String())
 		out[c.UID] = res
 	}
+	d.refreshHeld()
 	return out, nil
 }
 
@@ -346,6 +377,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		}
 		out[c.UID] = err
 	}
+	d.refreshHeld()
 	return out, nil
 }
 

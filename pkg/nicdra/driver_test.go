@@ -258,7 +258,7 @@ func TestDriverWithKubelet(t *testing.T) {
 	}
 	if _, err := n.alloc.Allocate(ctx, &nodealloc.Request{Pools: []string{"spare"}, Kind: v1alpha1.KindIPPool,
 		ContainerID: "0d5c0e8a-0000-4000-8000-00000000dead", IfName: "nic:pci-0000-3b-00-0",
-		Meta: nodealloc.Metadata{Network: nicdra.DriverName, PodName: "gone", PodNamespace: "ml"}}); err != nil {
+		Meta: nodealloc.Metadata{Network: nicdra.DriverName, Owner: nicdra.OwnerDRA, PodName: "gone", PodNamespace: "ml"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := cs.ResourceV1().ResourceClaims("ml").Delete(ctx, "c3", metav1.DeleteOptions{}); err != nil {

@@ -81,7 +81,7 @@ func (d *Driver) collect(ctx context.Context) (ok bool) {
 	}
 	var orphans []orphan
 	err = d.Allocations(func(key string, a store.Allocation) error {
-		if a.Network != DriverName {
+		if !OwnedByDRA(a) {
 			return nil
 		}
 		uid := types.UID(a.ContainerID)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -17,7 +18,8 @@ import (
 // (so a clash with the pod's own interfaces shows), an error failing the
 // sandbox; StopPodSandbox before the network is torn down and the namespace
 // removed (containerd logs an error of it and goes on); CreateContainer for
-// each container, whose adjustment adds the devices' RDMA character devices.
+// each container, which attaches what a missed RunPodSandbox left on the host
+// and whose adjustment adds the devices' RDMA character devices.
 // Every hook answers from memory and netlink (no API call): containerd gives a
 // plugin 2s per request by default (plugin_request_timeout).
 
@@ -35,10 +37,12 @@ type PodDevices interface {
 	// this UID (none for a pod without any), from memory: it is called in the
 	// runtime's hooks.
 	PodDevices(podUID string) []PreparedDevice
-	// DeviceAttached is told a device's MAC address and MTU on the host (set
-	// in d) once it has moved into the pod: record them with the device, so
-	// that the MTU is restored when it comes back (PodDevices returns them
-	// then) and the claim's networkData can show the MAC.
+	// DeviceAttached is told what the attach learnt of a device (set in d by
+	// Attachment.RecordIn: its MAC address, MTU, permanent MAC, parent
+	// device and admin state on the host, its ifindex in the pod) once it is
+	// in the pod: record them with the device (PreparedDevice.recordAttach),
+	// so that the detach finds it by them and restores its state (PodDevices
+	// returns them then), and the claim's networkData can show the MAC.
 	DeviceAttached(podUID string, d PreparedDevice)
 }
 
@@ -49,6 +53,9 @@ type NRIPlugin struct {
 	// SysfsRoot is the directory holding sys/ ("/" on a node).
 	SysfsRoot string
 	Log       logr.Logger
+
+	readyInit, readyOnce sync.Once
+	ready                chan struct{}
 }
 
 // podNetNS is the path of the sandbox's network namespace, "" when it has
@@ -65,9 +72,19 @@ func podNetNS(pod *api.PodSandbox) string {
 func podName(pod *api.PodSandbox) string { return pod.GetNamespace() + "/" + pod.GetName() }
 
 // RunPodSandbox attaches the pod's devices into its network namespace. When
-// one fails, those it attached go back to the host and the error, which
-// fails the sandbox (the kubelet retries it), says which device and why.
+// one fails, those this call found in or moved into the pod go back to the
+// host (the one that failed only if it moved: a device that never left the
+// host is not touched), and the error, which fails the sandbox (the kubelet
+// retries it), says which device and why.
 func (p *NRIPlugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	return p.ensureAttached(pod, "", true)
+}
+
+// ensureAttached attaches the pod's devices that are not in its namespace
+// yet; with rollback, a failure brings back those that are (see
+// RunPodSandbox). container names the container being created, "" for the
+// sandbox.
+func (p *NRIPlugin) ensureAttached(pod *api.PodSandbox, container string, rollback bool) error {
 	devs := p.Devices.PodDevices(pod.GetUid())
 	if len(devs) == 0 {
 		return nil
@@ -79,14 +96,31 @@ func (p *NRIPlugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error 
 			"they move into the pod's namespace; drop hostNetwork or the claim", podName(pod), DriverName)
 	}
 	log := p.Log.WithValues("pod", podName(pod), "podUID", pod.GetUid(), "netns", path)
+	if container != "" {
+		log = log.WithValues("container", container)
+	}
+	attached := 0
 	for i, d := range devs {
 		a, err := p.Attacher.Attach(path, d)
-		if err != nil {
-			if a.Outcome == Attached {
-				d.MAC, d.MTU = a.MAC, a.MTU
-				devs[i] = d
+		if a.Outcome == Attached || a.Outcome == AlreadyAttached {
+			if a.RecordIn(&d) {
+				p.Devices.DeviceAttached(pod.GetUid(), d)
 			}
-			for _, back := range devs[:i+1] {
+			devs[i] = d
+		}
+		if err != nil {
+			if container != "" {
+				err = fmt.Errorf("%w (attached when its container %s is created: the pod's RunPodSandbox did not reach "+
+					"the plugin, which was not connected to the runtime then)", err, container)
+			}
+			if !rollback {
+				return fmt.Errorf("%s: pod %s: %w", DriverName, podName(pod), err)
+			}
+			in := devs[:i]
+			if a.Outcome == Attached {
+				in = devs[:i+1] // it moved, then failed: it goes back too
+			}
+			for _, back := range in {
 				if out, derr := p.Attacher.Detach(path, back); derr != nil {
 					err = errors.Join(err, derr)
 				} else {
@@ -96,12 +130,17 @@ func (p *NRIPlugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error 
 			return fmt.Errorf("%s: pod %s: %w", DriverName, podName(pod), err)
 		}
 		if a.Outcome == Attached {
-			d.MAC, d.MTU = a.MAC, a.MTU
-			p.Devices.DeviceAttached(pod.GetUid(), d)
+			attached++
 		}
 		log.V(1).Info("device attached", "device", d.Device, "hostNetdev", d.HostNetdev, "ifName", d.InterfaceName, "outcome", a.Outcome)
 	}
-	log.Info("devices attached", "devices", len(devs), "took", time.Since(start))
+	switch {
+	case container == "":
+		log.Info("devices attached", "devices", len(devs), "took", time.Since(start))
+	case attached > 0:
+		log.Info("devices attached at a container's creation: the pod's RunPodSandbox did not reach the plugin",
+			"devices", attached, "took", time.Since(start))
+	}
 	return nil
 }
 
@@ -144,13 +183,20 @@ func (p *NRIPlugin) detach(pod *api.PodSandbox, event string) error {
 	return nil
 }
 
-// CreateContainer gives the container the RDMA character devices of the
-// pod's devices (RDMACharDevices; rdma_cm once). A device whose numbers
-// cannot be read fails the container with the reason.
+// CreateContainer makes sure the pod's devices are in its namespace (a
+// RunPodSandbox that the plugin missed, because it was not connected to the
+// runtime then, attaches them now; a device that cannot be attached fails the
+// container, never lets it run without its device), then gives the container
+// the RDMA character devices of the pod's devices (RDMACharDevices; rdma_cm
+// once). A device whose numbers cannot be read fails the container with the
+// reason.
 func (p *NRIPlugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	devs := p.Devices.PodDevices(pod.GetUid())
 	if len(devs) == 0 {
 		return nil, nil, nil
+	}
+	if err := p.ensureAttached(pod, ctr.GetName(), false); err != nil {
+		return nil, nil, err
 	}
 	adj := &api.ContainerAdjustment{}
 	seen := map[string]bool{}
@@ -177,8 +223,10 @@ func (p *NRIPlugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr 
 // Synchronize runs when the plugin (re)connects, with the pods that exist: a
 // running pod whose devices are still on the host (its RunPodSandbox came
 // while the plugin was away) gets them now. Errors are logged, not returned:
-// they would fail the registration, and with it every later pod.
+// they would fail the registration, and with it every later pod. Once it has
+// run, Ready is closed.
 func (p *NRIPlugin) Synchronize(_ context.Context, pods []*api.PodSandbox, _ []*api.Container) ([]*api.ContainerUpdate, error) {
+	defer p.setReady()
 	for _, pod := range pods {
 		devs := p.Devices.PodDevices(pod.GetUid())
 		path := podNetNS(pod)
@@ -187,18 +235,33 @@ func (p *NRIPlugin) Synchronize(_ context.Context, pods []*api.PodSandbox, _ []*
 		}
 		for _, d := range devs {
 			a, err := p.Attacher.Attach(path, d)
+			if a.RecordIn(&d) {
+				p.Devices.DeviceAttached(pod.GetUid(), d)
+			}
 			if err != nil {
 				p.Log.Error(err, "attaching a device of a running pod", "pod", podName(pod), "device", d.Device)
 				continue
 			}
 			if a.Outcome == Attached {
-				d.MAC, d.MTU = a.MAC, a.MTU
-				p.Devices.DeviceAttached(pod.GetUid(), d)
 				p.Log.Info("device of a running pod attached late", "pod", podName(pod), "device", d.Device)
 			}
 		}
 	}
 	return nil, nil
+}
+
+// Ready is closed once the plugin has synchronized with the runtime (it is
+// connected, and pods that started while it was away have their devices):
+// the kubelet plugin waits for it before it registers, so that no claim is
+// prepared for a sandbox that then starts with no one to attach its devices.
+func (p *NRIPlugin) Ready() <-chan struct{} {
+	p.readyInit.Do(func() { p.ready = make(chan struct{}) })
+	return p.ready
+}
+
+func (p *NRIPlugin) setReady() {
+	p.Ready()
+	p.readyOnce.Do(func() { close(p.ready) })
 }
 
 // Run connects the plugin to the runtime's NRI socket (DefaultNRISocket when

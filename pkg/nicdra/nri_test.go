@@ -197,8 +197,15 @@ func TestNRIHandlerErrors(t *testing.T) {
 	d := e.rail0
 	d.PCIAddress = "0000:00:00.0" // no such function: no RDMA device, nothing to add
 	e.devs.set("uid-c", d)
-	if adj, _, err := e.plugin.CreateContainer(ctx, sandbox("uid-c", "c", e.pod.Path), &api.Container{Name: "c"}); adj != nil || err != nil {
+	podC := sandbox("uid-c", "c", harness.NewNetNS(t).Path)
+	if err := e.plugin.RunPodSandbox(ctx, podC); err != nil {
+		t.Fatal(err)
+	}
+	if adj, _, err := e.plugin.CreateContainer(ctx, podC, &api.Container{Name: "c"}); adj != nil || err != nil {
 		t.Errorf("a device without RDMA: %v, %v", adj, err)
+	}
+	if err := e.plugin.StopPodSandbox(ctx, podC); err != nil {
+		t.Fatal(err)
 	}
 	tree, err := fakesysfs.DGXH100(t.TempDir())
 	if err != nil {
@@ -206,7 +213,12 @@ func TestNRIHandlerErrors(t *testing.T) {
 	}
 	removeVerbs(t, tree.Root) // ib_uverbs not loaded
 	e.plugin.SysfsRoot = tree.Root
-	_, _, err = e.plugin.CreateContainer(ctx, sandbox("uid-a", "trainer", e.pod.Path), &api.Container{Name: "main"})
+	e.devs.set("uid-d", e.rail0)
+	podD := sandbox("uid-d", "trainer", harness.NewNetNS(t).Path)
+	if err := e.plugin.RunPodSandbox(ctx, podD); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = e.plugin.CreateContainer(ctx, podD, &api.Container{Name: "main"})
 	if err == nil || !strings.Contains(err.Error(), "container main, device pci-0000-18-00-0") || !strings.Contains(err.Error(), "modprobe ib_uverbs") {
 		t.Errorf("got %v", err)
 	}

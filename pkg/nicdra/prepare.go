@@ -42,10 +42,21 @@ type Preparer struct {
 	Inventory func() *nicdiscovery.Inventory
 	Rails     nicdiscovery.Rails
 	// PoolsForRail returns the pools labelled for a rail, of a kind
-	// (v1alpha1.KindIPPool or KindCIDRPool): one, or two for dual-stack.
-	PoolsForRail func(rail, kind string) []string
+	// (v1alpha1.KindIPPool or KindCIDRPool): one, or two for dual-stack; and
+	// whether the pools are known (listed from the API server since the
+	// daemon started): while they are not, a prepare that needs them fails
+	// with ErrNotReady.
+	PoolsForRail func(rail, kind string) (pools []string, known bool)
 	// BootID is the node's, recorded with the checkpoint.
 	BootID string
+	// Ports says which ports are not to be handed out (uplink, excluded, in
+	// use by the CNI path); nil: none known.
+	Ports *PortUse
+	// Reclaim, when set, brings a device's netdev back to its host name
+	// before its claim is unprepared (Attacher.Reclaim: a StopPodSandbox the
+	// driver missed leaves a port under its pod name); an error fails the
+	// Unprepare, which the kubelet retries.
+	Reclaim func(PreparedDevice) error
 
 	mu    sync.Mutex
 	state *Checkpoint
@@ -59,6 +70,9 @@ func (p *Preparer) load() error {
 	c, err := p.Checkpoint.Load()
 	if err != nil {
 		return err
+	}
+	if c.BootID != "" && p.BootID != "" && c.BootID != p.BootID && p.Inventory != nil {
+		c.afterReboot(p.Inventory()) // what the attach recorded describes namespaces that are gone
 	}
 	p.state = c
 	return nil
@@ -75,7 +89,7 @@ func (p *Preparer) save() error {
 // what it got then. When any device fails, what the claim got is released and
 // the error says what was wrong (errors.Is ErrConfig, nodealloc.ErrInvalid,
 // ErrUnknownPool, ErrExhausted: no retry fixes those but a changed claim or
-// pool).
+// pool; ErrNotReady: the kubelet's retry will).
 func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]PreparedDevice, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -101,12 +115,15 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	if err := CheckConfigTargets(claim.Status.Allocation); err != nil {
 		return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
+	if err := p.checkInterfaceNames(claim, pod, p.Inventory()); err != nil {
+		return nil, err
+	}
 	pc := PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, PodName: pod.name, PodUID: pod.uid, State: PrepareStarted}
 	p.state.Claims[claim.UID] = pc
 	if err := p.save(); err != nil {
 		return nil, err
 	}
-	inv := p.Inventory()
+	inv := WithPreparedNetdevs(p.Inventory(), PreparedNetdevs(p.state.Claims))
 	byRail := rails.PFRails(inv, p.Rails)
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
@@ -145,6 +162,9 @@ func (p *Preparer) prepareDevice(ctx context.Context, claim *resourceapi.Resourc
 			"scheduler allocated it): delete the pod and its claim to have another allocated", nodealloc.ErrInvalid, r.Device)
 	}
 	n := inv.NICs[i]
+	if err := p.Ports.check(inv, n); err != nil {
+		return PreparedDevice{}, err
+	}
 	pf := n.PCIAddress
 	if n.Function == nicdiscovery.FunctionVF {
 		pf = n.PhysFn
@@ -153,6 +173,8 @@ func (p *Preparer) prepareDevice(ctx context.Context, claim *resourceapi.Resourc
 		InterfaceName: cfg.InterfaceName, PoolType: strings.ToLower(cfg.PoolType)}
 	if len(n.Netdevs) > 0 {
 		d.HostNetdev = n.Netdevs[0]
+	} else if err := CheckNetdev(inv, n); err != nil {
+		return PreparedDevice{}, err
 	}
 	if len(n.Ports) > 0 {
 		d.MTU, d.MAC = n.Ports[0].MTU, n.Ports[0].MAC
@@ -173,9 +195,8 @@ func (p *Preparer) prepareDevice(ctx context.Context, claim *resourceapi.Resourc
 			return PreparedDevice{}, fmt.Errorf("%w: device %s has no rail (no labelled port) and its configuration "+
 				"names no pool: name one in a %s configuration", nodealloc.ErrInvalid, r.Device, ConfigKind)
 		}
-		if d.Pools = p.PoolsForRail(d.Rail, kind); len(d.Pools) == 0 {
-			return PreparedDevice{}, fmt.Errorf("%w: no %s is labelled %s=%s: label the rail's pool (two for dual-stack), "+
-				"or name a pool in the claim's %s configuration", nodealloc.ErrUnknownPool, kind, v1alpha1.LabelRail, d.Rail, ConfigKind)
+		if d.Pools, err = p.railPools(d.Rail, kind); err != nil {
+			return PreparedDevice{}, err
 		}
 	}
 	req := p.request(claim.UID, d, pod)
@@ -211,7 +232,7 @@ func (p *Preparer) request(uid types.UID, d PreparedDevice, pod podRef) *nodeall
 	}
 	return &nodealloc.Request{Pools: d.Pools, Kind: kind, ContainerID: string(uid), IfName: d.Request + ":" + d.Device,
 		Meta: nodealloc.Metadata{PodName: pod.name, PodNamespace: pod.namespace, PodUID: pod.uid, DeviceID: d.PCIAddress,
-			Rail: d.Rail, Network: DriverName}}
+			Rail: d.Rail, Network: DriverName, Owner: OwnerDRA}}
 }
 
 // release releases the devices of a claim; errors are left for the claim
@@ -233,6 +254,13 @@ func (p *Preparer) Unprepare(ctx context.Context, uid types.UID) error {
 	pc, ok := p.state.Claims[uid]
 	if !ok {
 		return nil
+	}
+	for _, d := range pc.Devices {
+		if p.Reclaim != nil {
+			if err := p.Reclaim(d); err != nil { // a port left under its pod name gets its own back
+				return fmt.Errorf("claim %s/%s: %w", pc.Namespace, pc.Name, err)
+			}
+		}
 	}
 	for _, d := range pc.Devices {
 		if err := p.Allocator.Deallocate(ctx, p.request(uid, d, podRef{})); err != nil {
@@ -299,8 +327,8 @@ func (p *Preparer) DeviceAttached(podUID string, d PreparedDevice) {
 		}
 		changed := false
 		for i := range pc.Devices {
-			if pc.Devices[i].Device == d.Device && (pc.Devices[i].MAC != d.MAC || pc.Devices[i].MTU != d.MTU) {
-				pc.Devices[i].MAC, pc.Devices[i].MTU, changed = d.MAC, d.MTU, true
+			if pc.Devices[i].Device == d.Device && pc.Devices[i].recordAttach(d) {
+				changed = true
 			}
 		}
 		if changed {

@@ -103,11 +103,11 @@ func (n *node) open(t testing.TB) {
 func (n *node) preparer() *nicdra.Preparer {
 	return &nicdra.Preparer{Allocator: n.alloc, Checkpoint: nicdra.CheckpointFile{Path: filepath.Join(n.dir, "checkpoint.json")},
 		Inventory: func() *nicdiscovery.Inventory { return n.inv },
-		PoolsForRail: func(rail, kind string) []string {
+		PoolsForRail: func(rail, kind string) ([]string, bool) {
 			if rail == "ibp24s0" && kind == v1alpha1.KindIPPool {
-				return []string{"rail0", "rail0-v6"}
+				return []string{"rail0", "rail0-v6"}, true
 			}
-			return nil
+			return nil, true
 		}, BootID: "boot-1"}
 }
 

@@ -76,11 +76,90 @@ type Publish struct {
 	PoolsByRail map[string][]string
 	// Now stamps new taints.
 	Now metav1.Time
+	// InUse are the ports the CNI path uses, by PCI address: who uses it
+	// ("pod ns/name, network X"). Such a port is not published.
+	InUse map[string]string
+	// HostPorts are the host's netdevs that carry its own addresses or routes
+	// (or are enslaved to a bond or bridge that does), by name: why. A port
+	// with such a netdev is the node's uplink and is not published.
+	HostPorts map[string]string
+	// Exclude are netdev names or PCI addresses never published
+	// (--dra-exclude-devices).
+	Exclude []string
+}
+
+// Reasons a port is withheld (WithheldDevice.Reason starts with one).
+const (
+	// WithheldUplink: the port carries the host's addresses or routes.
+	WithheldUplink = "uplink"
+	// WithheldExcluded: the port is named in --dra-exclude-devices.
+	WithheldExcluded = "excluded"
+	// WithheldInUse: a CNI attachment uses the port, or its netdev is in
+	// another network namespace than the host's.
+	WithheldInUse = "in use"
+)
+
+// Withheld returns the NIC functions of the inventory that Devices does not
+// publish, and why: the node's uplink (host addresses or routes), excluded by
+// the operator, or in use by the CNI path (a pod's attachment holds it, or a
+// VF's netdev is in another namespace while its RDMA device is visible: a pod
+// has it, whichever CNI put it there). Sorted by PCI address.
+func Withheld(p Publish) []WithheldDevice {
+	var out []WithheldDevice
+	for _, n := range p.Inventory.NICs {
+		if len(n.Netdevs) == 0 && len(n.RDMADevices) == 0 {
+			continue
+		}
+		if why := withheld(p, n); why != "" {
+			w := WithheldDevice{Device: DeviceName(n.PCIAddress), PCIAddress: n.PCIAddress, Reason: why}
+			if len(n.Netdevs) > 0 {
+				w.Netdev = n.Netdevs[0]
+			}
+			out = append(out, w)
+		}
+	}
+	slices.SortFunc(out, func(a, b WithheldDevice) int { return strings.Compare(a.PCIAddress, b.PCIAddress) })
+	return out
+}
+
+// withheld says why a function is not published, "" when it is.
+func withheld(p Publish, n nicdiscovery.NIC) string {
+	netdevs := slices.Clone(n.Netdevs)
+	for _, port := range n.Ports {
+		if port.Netdev != "" && !slices.Contains(netdevs, port.Netdev) {
+			netdevs = append(netdevs, port.Netdev)
+		}
+	}
+	if slices.Contains(p.Exclude, n.PCIAddress) {
+		return WithheldExcluded + ": " + n.PCIAddress + " is named in --dra-exclude-devices"
+	}
+	for _, nd := range netdevs {
+		if slices.Contains(p.Exclude, nd) {
+			return WithheldExcluded + ": " + nd + " is named in --dra-exclude-devices"
+		}
+	}
+	for _, nd := range netdevs {
+		if why, ok := p.HostPorts[nd]; ok {
+			return WithheldUplink + ": " + nd + " " + why
+		}
+	}
+	if who, ok := p.InUse[n.PCIAddress]; ok {
+		return WithheldInUse + " by " + who
+	}
+	if n.Function == nicdiscovery.FunctionVF && len(netdevs) == 0 && len(n.RDMADevices) > 0 && !p.Inventory.NetdevsHidden {
+		// A VF bound to its driver always has a netdev: not in the host's
+		// namespace, it is in a pod's (an SR-IOV attachment), whichever IPAM
+		// that pod used.
+		return WithheldInUse + ": its netdev is in another network namespace (a pod's SR-IOV attachment), its RDMA device " +
+			n.RDMADevices[0] + " is on the host"
+	}
+	return ""
 }
 
 // Devices returns one device per NVIDIA NIC port of the inventory that has a
-// netdev or an RDMA device (PFs, and VFs where there are), sorted by name, and
-// a warning for each attribute that could not be given.
+// netdev or an RDMA device (PFs, and VFs where there are) and is not withheld
+// (Withheld), sorted by name, and a warning for each attribute that could not
+// be given.
 func Devices(p Publish) ([]resourceapi.Device, []string) {
 	inv := p.Inventory
 	byRail := rails.PFRails(inv, p.Rails)
@@ -89,6 +168,9 @@ func Devices(p Publish) ([]resourceapi.Device, []string) {
 	for _, n := range inv.NICs {
 		if len(n.Netdevs) == 0 && len(n.RDMADevices) == 0 {
 			continue // no port to hand out (no driver, a management function)
+		}
+		if withheld(p, n) != "" {
+			continue // see Withheld
 		}
 		pf := n.PCIAddress
 		if n.Function == nicdiscovery.FunctionVF {

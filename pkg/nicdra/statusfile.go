@@ -26,6 +26,20 @@ type DriverStatus struct {
 	Published    time.Time `json:"published"`
 	PublishError string    `json:"publishError,omitempty"`
 	Updated      time.Time `json:"updated"`
+	// Withheld are the NIC ports the driver does not publish, and why (the
+	// node's uplink, excluded, in use by a pod's CNI attachment).
+	Withheld []WithheldDevice `json:"withheld,omitempty"`
+}
+
+// WithheldDevice is a NIC port the driver does not publish.
+type WithheldDevice struct {
+	// Device is the name it would have; PCIAddress and Netdev say which port.
+	Device     string `json:"device"`
+	PCIAddress string `json:"pciAddress"`
+	Netdev     string `json:"netdev,omitempty"`
+	// Reason starts with WithheldUplink, WithheldExcluded or WithheldInUse,
+	// and says what makes it so.
+	Reason string `json:"reason"`
 }
 
 // CheckpointBeside is where ipam-node keeps the DRA checkpoint: beside its

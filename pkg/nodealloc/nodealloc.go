@@ -44,6 +44,12 @@ type Metadata struct {
 	// Network is the CNI network's name, which CNI GC of that network matches on;
 	// empty when the client did not send it.
 	Network string
+	// Owner is store.Allocation.Owner: set by the DRA driver only (the gRPC
+	// service never copies it from a request).
+	Owner string
+	// Port is store.Allocation.Port: the PCI function of the attachment's
+	// device, as the daemon resolved it.
+	Port string
 }
 
 // Request asks for addresses for one interface.
@@ -657,7 +663,8 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) (attempt
 		took = append(took, taken{p, ip})
 		a := store.Allocation{ContainerID: req.ContainerID, IfName: req.IfName, IP: ip.String(),
 			PodName: req.Meta.PodName, PodNamespace: req.Meta.PodNamespace, PodUID: req.Meta.PodUID,
-			DeviceID: req.Meta.DeviceID, Rail: req.Meta.Rail, Network: req.Meta.Network, CreateTime: now}
+			DeviceID: req.Meta.DeviceID, Rail: req.Meta.Rail, Network: req.Meta.Network, Owner: req.Meta.Owner,
+			Port: req.Meta.Port, CreateTime: now}
 		puts = append(puts, store.Put{PoolKey: p.key, Allocation: a, LastReserved: p.block.Cursor().String()})
 	}
 	// Every pool of the request gets the flight, also one whose half of a
@@ -824,6 +831,39 @@ func (m *Manager) ReleaseIf(ctx context.Context, poolKey string, a store.Allocat
 	return m.releaseMatching(ctx, []string{poolKey}, newOwner(a.ContainerID, a.IfName), func(cur store.Allocation) bool {
 		return cur.IP == a.IP && cur.PodUID == a.PodUID && cur.CreateTime.Equal(a.CreateTime)
 	})
+}
+
+// SetOwner marks one allocation as owner's (store.Allocation.Owner) if it is
+// still exactly a (same address, pod UID and creation time) and has no owner
+// yet; it says whether it wrote the mark. It is for the daemon's own use (the
+// DRA driver's allocations made before the mark existed), never for a CNI
+// request: the mark decides which garbage collection may release the address.
+func (m *Manager) SetOwner(ctx context.Context, poolKey string, a store.Allocation, owner string) (bool, error) {
+	states, unlock, err := m.lockPools(ctx, []string{poolKey})
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	p := states[0]
+	if p == nil {
+		return false, nil
+	}
+	who := newOwner(a.ContainerID, a.IfName)
+	if _, ok := p.allocs[who.key]; !ok || p.inflight[who.key] != nil {
+		return false, nil
+	}
+	cur, found, err := m.store.Get(poolKey, a.ContainerID, a.IfName)
+	if err != nil || !found || cur.Owner != "" ||
+		cur.IP != a.IP || cur.PodUID != a.PodUID || !cur.CreateTime.Equal(a.CreateTime) {
+		return false, err
+	}
+	cur.Owner = owner
+	// Rewritten under the pool's lock: nothing else changes the record meanwhile,
+	// and a failed commit leaves it as it was.
+	if err := m.store.Commit([]store.Put{{PoolKey: poolKey, Allocation: cur}}, nil); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // release is the part of a release decided with the pools locked.

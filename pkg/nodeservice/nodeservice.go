@@ -20,6 +20,7 @@ import (
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/ipamwire"
 	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/rails"
@@ -39,6 +40,9 @@ type Service struct {
 	// NICs is the daemon's NIC inventory, for ListNICs; nil answers that the
 	// daemon keeps none.
 	NICs NICSource
+	// Ports resolves the port a request's device is, recorded with the
+	// allocation, and refuses one a DRA claim holds; nil records none.
+	Ports Ports
 
 	failures failureRing
 }
@@ -70,6 +74,43 @@ type RailPools interface {
 	RailOf(kind, pool string) string
 }
 
+// Ports is what the service knows of the node's NIC ports beside the CNI
+// path: which PCI function a request's device is, and which DRA claim holds a
+// port. Its methods are cheap (no NIC scan): they run on every ADD that names
+// a device.
+type Ports interface {
+	// Port returns the PCI address of the NIC function dev names, "" when it
+	// names none this node has.
+	Port(dev rails.Device) string
+	// HeldBy names the prepared DRA claim (namespace/name) that holds the
+	// device dev names or the port, "" when none does.
+	HeldBy(dev rails.Device, port string) string
+	// Changed is told after an allocation or release that names a device:
+	// the DRA driver then publishes its free ports again.
+	Changed()
+}
+
+// device is the attachment's device a request names.
+func device(p *nodev1.IPAMParameters) rails.Device {
+	return rails.Device{DeviceID: p.GetMetadata().GetDeviceId(), PCIBusID: p.GetPciBusId(), Master: p.GetMaster(), Netdev: p.GetDevice()}
+}
+
+// port resolves and records the port of an Allocate, and refuses a device a
+// DRA claim holds.
+func (s *Service) port(p *nodev1.IPAMParameters, req *nodealloc.Request) error {
+	dev := device(p)
+	if s.Ports == nil || dev.Empty() || dev.Check() != nil {
+		return nil // a malformed device is refused where it is used (rail "auto"), or not used at all
+	}
+	req.Meta.Port = s.Ports.Port(dev)
+	if claim := s.Ports.HeldBy(dev, req.Meta.Port); claim != "" {
+		return status.Errorf(codes.FailedPrecondition, "%s is held by DRA claim %s (driver %s): its port is in that "+
+			"claim's pod, so this attachment cannot use it; use another device, or delete the claim's pod and claim",
+			dev, claim, ipamwire.ReservedNetworkName)
+	}
+	return nil
+}
+
 // railOf is s.Rails.RailOf, "" without Rails.
 func (s *Service) railOf(kind, pool string) string {
 	if s.Rails == nil {
@@ -91,7 +132,7 @@ func (s *Service) byRail(p *nodev1.IPAMParameters, req *nodealloc.Request, relea
 	if s.Rails == nil {
 		return status.Errorf(codes.FailedPrecondition, "rail %q: this daemon does not allocate by rail (no NIC inventory)", p.GetRail())
 	}
-	dev := rails.Device{DeviceID: p.GetMetadata().GetDeviceId(), PCIBusID: p.GetPciBusId(), Master: p.GetMaster(), Netdev: p.GetDevice()}
+	dev := device(p)
 	pools, rail, err := s.Rails.Pools(req.Kind, p.GetRail(), dev)
 	if err != nil {
 		if release && status.Code(err) != codes.Internal {
@@ -148,7 +189,17 @@ func (s *Service) Allocate(ctx context.Context, in *nodev1.AllocateRequest) (*no
 	if err != nil {
 		return nil, err
 	}
+	if req.Meta.Network == ipamwire.ReservedNetworkName {
+		st := status.Errorf(codes.InvalidArgument, "network name %q is reserved for hwipam's DRA driver: rename the "+
+			"network (the NetworkAttachmentDefinition's config \"name\")", req.Meta.Network)
+		s.failures.record(req, st)
+		return nil, st
+	}
 	if err := s.byRail(in.GetParameters(), req, false); err != nil {
+		return nil, err
+	}
+	if err := s.port(in.GetParameters(), req); err != nil {
+		s.failures.record(req, err)
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -159,6 +210,9 @@ func (s *Service) Allocate(ctx context.Context, in *nodev1.AllocateRequest) (*no
 		st := toStatus(err)
 		s.failures.record(req, st)
 		return nil, st
+	}
+	if req.Meta.Port != "" {
+		s.Ports.Changed()
 	}
 	out := &nodev1.AllocateResponse{}
 	for _, r := range res {
@@ -203,6 +257,9 @@ func (s *Service) Deallocate(ctx context.Context, in *nodev1.DeallocateRequest) 
 	}
 	if err := s.Manager.Deallocate(ctx, req); err != nil {
 		return nil, toStatus(err)
+	}
+	if s.Ports != nil && !device(in.GetParameters()).Empty() {
+		s.Ports.Changed()
 	}
 	return &nodev1.DeallocateResponse{}, nil
 }

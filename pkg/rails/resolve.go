@@ -89,19 +89,9 @@ func (r *Resolver) Resolve(d Device) (Resolution, error) {
 		return res, err
 	}
 	var err error
-	switch {
-	case d.DeviceID != "" && IsPCIAddress(d.DeviceID):
-		res.Function = d.DeviceID
-	case d.DeviceID != "":
-		res.Function, err = r.Locator.PCIOfAux(d.DeviceID)
-	case d.PCIBusID != "":
-		res.Function = d.PCIBusID
-	case d.Master != "":
-		res.Function, err = r.Locator.PCIOfNetdev(d.Master)
-	case d.Netdev != "":
-		res.Function, err = r.Locator.PCIOfNetdev(d.Netdev)
-	default:
-		return res, ErrNoDevice
+	res.Function, err = Function(r.Locator, d)
+	if errors.Is(err, ErrNoDevice) {
+		return res, err
 	}
 	if err == nil {
 		res.PF, err = r.Locator.PFOfPCI(res.Function)
@@ -120,6 +110,25 @@ func (r *Resolver) Resolve(d Device) (Resolution, error) {
 		}
 	}
 	return res, r.notFound(d, fmt.Errorf("its physical function %s is not an NVIDIA NIC port of this node", res.PF))
+}
+
+// Function returns the PCI function of the first field of d that is set
+// (deviceID, pciBusID, master, device), without reading the NIC inventory: a
+// few sysfs links at most. d must have passed Check.
+func Function(loc Locator, d Device) (string, error) {
+	switch {
+	case d.DeviceID != "" && IsPCIAddress(d.DeviceID):
+		return d.DeviceID, nil
+	case d.DeviceID != "":
+		return loc.PCIOfAux(d.DeviceID)
+	case d.PCIBusID != "":
+		return d.PCIBusID, nil
+	case d.Master != "":
+		return loc.PCIOfNetdev(d.Master)
+	case d.Netdev != "":
+		return loc.PCIOfNetdev(d.Netdev)
+	}
+	return "", ErrNoDevice
 }
 
 // notFound is a device the node does not have, with the rails it has.

@@ -73,6 +73,17 @@ type Allocation struct {
 	// Network is the name of the CNI network that made the allocation; empty when
 	// not known (see the package comment).
 	Network string `json:"network,omitempty"`
+	// Owner marks an allocation made by the DRA driver ("dra", set only by the
+	// daemon itself, never from a CNI request): the claim garbage collection
+	// releases only those, the stale-allocation cleaner never does. Empty for
+	// every CNI allocation.
+	Owner string `json:"owner,omitempty"`
+	// Port is the PCI address of the NIC function the attachment uses (a VF or
+	// PF by deviceID or pciBusID, a macvlan/ipvlan master's or host-device
+	// device's function), as the daemon resolved it at allocation; empty when
+	// the request named no device of this node. The DRA driver does not hand
+	// out a port a CNI allocation uses.
+	Port string `json:"port,omitempty"`
 }
 
 // Pool is what the store remembers of a pool besides its allocations: the last

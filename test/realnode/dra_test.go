@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -311,7 +312,145 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		// second (the prepare, the status write and the attach).
 		Expect(dra[rounds/2]).To(BeNumerically("<", multus[rounds/2]+time.Second))
 	})
+
+	// The ownership walkthrough of issue 36: a port in use by a Multus pod, a
+	// claim two pods name, the state a port comes back in, and ipam-node away
+	// while a claim's pod stops. On rail 3 (ibp94s0), which the specs above
+	// leave free.
+	It("withholds a port that a Multus pod uses as its master, and says who uses it", func(ctx SpecContext) {
+		createNAD(ctx, "on-"+ownerRail, fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "on-%s", "type": "macvlan", "master": %q,
+  "mode": "bridge", "ipam": {"type": "nv-ipam", "poolName": "e2e-b", "confDir": %q}}`, ownerRail, ownerRail,
+			filepath.Join(node.CNIConfDir, "nv-ipam.d")))
+		createPod(ctx, "nad-master", "on-"+ownerRail)
+		waitReady(ctx, "nad-master")
+		Eventually(ctx, func(g Gomega) {
+			g.Expect(nicDevices(ctx, g)).NotTo(HaveKey(ownerRail), "rail %s is still published while pod nad-master uses it", ownerRail)
+		}).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
+		out, _ := node.Kubectl(ctx, "-n", "kube-system", "exec", ipamNodePod(ctx).Name, "-c", "ipam-node", "--", "/ipamctl", "check")
+		Expect(out).To(MatchRegexp(`(?m)^info\s+slices\s+pci-\S+ \(\S+, %s\)\s+not published to claims: in use by pod %s/nad-master`,
+			ownerRail, ns), "ipamctl check:\n%s", out)
+		fmt.Fprintf(GinkgoWriter, "ipamctl check while nad-master uses %s:\n%s\n", ownerRail, out)
+
+		// A claim for the rail is not allocated the port meanwhile: its pod
+		// stays pending, and the NAD pod keeps its link.
+		createClaimPod(ctx, "wants-"+ownerRail, railClaim(ownerRail))
+		Consistently(ctx, func(g Gomega) {
+			p, err := node.Clientset.CoreV1().Pods(ns).Get(ctx, "wants-"+ownerRail, metav1.GetOptions{})
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(p.Status.Phase).To(Equal(corev1.PodPending))
+			g.Expect(p.Spec.NodeName).To(BeEmpty(), "the claim's pod was scheduled onto the port nad-master uses")
+		}).WithTimeout(15 * time.Second).WithPolling(time.Second).Should(Succeed())
+		out, err := node.Kubectl(ctx, "-n", ns, "exec", "nad-master", "--", "ip", "link", "show", "net1")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(ContainSubstring("state UP"), "nad-master's net1:\n%s", out)
+
+		// The NAD pod goes: the port is published again and the claim gets it.
+		deletePod(ctx, "nad-master")
+		got := expectDRAPod(ctx, "wants-"+ownerRail, ownerRail)
+		Expect(got.rail).To(Equal(ownerRail))
+
+		// The reverse: a NAD pod on the port the claim holds fails, and
+		// ipamctl check says which claim holds the port.
+		createPod(ctx, "nad-late", "on-"+ownerRail)
+		Eventually(ctx, func(g Gomega) {
+			g.Expect(podEvents(ctx, "nad-late")).To(ContainSubstring("FailedCreatePodSandBox"))
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+		fmt.Fprintf(GinkgoWriter, "nad-late: %s\n", podEvents(ctx, "nad-late"))
+		out, _ = node.Kubectl(ctx, "-n", "kube-system", "exec", ipamNodePod(ctx).Name, "-c", "ipam-node", "--", "/ipamctl", "check")
+		Expect(out).To(MatchRegexp(`(?m)^info\s+claim\s+%s/wants-%s\s+claim %s/wants-%s holds port pci-\S+ \(\S+, host netdev %s\)`,
+			ns, ownerRail, ns, ownerRail, ownerRail), "ipamctl check:\n%s", out)
+		deletePod(ctx, "nad-late")
+		deletePod(ctx, "wants-"+ownerRail)
+	})
+
+	It("returns a port to the host as it was before the claim: its name, up, no addresses", func(ctx SpecContext) {
+		l, err := netlink.LinkByName(ownerRail)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(l.Attrs().Flags&net.FlagUp).NotTo(BeZero(), "%s is down before the claim", ownerRail)
+		createClaimPod(ctx, "back-up", railClaim(ownerRail))
+		expectDRAPod(ctx, "back-up", ownerRail)
+		deletePod(ctx, "back-up")
+		Eventually(ctx, func(g Gomega) {
+			l, err := netlink.LinkByName(ownerRail)
+			g.Expect(err).NotTo(HaveOccurred(), "%s is not back on the host", ownerRail)
+			g.Expect(l.Attrs().Flags&net.FlagUp).NotTo(BeZero(), "%s came back down (it was up before the claim)", ownerRail)
+			addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(addrs).To(BeEmpty(), "%s came back with addresses", ownerRail)
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+	})
+
+	It("refuses a second pod on a claim that a running pod holds", func(ctx SpecContext) {
+		createClaimPod(ctx, "shared-1", railClaim(ownerRail))
+		first := expectDRAPod(ctx, "shared-1", ownerRail)
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "shared-2", Namespace: ns},
+			Spec: corev1.PodSpec{
+				ResourceClaims:                []corev1.PodResourceClaim{{Name: "c", ResourceClaimName: new("shared-1")}},
+				Containers:                    []corev1.Container{{Name: "app", Image: node.BusyboxImage(), Command: []string{"sleep", "1000000"}}},
+				TerminationGracePeriodSeconds: new(int64(1)),
+			}}
+		_, err := node.Clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func(ctx SpecContext) { deletePod(ctx, "shared-2") })
+		// Refused with an event that says why; never running without its NIC.
+		Eventually(ctx, func(g Gomega) {
+			g.Expect(podEvents(ctx, "shared-2")).To(ContainSubstring("cannot be shared"))
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+		fmt.Fprintf(GinkgoWriter, "shared-2: %s\n", podEvents(ctx, "shared-2"))
+		p, err := node.Clientset.CoreV1().Pods(ns).Get(ctx, "shared-2", metav1.GetOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(p.Status.Phase).To(Equal(corev1.PodPending), "shared-2 runs without its claim's NIC")
+		// The first pod keeps its port and address.
+		out, err := node.Kubectl(ctx, "-n", ns, "exec", "shared-1", "--", "ip", "-o", "addr", "show", "dev", ownerRail)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(ContainSubstring("inet " + first.addrs[0]))
+		deletePod(ctx, "shared-2")
+		deletePod(ctx, "shared-1")
+	})
+
+	It("leaves nothing held and no port under a pod's name when ipam-node is away while a claim's pod stops", func(ctx SpecContext) {
+		createClaimPod(ctx, "stop-away", railClaim(ownerRail))
+		got := expectDRAPod(ctx, "stop-away", ownerRail)
+		ip := strings.Split(got.addrs[0], "/")[0]
+		// Killed, and the pod deleted at once: its sandbox stops while no NRI
+		// plugin listens (every rollout of the DaemonSet has that gap).
+		pod := ipamNodePod(ctx)
+		id := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
+		out, err := execCtr(ctx, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id)
+		Expect(err).NotTo(HaveOccurred(), out)
+		deletePod(ctx, "stop-away")
+		Expect(node.Clientset.ResourceV1().ResourceClaims(ns).Delete(ctx, "stop-away", metav1.DeleteOptions{})).To(Succeed())
+		// Once ipam-node is back the kubelet unprepares: the address is
+		// released, and no link of the host carries a pod-side name.
+		Eventually(ctx, func(g Gomega) {
+			g.Expect(allocations(ctx)).NotTo(ContainElement(ContainSubstring(" " + ip + " ")))
+		}).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+		links, err := netlink.LinkList()
+		Expect(err).NotTo(HaveOccurred())
+		for _, l := range links {
+			Expect(l.Attrs().Name).NotTo(MatchRegexp(`^(net\d+|dev\d+)$`), "a port came back under a pod-side name")
+		}
+		// The stand-in veth went with the pod's namespace (a physical port
+		// would have come back and been renamed); made again for what follows.
+		if _, err := netlink.LinkByName(ownerRail); err != nil {
+			fmt.Fprintf(GinkgoWriter, "%s went with the pod's namespace (a veth); made again\n", ownerRail)
+			peer := node.Prefix + "x1"
+			Expect(exec.Command("ip", "link", "add", ownerRail, "type", "veth", "peer", "name", peer).Run()).To(Succeed())
+			Expect(exec.Command("ip", "link", "set", peer, "up").Run()).To(Succeed())
+			Expect(exec.Command("ip", "link", "set", ownerRail, "up").Run()).To(Succeed())
+		} else {
+			l, _ := netlink.LinkByName(ownerRail)
+			addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4)
+			Expect(addrs).To(BeEmpty(), "%s came back with the pod's addresses", ownerRail)
+		}
+		out, _ = node.Kubectl(ctx, "-n", "kube-system", "exec", ipamNodePod(ctx).Name, "-c", "ipam-node", "--", "/ipamctl", "check")
+		Expect(out).NotTo(MatchRegexp(`(?m)^error\s+(dra|slices|claim)`), "ipamctl check:\n%s", out)
+	})
+
 })
+
+// ownerRail is the rail of the ownership specs.
+const ownerRail = "ibp94s0"
 
 // railClaim is a claim spec for the NIC of a rail, under its host name.
 func railClaim(rail string) resourceapi.ResourceClaimSpec {
@@ -480,7 +619,9 @@ func deleteDocObjects(ctx SpecContext) {
 		deletePod(ctx, p)
 	}
 	for _, doc := range docYAML(filepath.Join(harness.RepoRoot(), "docs", "dra.md")) {
-		if strings.Contains(doc, "kind: IPPool") || strings.Contains(doc, "kind: Pod") || strings.Contains(doc, "kind: DeviceClass") {
+		// The DeviceClass nic.hwipam.io is the overlay's; the docs' others go.
+		if strings.Contains(doc, "kind: IPPool") || strings.Contains(doc, "kind: Pod") ||
+			(strings.Contains(doc, "kind: DeviceClass") && strings.Contains(doc, "name: "+nicdra.DriverName+"\n")) {
 			continue
 		}
 		f := filepath.Join(node.Dir, "delete.yaml")

@@ -1,0 +1,198 @@
+package ipamnode
+
+import (
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/hwipam/hwipam/pkg/nicdra"
+	"github.com/hwipam/hwipam/pkg/nodealloc"
+	"github.com/hwipam/hwipam/pkg/rails"
+	"github.com/hwipam/hwipam/pkg/store"
+)
+
+// The NIC ports the CNI path and the host use, told to the DRA driver so that it
+// does not hand them to claims (nicdra.PortUse), and the ports the driver's
+// claims hold, told to the CNI path so that it refuses them
+// (nodeservice.Ports).
+
+// portsInUse returns the ports CNI allocations use, by PCI address: the port
+// each recorded at allocation (store.Allocation.Port), else, for one made
+// before ports were recorded, its deviceID when that is a PCI address (SR-IOV,
+// host-device). The DRA driver's own allocations are not uses. One pass over
+// the store: run when the driver publishes (every 10 s, and when an
+// allocation that names a device changed), never per CNI call.
+func portsInUse(m *nodealloc.Manager) map[string]string {
+	out := map[string]string{}
+	_ = m.EachAllocation("", func(_ string, a store.Allocation) error {
+		if nicdra.OwnedByDRA(a) {
+			return nil
+		}
+		port := a.Port
+		if port == "" && rails.IsPCIAddress(a.DeviceID) {
+			port = a.DeviceID
+		}
+		if port == "" {
+			return nil
+		}
+		if _, ok := out[port]; !ok {
+			who := fmt.Sprintf("pod %s/%s", a.PodNamespace, a.PodName)
+			if a.Network != "" {
+				who += " (network " + a.Network + ")"
+			}
+			out[port] = who
+		}
+		return nil
+	})
+	return out
+}
+
+// hostPorts returns the links of h's network namespace (the host's) that carry
+// its own addresses or routes, by name: why. Counted are a global unicast
+// address (not a link-local or loopback one), a default route, and a route
+// through a gateway or one set up by other than the kernel (the kernel's own
+// routes follow from the addresses, and every IPv6 link has fe80::/64), in
+// any routing table but the local one; and a link enslaved to a bond or
+// bridge that carries any of those.
+func hostPorts(h *netlink.Handle) (map[string]string, error) {
+	links, err := h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("listing links: %w", err)
+	}
+	why := map[int]string{}
+	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("listing addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if a.IP.IsGlobalUnicast() && why[a.LinkIndex] == "" {
+			why[a.LinkIndex] = "carries the host address " + a.IPNet.String()
+		}
+	}
+	routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("listing routes: %w", err)
+	}
+	for _, r := range routes {
+		if r.Table == unix.RT_TABLE_LOCAL || r.Type != unix.RTN_UNICAST {
+			continue
+		}
+		var reason string
+		switch {
+		case isDefault(r.Dst):
+			reason = "carries the host's default route"
+		case r.Gw != nil || r.Protocol != unix.RTPROT_KERNEL:
+			reason = "carries the host's route to " + r.Dst.String()
+		default:
+			continue
+		}
+		idx := []int{r.LinkIndex}
+		for _, nh := range r.MultiPath {
+			idx = append(idx, nh.LinkIndex)
+		}
+		for _, i := range idx {
+			// A default route says more than an address.
+			if i > 0 && (why[i] == "" || isDefault(r.Dst)) {
+				why[i] = reason
+			}
+		}
+	}
+	names := map[int]string{}
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	out := map[string]string{}
+	for _, l := range links {
+		a := l.Attrs()
+		switch {
+		case why[a.Index] != "":
+			out[a.Name] = why[a.Index]
+		case a.MasterIndex > 0 && why[a.MasterIndex] != "":
+			out[a.Name] = "is enslaved to " + names[a.MasterIndex] + ", which " + why[a.MasterIndex]
+		}
+	}
+	return out, nil
+}
+
+func isDefault(dst *net.IPNet) bool {
+	if dst == nil {
+		return true
+	}
+	ones, _ := dst.Mask.Size()
+	return ones == 0
+}
+
+// hostPortsReader reads the host's ports (hostPorts) through one netlink
+// handle in the host's network namespace: the one at netns
+// (--dra-host-netns), or the daemon's own when that is "" (hostNetwork).
+type hostPortsReader struct {
+	netns string
+	mu    sync.Mutex
+	h     *netlink.Handle
+}
+
+func (r *hostPortsReader) read() (map[string]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.h == nil {
+		var h *netlink.Handle
+		var err error
+		if r.netns == "" {
+			h, err = netlink.NewHandle()
+		} else {
+			var ns netns.NsHandle
+			if ns, err = netns.GetFromPath(r.netns); err == nil {
+				h, err = netlink.NewHandleAt(ns)
+				_ = ns.Close()
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("opening a netlink handle in the host's network namespace %q: %w", r.netns, err)
+		}
+		r.h = h
+	}
+	return hostPorts(r.h)
+}
+
+// cniPorts is nodeservice.Ports: the PCI function of a request's device through
+// the rail resolver's locator (a sysfs link or two, no NIC scan), the DRA
+// claims' ports from the driver's memory, and a kick that has the driver
+// publish again.
+type cniPorts struct {
+	loc rails.Locator
+	// heldBy is the DRA driver's HeldBy; nil without the driver.
+	heldBy func(names ...string) string
+	kick   chan<- struct{}
+}
+
+// Port implements nodeservice.Ports.
+func (p *cniPorts) Port(dev rails.Device) string {
+	f, err := rails.Function(p.loc, dev)
+	if err != nil {
+		return ""
+	}
+	return f
+}
+
+// HeldBy implements nodeservice.Ports.
+func (p *cniPorts) HeldBy(dev rails.Device, port string) string {
+	if p.heldBy == nil {
+		return ""
+	}
+	return p.heldBy(port, dev.DeviceID, dev.PCIBusID, dev.Master, dev.Netdev)
+}
+
+// Changed implements nodeservice.Ports.
+func (p *cniPorts) Changed() {
+	if p.kick == nil {
+		return
+	}
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}

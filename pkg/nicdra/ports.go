@@ -1,0 +1,177 @@
+package nicdra
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/hwipam/hwipam/nicdiscovery"
+)
+
+// ErrPortUnavailable is a port Prepare will not hand out now: the node's
+// uplink, excluded by the operator, or in use by a pod's CNI attachment (the
+// claim was allocated from a slice published before that was known). The
+// kubelet tries again; in use, it can succeed once the pod is gone.
+var ErrPortUnavailable = errors.New("port not available to claims")
+
+// PortUse is what the driver knows of the node's ports beside its NIC
+// inventory, read each time the devices are published and at each prepare:
+// which ports the CNI path uses, which carry the host's addresses or routes,
+// and which the operator excluded. ipam-node fills it from its store and from
+// the host's network namespace; nil fields stand for nothing known.
+type PortUse struct {
+	// InUse returns the ports CNI allocations use, by PCI address: who uses
+	// each (Publish.InUse).
+	InUse func() map[string]string
+	// HostPorts returns the host's netdevs that carry its addresses or routes,
+	// by name: why (Publish.HostPorts). An error leaves the last answer.
+	HostPorts func() (map[string]string, error)
+	// Exclude are netdev names or PCI addresses never handed out.
+	Exclude []string
+}
+
+// fill sets p's port use fields.
+func (u *PortUse) fill(p *Publish) error {
+	if u == nil {
+		return nil
+	}
+	p.Exclude = u.Exclude
+	if u.InUse != nil {
+		p.InUse = u.InUse()
+	}
+	if u.HostPorts != nil {
+		hp, err := u.HostPorts()
+		if err != nil {
+			return fmt.Errorf("reading the host's addresses and routes: %w", err)
+		}
+		p.HostPorts = hp
+	}
+	return nil
+}
+
+// check refuses the NIC function n of inv when Withheld would withhold it.
+func (u *PortUse) check(inv *nicdiscovery.Inventory, n nicdiscovery.NIC) error {
+	p := Publish{Inventory: inv}
+	if err := u.fill(&p); err != nil {
+		return fmt.Errorf("%w: %w; the kubelet tries again", ErrPortUnavailable, err)
+	}
+	if why := withheld(p, n); why != "" {
+		return fmt.Errorf("%w: NIC port %s (%s) is withheld from claims: %s; the claim waits for it (the kubelet "+
+			"tries again), or delete the pod and its claim to have another port allocated", ErrPortUnavailable,
+			DeviceName(n.PCIAddress), n.PCIAddress, why)
+	}
+	return nil
+}
+
+// PreparedNetdevs returns, by PCI address, the host netdev of each device of
+// the prepared claims: where a device's netdev is not in the host's namespace
+// (it is in the claim's pod), the inventory is read as if it were
+// (WithPreparedNetdevs).
+func PreparedNetdevs(claims map[types.UID]PreparedClaim) map[string]string {
+	out := map[string]string{}
+	for _, pc := range claims {
+		for _, d := range pc.Devices {
+			if d.PCIAddress != "" && d.HostNetdev != "" {
+				out[d.PCIAddress] = d.HostNetdev
+			}
+		}
+	}
+	return out
+}
+
+// WithPreparedNetdevs returns inv with the host netdev of each prepared device
+// (by PCI address: PreparedNetdevs) put back where the scan does not show one
+// because the netdev is in the claim's pod. The device then keeps the
+// attributes that come from its netdev (rail, pool, netdev) and its PF's rail
+// stays that of its port label, instead of changing on every attach and
+// detach. inv itself is not changed. ipam-node's NIC labeller reads its scans
+// through it too, so that a port in a claim's pod keeps its node labels also
+// after a restart.
+func WithPreparedNetdevs(inv *nicdiscovery.Inventory, prepared map[string]string) *nicdiscovery.Inventory {
+	out := *inv
+	out.NICs = slices.Clone(inv.NICs)
+	for i := range out.NICs {
+		n := &out.NICs[i]
+		netdev, ok := prepared[n.PCIAddress]
+		if !ok || len(n.Netdevs) > 0 {
+			continue
+		}
+		n.Netdevs = []string{netdev}
+		n.Ports = slices.Clone(n.Ports)
+		if len(n.Ports) > 0 && n.Ports[0].Netdev == "" {
+			n.Ports[0].Netdev = netdev
+		} else if len(n.Ports) == 0 {
+			n.Ports = []nicdiscovery.Port{{Netdev: netdev, Number: 1, LinkLayer: n.LinkLayer}}
+		}
+	}
+	return &out
+}
+
+// exempt returns p with the prepared devices' functions kept out of Withheld:
+// a device allocated to a claim stays published as it is (its netdev is in the
+// claim's pod, not in a CNI attachment).
+func exempt(p Publish, prepared map[string]string) Publish {
+	if len(prepared) == 0 {
+		return p
+	}
+	p.InUse = maps.Clone(p.InUse)
+	for addr := range prepared {
+		delete(p.InUse, addr)
+	}
+	return p
+}
+
+// publishInputs is what the devices are published from: the inventory with
+// the prepared devices' netdevs put back, the pools, and the ports' use.
+func (d *Driver) publishInputs(inv *nicdiscovery.Inventory, claims map[types.UID]PreparedClaim,
+	pools map[string][]string) (Publish, error) {
+	prepared := PreparedNetdevs(claims)
+	pub := Publish{Inventory: WithPreparedNetdevs(inv, prepared), Rails: d.Preparer.Rails, PoolsByRail: pools, Now: metav1.Now()}
+	if err := d.Preparer.Ports.fill(&pub); err != nil {
+		return pub, err
+	}
+	return exempt(pub, prepared), nil
+}
+
+// updateHeld records the ports of the prepared claims, for HeldBy.
+func (d *Driver) updateHeld(claims map[types.UID]PreparedClaim) {
+	held := map[string]string{}
+	for _, pc := range claims {
+		for _, dev := range pc.Devices {
+			for _, k := range []string{dev.PCIAddress, dev.HostNetdev, dev.Device} {
+				if k != "" {
+					held[k] = pc.Namespace + "/" + pc.Name
+				}
+			}
+		}
+	}
+	d.held.Store(&held)
+}
+
+// refreshHeld reads the prepared claims again for HeldBy.
+func (d *Driver) refreshHeld() {
+	if claims, err := d.Preparer.Claims(); err == nil {
+		d.updateHeld(claims)
+	}
+}
+
+// HeldBy names the prepared claim (namespace/name) that holds a port, by the
+// PCI address or host netdev name of one of its devices; "" when none does.
+// It answers from memory (updated at each prepare, unprepare and refresh),
+// for the CNI path, which refuses such a port.
+func (d *Driver) HeldBy(names ...string) string {
+	held := d.held.Load()
+	if held == nil {
+		return ""
+	}
+	for _, n := range names {
+		if c, ok := (*held)[n]; ok && n != "" {
+			return c
+		}
+	}
+	return ""
+}
