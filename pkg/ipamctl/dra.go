@@ -113,6 +113,13 @@ func checkDRADriver(c *checker, d *draState, now time.Time) {
 			"check that ipam-node runs (kubectl -n <ns> get pods -o wide, kubectl logs): claims on this node are neither prepared "+
 				"nor unprepared meanwhile; if ipam-node now runs without --dra on purpose, remove this file")
 	}
+	if st.CheckpointError != "" {
+		c.add(SeverityError, "dra", d.checkpoint, "the DRA driver refuses every prepare and unprepare, publishes no device "+
+			"and releases nothing, because it cannot read its checkpoint: "+st.CheckpointError,
+			"restore the file from a backup, or move it away (claims prepared before are then released only by the garbage "+
+				"collection once deleted, and their netdevs come back to the host when their pods stop); the driver reads it "+
+				"again every 10 s, no restart needed; ipam-node's CNI path is not affected")
+	}
 	reg, sock := nicdra.RegistrationSocket(st.KubeletDir), nicdra.PluginSocket(st.KubeletDir)
 	where := fmt.Sprintf("ipam-node's --dra-kubelet-dir (%s) must be the kubelet's --root-dir, with %s and %s mounted from the "+
 		"host at the same paths (deploy/overlays/dra); the kubelet's log says what its plugin watcher saw",
@@ -145,6 +152,8 @@ func checkDRADriver(c *checker, d *draState, now time.Time) {
 		c.add(SeverityError, "slices", nicdra.DriverName, "publishing the ResourceSlices failed: "+st.PublishError,
 			"the scheduler allocates only what the API server's slices say: see ipam-node's log; its service account must be "+
 				"allowed to write this node's ResourceSlices (deploy/overlays/dra, docs/rbac.md)")
+	case st.Devices == 0 && st.CheckpointError != "":
+		// Said above: no device while the checkpoint cannot be read.
 	case st.Devices == 0:
 		c.add(SeverityWarning, "slices", nicdra.DriverName, "the driver publishes no device: it finds no NVIDIA NIC port on this node",
 			"compare `ipamctl nics`: claims of nic.hwipam.io cannot be allocated on this node")
@@ -256,6 +265,12 @@ func checkClaims(c *checker, d *draState, storeFile string, netnsDirs []string) 
 	for _, uid := range uids {
 		pc := cp.Claims[uid]
 		subject := claimOf(cp.Claims, string(uid)).String()
+		if pc.Unpreparing {
+			c.add(SeverityWarning, "claim", subject, fmt.Sprintf("claim %s (UID %s, pod %s/%s): its unprepare did not finish: "+
+				"some of its addresses may be released already", subject, uid, pc.Namespace, dash(pc.PodName)),
+				"the kubelet retries the unprepare; once the claim is deleted, the garbage collection by claim finishes it")
+			continue
+		}
 		if pc.State != nicdra.PrepareCompleted {
 			c.add(SeverityWarning, "claim", subject, fmt.Sprintf("claim %s (UID %s, pod %s/%s): its prepare did not finish (state %s): "+
 				"its pod waits, and some of its addresses may be held", subject, uid, pc.Namespace, dash(pc.PodName), pc.State),
@@ -306,7 +321,7 @@ func claimsVsStore(cp *nicdra.Checkpoint, snap map[string]*store.PoolState, stor
 				"delete the claim (and its pod) to release them"})
 	}
 	for uid, pc := range cp.Claims {
-		if pc.State != nicdra.PrepareCompleted {
+		if pc.State != nicdra.PrepareCompleted || pc.Unpreparing {
 			continue
 		}
 		subject := claimOf(cp.Claims, string(uid)).String()

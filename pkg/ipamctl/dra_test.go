@@ -257,6 +257,16 @@ func TestCheckDRA(t *testing.T) {
 	wantOnly(t, "no device", r, code, "the driver publishes no device", "the API server's ResourceSlices of node n1 have 1 device(s), the driver published 0")
 	n.saveStatus(t, n.status)
 
+	// A checkpoint the driver cannot read: it refuses and withdraws its devices.
+	st = n.status
+	st.Devices, st.CheckpointError = 0, "the DRA checkpoint cannot be read: the DRA checkpoint /x is damaged (unexpected end of JSON input)"
+	n.saveStatus(t, st)
+	r, code = checkRun(t, args...)
+	wantOnly(t, "checkpoint damaged", r, code, "the DRA driver refuses every prepare and unprepare, publishes no device and "+
+		"releases nothing, because it cannot read its checkpoint: the DRA checkpoint cannot be read: the DRA checkpoint /x is damaged",
+		"the API server's ResourceSlices of node n1 have 1 device(s), the driver published 0")
+	n.saveStatus(t, n.status)
+
 	// The API server's slices: none.
 	if err := n.c.Delete(t.Context(), n.slice); err != nil {
 		t.Fatal(err)

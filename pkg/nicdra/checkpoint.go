@@ -23,8 +23,20 @@ import (
 // checkpointVersion is the format this build writes and reads.
 const checkpointVersion = 1
 
+// ErrCheckpoint is what Load returns, wrapped, for a checkpoint it cannot
+// read: damaged, of another format, or unreadable. The driver then refuses to
+// prepare or unprepare claims (it must not forget what it prepared) and says
+// so in its status file; ipam-node's CNI path goes on.
+var ErrCheckpoint = errors.New("the DRA checkpoint cannot be read")
+
 // Claim states: a claim whose prepare started may hold some of its addresses
 // (and its devices may have moved); one whose prepare completed holds all.
+// A started claim's Devices are recorded before anything is allocated, with
+// the pools each device's addresses come from (and without addresses): what
+// it may hold, for Unprepare to release and the next Prepare to finish in the
+// same pools. (A PrepareStarted entry without devices was written by an
+// older build before it allocated: what it holds is released by the claim
+// garbage collection once the claim is gone.)
 const (
 	PrepareStarted   = "PrepareStarted"
 	PrepareCompleted = "PrepareCompleted"
@@ -45,10 +57,14 @@ type PreparedClaim struct {
 	Name      string `json:"name"`
 	// PodName and PodUID are the pod the claim is reserved for: the pod whose
 	// sandbox gets the devices (NRI names sandboxes by pod UID).
-	PodName string           `json:"podName,omitempty"`
-	PodUID  string           `json:"podUID,omitempty"`
-	State   string           `json:"state"`
-	Devices []PreparedDevice `json:"devices"`
+	PodName string `json:"podName,omitempty"`
+	PodUID  string `json:"podUID,omitempty"`
+	State   string `json:"state"`
+	// Unpreparing is set before Unprepare releases the claim's addresses:
+	// some may be released already, so a Prepare allocates them again (in the
+	// recorded pools) instead of returning what is recorded.
+	Unpreparing bool             `json:"unpreparing,omitempty"`
+	Devices     []PreparedDevice `json:"devices"`
 }
 
 // PreparedDevice is one allocated device of a claim.
@@ -64,11 +80,16 @@ type PreparedDevice struct {
 	// InterfaceName is its name in the pod.
 	InterfaceName string `json:"interfaceName"`
 	// Pools (their kind: PoolType) and what the pod gets from them.
-	Pools     []string `json:"pools"`
-	PoolType  string   `json:"poolType"`
-	Rail      string   `json:"rail,omitempty"`
-	Addresses []string `json:"addresses"`
-	Gateway   string   `json:"gateway,omitempty"`
+	Pools    []string `json:"pools"`
+	PoolType string   `json:"poolType"`
+	Rail     string   `json:"rail,omitempty"`
+	// RequestedIPs and RequestedIndex are the configuration's static
+	// addresses or index in the pools' blocks, for a prepare that is finished
+	// after a crash.
+	RequestedIPs   []string `json:"requestedIPs,omitempty"`
+	RequestedIndex *int32   `json:"requestedIndex,omitempty"`
+	Addresses      []string `json:"addresses"`
+	Gateway        string   `json:"gateway,omitempty"`
 	// Gateways are the gateways of the device's pools, one per family (Gateway
 	// is the first).
 	Gateways []string `json:"gateways,omitempty"`
@@ -102,17 +123,19 @@ func (f CheckpointFile) Load() (*Checkpoint, error) {
 		return &Checkpoint{Version: checkpointVersion, Claims: map[types.UID]PreparedClaim{}}, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading the DRA checkpoint %s: %w", f.Path, err)
+		return nil, fmt.Errorf("%w: reading %s: %w: ipam-node will not prepare or unprepare claims until it can read it",
+			ErrCheckpoint, f.Path, err)
 	}
 	var c Checkpoint
 	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, fmt.Errorf("the DRA checkpoint %s is damaged (%v): ipam-node will not prepare or unprepare claims "+
-			"until it is restored from a backup or moved away (then claims prepared before are released only by the "+
-			"claim garbage collection, and their netdevs come back to the host when their pods stop)", f.Path, err)
+		return nil, fmt.Errorf("%w: the DRA checkpoint %s is damaged (%v): ipam-node will not prepare or unprepare claims "+
+			"until it is restored from a backup or moved away, which it notices without a restart (once moved away, "+
+			"claims prepared before are released only by the claim garbage collection, and their netdevs come back "+
+			"to the host when their pods stop)", ErrCheckpoint, f.Path, err)
 	}
 	if c.Version != checkpointVersion {
-		return nil, fmt.Errorf("the DRA checkpoint %s has format version %d; this ipam-node reads version %d: "+
-			"run the ipam-node that wrote it, or one that reads it", f.Path, c.Version, checkpointVersion)
+		return nil, fmt.Errorf("%w: the DRA checkpoint %s has format version %d; this ipam-node reads version %d: "+
+			"run the ipam-node that wrote it, or one that reads it", ErrCheckpoint, f.Path, c.Version, checkpointVersion)
 	}
 	if c.Claims == nil {
 		c.Claims = map[types.UID]PreparedClaim{}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -104,10 +105,12 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	d.fatal = make(chan error, 1)
 	d.changed = make(chan struct{})
-	// Claims this node prepared must be readable before anything is served:
-	// a damaged checkpoint stops the driver, never the forgetting of them.
-	if _, err := d.Preparer.Claims(); err != nil {
-		return err
+	// Claims this node prepared must be readable before any is prepared or
+	// unprepared: while the checkpoint cannot be read the driver refuses
+	// both, collects nothing, publishes no device and says why in its status
+	// file; it does not stop (ipam-node's CNI path serves on).
+	if err := d.Preparer.CheckpointError(); err != nil {
+		d.Log.Error(err, "the DRA driver refuses every prepare and unprepare until its checkpoint can be read; the CNI path is not affected")
 	}
 	for _, dir := range []string{filepath.Join(d.KubeletDir, RegistryDir), filepath.Dir(PluginSocket(d.KubeletDir))} {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
@@ -167,6 +170,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	// ask the API server is tried again after gcRetry.
 	gc := time.NewTimer(0)
 	defer gc.Stop()
+	gcFailures := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -174,21 +178,23 @@ func (d *Driver) Run(ctx context.Context) error {
 		case err := <-d.fatal:
 			return err
 		case <-refresh.C:
-			d.writeStatus()
-			d.reconcileStatus(ctx)
 			if err := d.refreshAndPublish(ctx); err != nil {
 				return err
 			}
+			d.checkPublished(ctx)
+			d.writeStatus()
+			d.reconcileStatus(ctx)
 		case <-d.Kick:
 			if err := d.refreshAndPublish(ctx); err != nil {
 				return err
 			}
 		case <-gc.C:
-			next := d.GCInterval
-			if !d.collect(ctx) {
-				next = min(gcRetry, d.GCInterval)
+			if d.collect(ctx) {
+				gcFailures = 0
+			} else {
+				gcFailures++
 			}
-			gc.Reset(next)
+			gc.Reset(gcBackoff(gcFailures, d.GCInterval))
 		}
 	}
 }
@@ -221,23 +227,32 @@ func (d *Driver) refresh() bool {
 	}
 	pools, _ := d.PoolsByRail()
 	claims, err := d.Preparer.Claims()
-	if err != nil {
-		d.Log.Error(err, "reading the prepared claims")
-		return false
+	var devs []resourceapi.Device
+	var withheld []WithheldDevice
+	if err == nil {
+		d.updateHeld(claims)
+		pub, perr := d.publishInputs(inv, claims, pools)
+		if perr != nil {
+			d.Log.Error(perr, "the last published devices stay")
+			return false
+		}
+		var warnings []string
+		devs, warnings = Devices(pub)
+		for _, w := range warnings {
+			d.Log.Info("a device attribute is not published", "warning", w)
+		}
+		withheld = Withheld(pub)
 	}
-	d.updateHeld(claims)
-	pub, err := d.publishInputs(inv, claims, pools)
-	if err != nil {
-		d.Log.Error(err, "the last published devices stay")
-		return false
-	}
-	devs, warnings := Devices(pub)
-	for _, w := range warnings {
-		d.Log.Info("a device attribute is not published", "warning", w)
-	}
-	withheld := Withheld(pub)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err != nil {
+		// The checkpoint cannot be read: every prepare would be refused, so
+		// the node offers no device until it can (Run logged why).
+		claims = nil
+		d.status.CheckpointError = err.Error()
+	} else {
+		d.status.CheckpointError = ""
+	}
 	d.status.Withheld = withheld
 	have := map[string]bool{}
 	for _, dev := range devs {
@@ -304,9 +319,55 @@ func (d *Driver) publish(ctx context.Context) error {
 	return nil
 }
 
+// checkPublished clears the last publication error once the API server's
+// ResourceSlices of this node have exactly the devices published: the
+// library's controller retries on its own and says nothing when it succeeds.
+func (d *Driver) checkPublished(ctx context.Context) {
+	d.mu.Lock()
+	failed := d.status.PublishError != ""
+	want := make([]string, 0, len(d.devices))
+	for _, dev := range d.devices {
+		want = append(want, dev.Name)
+	}
+	d.mu.Unlock()
+	if !failed {
+		return
+	}
+	list, err := d.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+		FieldSelector: "spec.nodeName=" + d.NodeName + ",spec.driver=" + DriverName})
+	if err != nil {
+		return
+	}
+	var gen int64
+	for _, s := range list.Items {
+		gen = max(gen, s.Spec.Pool.Generation)
+	}
+	var have []string
+	for _, s := range list.Items {
+		if s.Spec.Pool.Generation != gen {
+			return // a publication in flight
+		}
+		for _, dev := range s.Spec.Devices {
+			have = append(have, dev.Name)
+		}
+	}
+	slices.Sort(have)
+	slices.Sort(want)
+	if !slices.Equal(have, want) {
+		return
+	}
+	d.mu.Lock()
+	d.status.PublishError = ""
+	d.mu.Unlock()
+	d.Log.Info("the ResourceSlices are published; the last publication error is cleared", "devices", len(want))
+}
+
 // reconcileStatus writes the status of claims whose devices changed since it
 // was written (the attach learnt the host link's MAC), and of every claim
-// once after a start; a failed write is tried again at the next refresh.
+// once after a start; a failed write is tried again at the next refresh. A
+// claim of the same name with another UID (the prepared one was deleted and
+// re-created) is left alone: the claim garbage collection releases the
+// prepared one.
 func (d *Driver) reconcileStatus(ctx context.Context) {
 	claims, err := d.Preparer.Claims()
 	if err != nil {
@@ -324,11 +385,17 @@ func (d *Driver) reconcileStatus(ctx context.Context) {
 		if pc.State != PrepareCompleted || reflect.DeepEqual(d.applied[uid], pc.Devices) {
 			continue
 		}
-		if err := ApplyClaimStatus(ctx, d.Client, pc.Namespace, pc.Name, d.NodeName, pc.Devices); err != nil {
+		err := ApplyClaimStatus(ctx, d.Client, pc.Namespace, pc.Name, uid, d.NodeName, pc.Devices)
+		switch {
+		case errors.Is(err, ErrClaimReplaced):
+			d.Log.Info("a prepared claim was replaced by one of the same name; its status is not written", "claim",
+				pc.Namespace+"/"+pc.Name, "uid", uid)
+		case err != nil:
 			d.Log.Error(err, "updating a claim's status; tried again at the next refresh", "claim", pc.Namespace+"/"+pc.Name)
 			continue
 		}
-		d.applied[uid] = pc.Devices
+		// A copy: what was written, whatever the record becomes.
+		d.applied[uid] = slices.Clone(pc.Devices)
 	}
 }
 
@@ -340,7 +407,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		start := time.Now()
 		devs, err := d.Preparer.Prepare(ctx, c)
 		if err == nil {
-			err = ApplyClaimStatus(ctx, d.Client, c.Namespace, c.Name, d.NodeName, devs)
+			err = ApplyClaimStatus(ctx, d.Client, c.Namespace, c.Name, c.UID, d.NodeName, devs)
 			if err != nil {
 				err = fmt.Errorf("claim %s/%s: its addresses are held, but writing its status failed (the kubelet "+
 					"tries again): %w", c.Namespace, c.Name, err)
@@ -389,7 +456,7 @@ func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 		d.mu.Lock()
 		d.status.PublishError = msg + ": " + err.Error()
 		d.mu.Unlock()
-		return
+		return // cleared once the API server has what was published (checkPublished)
 	}
 	select {
 	case d.fatal <- fmt.Errorf("the DRA kubelet plugin: %s: %w", msg, err):
@@ -397,8 +464,22 @@ func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 	}
 }
 
-// gcRetry is how soon a collection that failed is tried again.
+// gcRetry is how soon a collection that failed is tried again the first
+// time; each further failure doubles it, up to the collection's interval.
 const gcRetry = 5 * time.Second
+
+// gcBackoff is the wait before the next collection after failures failed
+// ones in a row (none: the interval).
+func gcBackoff(failures int, interval time.Duration) time.Duration {
+	if failures == 0 {
+		return interval
+	}
+	wait := gcRetry
+	for i := 1; i < failures && wait < interval; i++ {
+		wait *= 2
+	}
+	return min(wait, interval)
+}
 
 // healthRefresh is how often health reports are sent again: within the
 // kubelet's default timeout of 30s.

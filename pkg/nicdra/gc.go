@@ -3,6 +3,7 @@ package nicdra
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,83 +13,115 @@ import (
 	"github.com/hwipam/hwipam/pkg/store"
 )
 
-// Garbage collection by claim: an allocation of this driver (network
-// nic.hwipam.io, container ID = claim UID) is released when the ResourceClaim
-// with that UID no longer exists, for instance when the claim was deleted
-// while ipam-node was down and the kubelet's unprepare never reached it. A
-// claim that exists is never released, whatever pods there are: a UID, once
-// gone, never comes back, so the decision needs no pod lookup.
+// Garbage collection by claim: an allocation of this driver (container ID =
+// claim UID) is released when the ResourceClaim with that UID no longer
+// exists, for instance when the claim was deleted while ipam-node was down and
+// the kubelet's unprepare never reached it. A claim that exists is never
+// released, whatever pods there are: a UID, once gone, never comes back, so the
+// decision needs no pod lookup.
+//
+// What it asks the API server: each claim of the checkpoint by name (its
+// namespace and name are recorded), and a listing of claims only when the
+// store holds allocations of this driver that the checkpoint does not know
+// (orphans: a checkpoint lost, or restored from an older copy), in their
+// namespaces only. The same reads tell which pods share a prepared claim
+// (Preparer.Refusal).
 
-// GoneClaims returns which of the UIDs no ResourceClaim has: those it saw before the
-// listing began (the caller's snapshot) and that a consistent list of the
-// claims does not contain; a claim whose namespace and name are known is read
-// again by name, so that a claim is never called gone by a list alone.
-func GoneClaims(ctx context.Context, c kubernetes.Interface, seen map[types.UID]metav1.ObjectMeta) (map[types.UID]bool, error) {
-	if len(seen) == 0 {
-		return nil, nil
+// orphansGone returns which of the orphans' claim UIDs no ResourceClaim in
+// their namespaces has (a namespace "" stands for all): those it saw before the
+// listing began, absent from a consistent list.
+func orphansGone(ctx context.Context, c kubernetes.Interface, uids map[types.UID]string) (map[types.UID]bool, error) {
+	namespaces := map[string]bool{}
+	for _, ns := range uids {
+		namespaces[ns] = true
+	}
+	if namespaces[""] {
+		namespaces = map[string]bool{"": true}
 	}
 	exists := map[types.UID]bool{}
-	opts := metav1.ListOptions{Limit: 500}
-	for {
-		list, err := c.ResourceV1().ResourceClaims("").List(ctx, opts)
-		if err != nil {
-			return nil, fmt.Errorf("listing ResourceClaims for the garbage collection: %w", err)
+	for _, ns := range slices.Sorted(func(yield func(string) bool) {
+		for ns := range namespaces {
+			if !yield(ns) {
+				return
+			}
 		}
-		for _, rc := range list.Items {
-			exists[rc.UID] = true
-		}
-		if opts.Continue = list.Continue; opts.Continue == "" {
-			break
+	}) {
+		opts := metav1.ListOptions{Limit: 500}
+		for {
+			list, err := c.ResourceV1().ResourceClaims(ns).List(ctx, opts)
+			if err != nil {
+				return nil, fmt.Errorf("listing ResourceClaims for the garbage collection: %w", err)
+			}
+			for _, rc := range list.Items {
+				exists[rc.UID] = true
+			}
+			if opts.Continue = list.Continue; opts.Continue == "" {
+				break
+			}
 		}
 	}
 	gone := map[types.UID]bool{}
-	for uid, meta := range seen {
-		if exists[uid] {
-			continue
+	for uid := range uids {
+		if !exists[uid] {
+			gone[uid] = true
 		}
-		if meta.Name != "" {
-			rc, err := c.ResourceV1().ResourceClaims(meta.Namespace).Get(ctx, meta.Name, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err):
-			case err != nil:
-				return nil, fmt.Errorf("reading ResourceClaim %s/%s: %w", meta.Namespace, meta.Name, err)
-			case rc.UID == uid:
-				continue
-			}
-		}
-		gone[uid] = true
 	}
 	return gone, nil
 }
 
 // collect releases what claims that no longer exist hold: the prepared claims
 // of the checkpoint (through Unprepare, which also forgets them) and any
-// allocation of this driver the checkpoint does not know (a checkpoint lost or
-// restored from an older copy).
+// allocation of this driver the checkpoint does not know. It notes the pods
+// that share a prepared claim. It says whether the API server answered; it
+// does nothing while the checkpoint cannot be read.
 func (d *Driver) collect(ctx context.Context) (ok bool) {
 	claims, err := d.Preparer.Claims()
 	if err != nil {
-		d.Log.Error(err, "claim garbage collection: reading the prepared claims")
-		return false
+		return true // refusing (Run logged it, the status file says it); nothing to ask the API server
 	}
-	seen := map[types.UID]metav1.ObjectMeta{}
-	for uid, pc := range claims {
-		seen[uid] = metav1.ObjectMeta{Namespace: pc.Namespace, Name: pc.Name}
+	var gone []types.UID
+	for _, uid := range slices.Sorted(func(yield func(types.UID) bool) {
+		for uid := range claims {
+			if !yield(uid) {
+				return
+			}
+		}
+	}) {
+		pc := claims[uid]
+		rc, err := d.Client.ResourceV1().ResourceClaims(pc.Namespace).Get(ctx, pc.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			gone = append(gone, uid)
+		case err != nil:
+			d.Log.Error(err, "claim garbage collection: the API server did not answer; nothing released, tried again later",
+				"claim", pc.Namespace+"/"+pc.Name)
+			return false
+		case rc.UID != uid:
+			gone = append(gone, uid) // deleted and re-created: the one prepared is gone
+		default:
+			d.Preparer.noteConsumers(uid, pc, rc.Status.ReservedFor)
+		}
 	}
 	type orphan struct {
 		key string
 		a   store.Allocation
 	}
 	var orphans []orphan
+	orphanUIDs := map[types.UID]string{} // → namespace
 	err = d.Allocations(func(key string, a store.Allocation) error {
 		if !OwnedByDRA(a) {
 			return nil
 		}
 		uid := types.UID(a.ContainerID)
-		if _, ok := claims[uid]; !ok {
-			orphans = append(orphans, orphan{key, a})
-			if _, ok := seen[uid]; !ok {
-				seen[uid] = metav1.ObjectMeta{}
+		if known(claims[uid], a.IfName) {
+			return nil
+		}
+		orphans = append(orphans, orphan{key, a})
+		if ns, ok := orphanUIDs[uid]; !ok || ns != a.PodNamespace {
+			if ok {
+				orphanUIDs[uid] = "" // namespaces disagree: look everywhere
+			} else {
+				orphanUIDs[uid] = a.PodNamespace
 			}
 		}
 		return nil
@@ -97,16 +130,15 @@ func (d *Driver) collect(ctx context.Context) (ok bool) {
 		d.Log.Error(err, "claim garbage collection: reading the store")
 		return false
 	}
-	gone, err := GoneClaims(ctx, d.Client, seen)
-	if err != nil {
-		d.Log.Error(err, "claim garbage collection: the API server did not answer; nothing released, tried again soon")
-		return false
-	}
-	for uid := range gone {
-		pc, ok := claims[uid]
-		if !ok {
-			continue
+	var orphansGoneSet map[types.UID]bool
+	if len(orphanUIDs) > 0 {
+		if orphansGoneSet, err = orphansGone(ctx, d.Client, orphanUIDs); err != nil {
+			d.Log.Error(err, "claim garbage collection: the API server did not answer; nothing released, tried again later")
+			return false
 		}
+	}
+	for _, uid := range gone {
+		pc := claims[uid]
 		if err := d.Preparer.Unprepare(ctx, uid); err != nil {
 			d.Log.Error(err, "claim garbage collection: releasing a deleted claim", "claim", pc.Namespace+"/"+pc.Name, "uid", uid)
 			continue
@@ -116,7 +148,7 @@ func (d *Driver) collect(ctx context.Context) (ok bool) {
 			"devices", len(pc.Devices))
 	}
 	for _, o := range orphans {
-		if !gone[types.UID(o.a.ContainerID)] {
+		if !orphansGoneSet[types.UID(o.a.ContainerID)] {
 			continue
 		}
 		released, err := d.Release(ctx, o.key, o.a)
@@ -131,4 +163,11 @@ func (d *Driver) collect(ctx context.Context) (ok bool) {
 		}
 	}
 	return true
+}
+
+// known says whether the checkpoint's claim records the allocation's
+// interface ("<request>:<device>") among its devices: those Unprepare
+// releases. An allocation it does not record is an orphan.
+func known(pc PreparedClaim, ifName string) bool {
+	return slices.ContainsFunc(pc.Devices, func(d PreparedDevice) bool { return d.Request+":"+d.Device == ifName })
 }

@@ -77,6 +77,9 @@ func podName(pod *api.PodSandbox) string { return pod.GetNamespace() + "/" + pod
 // host is not touched), and the error, which fails the sandbox (the kubelet
 // retries it), says which device and why.
 func (p *NRIPlugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	if err := refusal(p.Devices, pod.GetUid()); err != nil {
+		return fmt.Errorf("%s: pod %s: %w", DriverName, podName(pod), err)
+	}
 	return p.ensureAttached(pod, "", true)
 }
 

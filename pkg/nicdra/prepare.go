@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -35,6 +36,18 @@ var _ Allocator = (*nodealloc.Manager)(nil)
 // ID and "<request>:<device>" as interface, with network nic.hwipam.io (which no
 // CNI GC matches). Prepare is idempotent (the kubelet calls it again, also after
 // the daemon restarted); Unprepare of a claim it does not know succeeds.
+//
+// Crashes: before allocating anything, Prepare records the claim as
+// PrepareStarted with every device it will get and the pools each one's
+// addresses come from. After a crash at any point the next Prepare finishes it
+// in those pools (an allocation is idempotent per claim and device), and
+// Unprepare releases them (releasing what is not held succeeds). Memory
+// follows the checkpoint file: it changes only once the file is written.
+//
+// Locks: Prepare and Unprepare are serialized, and hold their lock across the
+// store and the checkpoint's fsyncs; the runtime's hooks (PodDevices,
+// DeviceAttached, Refusal) answer from memory under a lock that is never held
+// across I/O, so a slow prepare never holds up a sandbox.
 type Preparer struct {
 	Allocator  Allocator
 	Checkpoint CheckpointFile
@@ -57,46 +70,135 @@ type Preparer struct {
 	// driver missed leaves a port under its pod name); an error fails the
 	// Unprepare, which the kubelet retries.
 	Reclaim func(PreparedDevice) error
+	// WriteCheckpoint, when set, writes the checkpoint instead of
+	// Checkpoint.Save (tests inject failed and torn writes with it).
+	WriteCheckpoint func(*Checkpoint) error
+	// Log gets what the runtime's hooks cannot return (a checkpoint write
+	// after an attach that failed).
+	Log logr.Logger
 
-	mu    sync.Mutex
-	state *Checkpoint
+	// work serializes Prepare, Unprepare and every checkpoint write; it is
+	// held across I/O. loading serializes reading the file.
+	work, loading sync.Mutex
+	// mu guards what follows; it is never held across I/O.
+	mu sync.RWMutex
+	// state is the checkpoint as last written, plus what DeviceAttached
+	// learnt since (dirty); replaced whole, never changed in place.
+	state   *Checkpoint
+	loadErr error
+	dirty   bool
+	// refused are the pods reserved on a prepared claim besides the pod it
+	// was prepared for, by pod UID (see Refusal).
+	refused map[string]error
 }
 
-// load reads the checkpoint once; with mu held.
-func (p *Preparer) load() error {
-	if p.state != nil {
-		return nil
+// ErrSharedClaim is Prepare's refusal of a claim reserved for more than one
+// pod, and Refusal's of a pod that shares a prepared claim: the claim's
+// devices move into one pod's network namespace.
+var ErrSharedClaim = errors.New("a claim of nic.hwipam.io devices cannot be shared by pods")
+
+// current returns the checkpoint as memory has it, reading the file the
+// first time; a file it cannot read is read again at the next call, so that
+// a checkpoint restored or moved away is noticed without a restart.
+func (p *Preparer) current() (*Checkpoint, error) {
+	p.mu.RLock()
+	st := p.state
+	p.mu.RUnlock()
+	if st != nil {
+		return st, nil
+	}
+	p.loading.Lock()
+	defer p.loading.Unlock()
+	p.mu.RLock()
+	st = p.state
+	p.mu.RUnlock()
+	if st != nil {
+		return st, nil
 	}
 	c, err := p.Checkpoint.Load()
-	if err != nil {
-		return err
-	}
-	if c.BootID != "" && p.BootID != "" && c.BootID != p.BootID && p.Inventory != nil {
+	if err == nil && c.BootID != "" && p.BootID != "" && c.BootID != p.BootID && p.Inventory != nil {
 		c.afterReboot(p.Inventory()) // what the attach recorded describes namespaces that are gone
 	}
-	p.state = c
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.loadErr = err
+		return nil, err
+	}
+	p.state, p.loadErr = c, nil
+	return c, nil
+}
+
+// CheckpointError is the error reading the checkpoint (nil when it was
+// read): while there is one the driver refuses every prepare and unprepare.
+// It tries the file again.
+func (p *Preparer) CheckpointError() error {
+	_, err := p.current()
+	return err
+}
+
+// commit writes the checkpoint with change made to it, then makes the same
+// change in memory: memory never says what the file does not. With work held.
+func (p *Preparer) commit(change func(claims map[types.UID]PreparedClaim)) error {
+	p.mu.RLock()
+	next := p.state.clone()
+	p.mu.RUnlock()
+	change(next.Claims)
+	if err := p.write(next); err != nil {
+		// The file may have been written all the same (a failed sync, a lost
+		// reply): memory reads it again at the next call, as a restart would.
+		p.mu.Lock()
+		p.state = nil
+		p.mu.Unlock()
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.state.clone() // with what DeviceAttached recorded meanwhile
+	change(now.Claims)
+	now.BootID = p.BootID
+	p.state = now
 	return nil
 }
 
-// save writes the checkpoint; with mu held.
-func (p *Preparer) save() error {
-	p.state.BootID = p.BootID
-	return p.Checkpoint.Save(p.state)
+// write writes c as the checkpoint. With work held.
+func (p *Preparer) write(c *Checkpoint) error {
+	c.BootID = p.BootID
+	if p.WriteCheckpoint != nil {
+		return p.WriteCheckpoint(c)
+	}
+	return p.Checkpoint.Save(c)
+}
+
+// clone copies the checkpoint's map; the claims' device slices are shared,
+// and never changed in place.
+func (c *Checkpoint) clone() *Checkpoint {
+	out := *c
+	out.Claims = maps.Clone(c.Claims)
+	if out.Claims == nil {
+		out.Claims = map[types.UID]PreparedClaim{}
+	}
+	return &out
 }
 
 // Prepare allocates the addresses of the claim's devices of this driver and
 // returns them, as the checkpoint keeps them. A claim prepared before returns
-// what it got then. When any device fails, what the claim got is released and
-// the error says what was wrong (errors.Is ErrConfig, nodealloc.ErrInvalid,
-// ErrUnknownPool, ErrExhausted: no retry fixes those but a changed claim or
-// pool; ErrNotReady: the kubelet's retry will).
+// what it got then; one whose prepare started (and was cut short) is finished
+// in the pools it recorded. When any device fails, what the claim got is
+// released and the error says what was wrong (errors.Is ErrConfig,
+// ErrSharedClaim, nodealloc.ErrInvalid, ErrUnknownPool, ErrExhausted: no retry
+// fixes those but a changed claim or pool; ErrNotReady: the kubelet's retry
+// will); when the release fails too, the claim stays recorded as started, for
+// Unprepare or the claim garbage collection to release, and the error says so.
 func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]PreparedDevice, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.load(); err != nil {
-		return nil, err
+	p.work.Lock()
+	defer p.work.Unlock()
+	st, err := p.current()
+	if err != nil {
+		return nil, fmt.Errorf("claim %s/%s is not prepared: %w", claim.Namespace, claim.Name, err)
 	}
-	if prev, ok := p.state.Claims[claim.UID]; ok && prev.State == PrepareCompleted {
+	prev, started := st.Claims[claim.UID]
+	if started && prev.State == PrepareCompleted && !prev.Unpreparing {
 		return slices.Clone(prev.Devices), nil
 	}
 	if claim.Status.Allocation == nil {
@@ -106,52 +208,97 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	if err != nil {
 		return nil, err
 	}
-	// Recorded before anything is allocated: a crash from here on leaves a
-	// claim whose prepare started, which Unprepare (or the next Prepare)
-	// finishes.
-	if err := p.checkNotInUse(claim); err != nil {
+	if err := p.checkNotInUse(st, claim); err != nil {
 		return nil, err
 	}
 	if err := CheckConfigTargets(claim.Status.Allocation); err != nil {
 		return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
-	if err := p.checkInterfaceNames(claim, pod, p.Inventory()); err != nil {
+	if err := p.checkInterfaceNames(claim, pod, p.Inventory(), st); err != nil {
 		return nil, err
 	}
 	pc := PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, PodName: pod.name, PodUID: pod.uid, State: PrepareStarted}
-	p.state.Claims[claim.UID] = pc
-	if err := p.save(); err != nil {
-		return nil, err
+	if started && len(prev.Devices) > 0 {
+		// Cut short before: the devices and pools it recorded, never pools
+		// resolved again (a changed label would take a second address).
+		pc.Devices = plan(prev.Devices)
+	} else {
+		plans, err := p.plan(claim, st)
+		if err != nil {
+			return nil, err
+		}
+		pc.Devices = plans
 	}
-	inv := WithPreparedNetdevs(p.Inventory(), PreparedNetdevs(p.state.Claims))
+	// Recorded before anything is allocated: after a crash from here on,
+	// Unprepare releases these devices' addresses, and the next Prepare
+	// finishes them.
+	if err := p.commit(func(cs map[types.UID]PreparedClaim) { cs[claim.UID] = pc }); err != nil {
+		return nil, fmt.Errorf("claim %s/%s is not prepared: recording it: %w", claim.Namespace, claim.Name, err)
+	}
+	done := PreparedClaim{Namespace: pc.Namespace, Name: pc.Name, PodName: pc.PodName, PodUID: pc.PodUID, State: PrepareCompleted}
+	for _, d := range pc.Devices {
+		got, err := p.allocate(ctx, claim, pod, d)
+		if err != nil {
+			err = fmt.Errorf("claim %s/%s, request %s, device %s: %w", claim.Namespace, claim.Name, d.Request, d.Device, err)
+			return nil, p.abandon(ctx, claim.UID, pc, err)
+		}
+		done.Devices = append(done.Devices, got)
+	}
+	if err := p.commit(func(cs map[types.UID]PreparedClaim) { cs[claim.UID] = done }); err != nil {
+		return nil, fmt.Errorf("claim %s/%s: its addresses are held, but recording it prepared failed (the kubelet "+
+			"tries again; unprepare releases them): %w", claim.Namespace, claim.Name, err)
+	}
+	return slices.Clone(done.Devices), nil
+}
+
+// abandon releases what a failed prepare may hold and forgets the claim;
+// when it cannot, the claim stays recorded as started, with its devices, so
+// that Unprepare or the claim garbage collection finish it. With work held.
+func (p *Preparer) abandon(ctx context.Context, uid types.UID, pc PreparedClaim, cause error) error {
+	if err := p.release(ctx, uid, pc); err != nil {
+		return errors.Join(cause, fmt.Errorf("releasing what claim %s/%s got failed too (%w): it stays recorded as "+
+			"started, and its unprepare, or the claim garbage collection once it is deleted, releases it", pc.Namespace, pc.Name, err))
+	}
+	if err := p.commit(func(cs map[types.UID]PreparedClaim) { delete(cs, uid) }); err != nil {
+		return errors.Join(cause, fmt.Errorf("claim %s/%s holds nothing, but forgetting it failed (%w): its unprepare "+
+			"forgets it", pc.Namespace, pc.Name, err))
+	}
+	return cause
+}
+
+// plan returns the devices of a started claim as recorded before they were
+// allocated: what the allocation needs, without what it returned.
+func plan(devs []PreparedDevice) []PreparedDevice {
+	out := make([]PreparedDevice, len(devs))
+	for i, d := range devs {
+		d.Addresses, d.Gateway, d.Gateways, d.Routes = nil, "", nil, nil
+		out[i] = d
+	}
+	return out
+}
+
+// plan resolves every device of this driver in the claim: its port, its
+// interface name and its pools. It allocates nothing.
+func (p *Preparer) plan(claim *resourceapi.ResourceClaim, st *Checkpoint) ([]PreparedDevice, error) {
+	inv := WithPreparedNetdevs(p.Inventory(), PreparedNetdevs(st.Claims))
 	byRail := rails.PFRails(inv, p.Rails)
+	var out []PreparedDevice
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
 			continue // another driver's device of the same claim
 		}
-		d, err := p.prepareDevice(ctx, claim, pod, r, inv, byRail)
-		if err == nil {
-			pc.Devices = append(pc.Devices, d)
-			continue
+		d, err := p.prepareDevice(claim, r, inv, byRail)
+		if err != nil {
+			return nil, fmt.Errorf("claim %s/%s, request %s, device %s: %w", claim.Namespace, claim.Name, r.Request, r.Device, err)
 		}
-		p.release(ctx, claim.UID, pc)
-		delete(p.state.Claims, claim.UID)
-		if serr := p.save(); serr != nil {
-			return nil, errors.Join(err, serr)
-		}
-		return nil, fmt.Errorf("claim %s/%s, request %s, device %s: %w", claim.Namespace, claim.Name, r.Request, r.Device, err)
+		out = append(out, d)
 	}
-	pc.State = PrepareCompleted
-	p.state.Claims[claim.UID] = pc
-	if err := p.save(); err != nil {
-		return nil, err
-	}
-	return slices.Clone(pc.Devices), nil
+	return out, nil
 }
 
-// prepareDevice allocates one device's addresses.
-func (p *Preparer) prepareDevice(ctx context.Context, claim *resourceapi.ResourceClaim, pod podRef,
-	r resourceapi.DeviceRequestAllocationResult, inv *nicdiscovery.Inventory, byRail map[string]string) (PreparedDevice, error) {
+// prepareDevice resolves one device: its port, interface name and pools.
+func (p *Preparer) prepareDevice(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult,
+	inv *nicdiscovery.Inventory, byRail map[string]string) (PreparedDevice, error) {
 	cfg, err := ConfigFor(claim.Status.Allocation, r.Request)
 	if err != nil {
 		return PreparedDevice{}, err
@@ -199,9 +346,16 @@ func (p *Preparer) prepareDevice(ctx context.Context, claim *resourceapi.Resourc
 			return PreparedDevice{}, err
 		}
 	}
+	d.RequestedIndex, d.RequestedIPs = cfg.IPIndex, cfg.IPs
+	return d, nil
+}
+
+// allocate allocates a resolved device's addresses (the same again when it
+// holds them already).
+func (p *Preparer) allocate(ctx context.Context, claim *resourceapi.ResourceClaim, pod podRef, d PreparedDevice) (PreparedDevice, error) {
 	req := p.request(claim.UID, d, pod)
-	req.Index = cfg.IPIndex
-	for _, s := range cfg.IPs {
+	req.Index = d.RequestedIndex
+	for _, s := range d.RequestedIPs {
 		a, _ := netip.ParseAddr(s) // checked by ConfigFor
 		req.RequestedIPs = append(req.RequestedIPs, a)
 	}
@@ -235,26 +389,9 @@ func (p *Preparer) request(uid types.UID, d PreparedDevice, pod podRef) *nodeall
 			Rail: d.Rail, Network: DriverName, Owner: OwnerDRA}}
 }
 
-// release releases the devices of a claim; errors are left for the claim
-// garbage collection (the addresses stay held meanwhile, never doubled).
-func (p *Preparer) release(ctx context.Context, uid types.UID, pc PreparedClaim) {
-	for _, d := range pc.Devices {
-		_ = p.Allocator.Deallocate(ctx, p.request(uid, d, podRef{}))
-	}
-}
-
-// Unprepare releases a claim's addresses and forgets it; a claim it does not
-// know (prepared by no one, or unprepared already) is no error.
-func (p *Preparer) Unprepare(ctx context.Context, uid types.UID) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.load(); err != nil {
-		return err
-	}
-	pc, ok := p.state.Claims[uid]
-	if !ok {
-		return nil
-	}
+// release releases the devices of a claim (each once more, whatever it
+// holds: releasing what is not held succeeds); the first error stops it.
+func (p *Preparer) release(ctx context.Context, uid types.UID, pc PreparedClaim) error {
 	for _, d := range pc.Devices {
 		if p.Reclaim != nil {
 			if err := p.Reclaim(d); err != nil { // a port left under its pod name gets its own back
@@ -267,20 +404,58 @@ func (p *Preparer) Unprepare(ctx context.Context, uid types.UID) error {
 			return fmt.Errorf("releasing claim %s/%s's device %s: %w", pc.Namespace, pc.Name, d.Device, err)
 		}
 	}
-	delete(p.state.Claims, uid)
-	return p.save()
+	return nil
+}
+
+// Unprepare releases a claim's addresses and forgets it; a claim it does not
+// know (prepared by no one, or unprepared already) is no error. A claim whose
+// prepare started (and was cut short, by an error or a crash) has what it may
+// hold released the same way.
+func (p *Preparer) Unprepare(ctx context.Context, uid types.UID) error {
+	p.work.Lock()
+	defer p.work.Unlock()
+	st, err := p.current()
+	if err != nil {
+		return fmt.Errorf("claim UID %s is not unprepared: %w", uid, err)
+	}
+	pc, ok := st.Claims[uid]
+	if !ok {
+		return nil
+	}
+	if pc.State == PrepareCompleted && !pc.Unpreparing {
+		// Recorded before anything is released: a Prepare after a failure or
+		// a crash from here on must not take the record for what is held.
+		pc.Unpreparing = true
+		if err := p.commit(func(cs map[types.UID]PreparedClaim) { cs[uid] = pc }); err != nil {
+			return fmt.Errorf("claim %s/%s is not unprepared: recording it: %w", pc.Namespace, pc.Name, err)
+		}
+	}
+	if err := p.release(ctx, uid, pc); err != nil {
+		return err
+	}
+	if err := p.commit(func(cs map[types.UID]PreparedClaim) { delete(cs, uid) }); err != nil {
+		return fmt.Errorf("claim %s/%s holds nothing now, but forgetting it failed (the kubelet tries again): %w",
+			pc.Namespace, pc.Name, err)
+	}
+	p.mu.Lock()
+	for pod, err := range p.refused {
+		if errors.Is(err, errOfClaim(uid)) {
+			delete(p.refused, pod)
+		}
+	}
+	p.mu.Unlock()
+	return nil
 }
 
 // checkNotInUse refuses a claim that names a device another prepared claim
 // has: the scheduler never allocates one device twice, so it can only be a
 // claim allocated from a stale slice, and the device cannot be in two pods.
-// With mu held.
-func (p *Preparer) checkNotInUse(claim *resourceapi.ResourceClaim) error {
+func (p *Preparer) checkNotInUse(st *Checkpoint, claim *resourceapi.ResourceClaim) error {
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
 			continue
 		}
-		for uid, other := range p.state.Claims {
+		for uid, other := range st.Claims {
 			if uid == claim.UID {
 				continue
 			}
@@ -297,67 +472,173 @@ func (p *Preparer) checkNotInUse(claim *resourceapi.ResourceClaim) error {
 }
 
 // PodDevices returns the devices prepared for the pod with this UID, for the
-// attach when its sandbox starts and stops.
+// attach when its sandbox starts and stops. It answers from memory, at once,
+// whatever a prepare is doing meanwhile.
 func (p *Preparer) PodDevices(podUID string) []PreparedDevice {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.load(); err != nil {
+	st, err := p.current()
+	if err != nil {
 		return nil
 	}
 	var out []PreparedDevice
-	for _, pc := range p.state.Claims {
+	for _, pc := range st.Claims {
 		if pc.PodUID == podUID && pc.State == PrepareCompleted {
 			out = append(out, pc.Devices...)
 		}
 	}
-	return out
+	return slices.Clone(out)
 }
 
 // DeviceAttached records what the attach learnt of a device's host link (its
-// MAC and MTU), for the status and for the way back.
+// MAC and MTU), for the status and for the way back: in memory at once, in
+// the checkpoint file soon after (never while the runtime waits for the hook).
 func (p *Preparer) DeviceAttached(podUID string, d PreparedDevice) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.load() != nil {
+	if _, err := p.current(); err != nil {
 		return
 	}
-	for uid, pc := range p.state.Claims {
+	p.mu.Lock()
+	st, next := p.state, (*Checkpoint)(nil)
+	if st == nil { // a failed write since: read again at the next call
+		p.mu.Unlock()
+		return
+	}
+	for uid, pc := range st.Claims {
 		if pc.PodUID != podUID {
 			continue
 		}
-		changed := false
-		for i := range pc.Devices {
-			if pc.Devices[i].Device == d.Device && pc.Devices[i].recordAttach(d) {
-				changed = true
-			}
+		i := slices.IndexFunc(pc.Devices, func(x PreparedDevice) bool { return x.Device == d.Device })
+		if i < 0 {
+			continue
 		}
-		if changed {
-			p.state.Claims[uid] = pc
-			_ = p.save() // the hook must not fail for it: the record is for the MTU on the way back
+		rec := pc.Devices[i]
+		if !rec.recordAttach(d) {
+			continue
 		}
+		if next == nil {
+			next = st.clone()
+		}
+		pc.Devices = slices.Clone(pc.Devices) // shared with earlier copies: never changed in place
+		pc.Devices[i] = rec
+		next.Claims[uid] = pc
+	}
+	start := false
+	if next != nil {
+		p.state = next
+		start, p.dirty = !p.dirty, true
+	}
+	p.mu.Unlock()
+	if start {
+		go p.persist()
+	}
+}
+
+// persist writes what DeviceAttached recorded, once no prepare or unprepare
+// runs (which would write it too). A failed write is logged: the record is
+// for the status and the MTU on the way back, and the next write of the
+// checkpoint has it.
+func (p *Preparer) persist() {
+	p.work.Lock()
+	defer p.work.Unlock()
+	p.mu.Lock()
+	if !p.dirty {
+		p.mu.Unlock()
+		return
+	}
+	next := p.state.clone()
+	p.dirty = false
+	p.mu.Unlock()
+	if err := p.write(next); err != nil {
+		p.Log.Error(err, "recording the MAC and MTU of attached devices in the DRA checkpoint; kept in memory, written with the next change")
 	}
 }
 
 // Claims returns a copy of the prepared claims (ipamctl, garbage collection).
 func (p *Preparer) Claims() (map[types.UID]PreparedClaim, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.load(); err != nil {
+	st, err := p.current()
+	if err != nil {
 		return nil, err
 	}
-	return maps.Clone(p.state.Claims), nil
+	out := make(map[types.UID]PreparedClaim, len(st.Claims))
+	for uid, pc := range st.Claims {
+		pc.Devices = slices.Clone(pc.Devices)
+		out[uid] = pc
+	}
+	return out, nil
+}
+
+// Refusal says why the pod with this UID must not start: it is reserved on a
+// claim prepared for another pod (the claim garbage collection reads the
+// prepared claims and notes such pods), nil otherwise. The runtime hook that
+// starts a sandbox asks it, from memory.
+func (p *Preparer) Refusal(podUID string) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.refused[podUID]
+}
+
+// noteConsumers records the pods a prepared claim is reserved for besides the
+// one it was prepared for (Refusal refuses them), as the API server has the
+// claim now.
+func (p *Preparer) noteConsumers(uid types.UID, pc PreparedClaim, consumers []resourceapi.ResourceClaimConsumerReference) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for pod, err := range p.refused {
+		if errors.Is(err, errOfClaim(uid)) {
+			delete(p.refused, pod)
+		}
+	}
+	for _, r := range consumers {
+		if r.Resource != "pods" || r.APIGroup != "" || string(r.UID) == pc.PodUID {
+			continue
+		}
+		if p.refused == nil {
+			p.refused = map[string]error{}
+		}
+		p.refused[string(r.UID)] = fmt.Errorf("%w: pod %s/%s is reserved on claim %s/%s, prepared for pod %s/%s: its %s "+
+			"devices are in that pod's network namespace (%w): give each pod its own claim (a ResourceClaimTemplate)",
+			ErrSharedClaim, pc.Namespace, r.Name, pc.Namespace, pc.Name, pc.Namespace, pc.PodName, DriverName, errOfClaim(uid))
+	}
+}
+
+// claimError marks a refusal with the claim it is about.
+type claimError types.UID
+
+func (e claimError) Error() string { return "claim UID " + string(e) }
+
+func errOfClaim(uid types.UID) error { return claimError(uid) }
+
+// refusal is the refusal of a pod by devs, when it can refuse (*Preparer).
+func refusal(devs PodDevices, podUID string) error {
+	if r, ok := devs.(interface{ Refusal(string) error }); ok {
+		return r.Refusal(podUID)
+	}
+	return nil
 }
 
 // podRef is the pod a claim is reserved for.
 type podRef struct{ namespace, name, uid string }
 
 // podOf returns the pod the claim is reserved for: the allocation records it,
-// as the CNI path records the pod of an interface.
+// as the CNI path records the pod of an interface. A claim reserved for more
+// than one pod is refused: its devices move into one pod's network
+// namespace, and the kubelet prepares a claim once, for all its pods.
 func podOf(claim *resourceapi.ResourceClaim) (podRef, error) {
+	var pods []podRef
 	for _, r := range claim.Status.ReservedFor {
 		if r.Resource == "pods" && r.APIGroup == "" {
-			return podRef{namespace: claim.Namespace, name: r.Name, uid: string(r.UID)}, nil
+			pods = append(pods, podRef{namespace: claim.Namespace, name: r.Name, uid: string(r.UID)})
 		}
 	}
-	return podRef{}, fmt.Errorf("%w: claim %s/%s is reserved for no pod", nodealloc.ErrInvalid, claim.Namespace, claim.Name)
+	switch len(pods) {
+	case 0:
+		return podRef{}, fmt.Errorf("%w: claim %s/%s is reserved for no pod", nodealloc.ErrInvalid, claim.Namespace, claim.Name)
+	case 1:
+		return pods[0], nil
+	}
+	names := make([]string, len(pods))
+	for i, r := range pods {
+		names[i] = r.name
+	}
+	return podRef{}, fmt.Errorf("%w: claim %s/%s is reserved for %d pods (%s): its %s devices move into one pod's network "+
+		"namespace, so the claim cannot be shared: give each pod its own claim (a ResourceClaimTemplate)", ErrSharedClaim,
+		claim.Namespace, claim.Name, len(pods), strings.Join(names, ", "), DriverName)
 }

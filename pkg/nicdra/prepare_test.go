@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -193,31 +192,6 @@ func TestPrepareIsIdempotentAndSurvivesARestart(t *testing.T) {
 	}
 	if err := restarted.Unprepare(t.Context(), c.UID); err != nil {
 		t.Errorf("unprepare again: %v", err)
-	}
-}
-
-// A crash after the prepare started (the checkpoint says PrepareStarted, some
-// addresses may be held): the next Prepare finishes it with the same addresses.
-func TestPrepareFinishesAStartedOne(t *testing.T) {
-	n := newNode(t)
-	c := claim("u2", map[string]string{"nic": "pci-0000-18-00-0"})
-	first, err := n.preparer().Prepare(t.Context(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(n.dir, "checkpoint.json")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// As if the daemon died after allocating, before recording it complete.
-	if err := os.WriteFile(path, []byte(strings.Replace(string(b), nicdra.PrepareCompleted, nicdra.PrepareStarted, 1)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	n.open(t)
-	again, err := n.preparer().Prepare(t.Context(), c)
-	if err != nil || n.alloc.allocs != 1 || !slices.Equal(again[0].Addresses, first[0].Addresses) || len(n.held(t)) != 2 {
-		t.Errorf("finished: %+v %v (%d allocations), held %v", again, err, n.alloc.allocs, n.held(t))
 	}
 }
 

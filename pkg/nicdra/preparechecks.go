@@ -41,10 +41,10 @@ func (p *Preparer) railPools(rail, kind string) ([]string, error) {
 // another claim prepared for the same pod. A device's name in the pod is its
 // configured interfaceName, else its host netdev's name. Such a claim would
 // hold its addresses while its pod's sandbox failed on every start; refused
-// here, nothing is allocated. With mu held.
-func (p *Preparer) checkInterfaceNames(claim *resourceapi.ResourceClaim, pod podRef, inv *nicdiscovery.Inventory) error {
+// here, nothing is allocated. st is the checkpoint as it stands.
+func (p *Preparer) checkInterfaceNames(claim *resourceapi.ResourceClaim, pod podRef, inv *nicdiscovery.Inventory, st *Checkpoint) error {
 	taken := map[string]string{} // name in the pod → the device that has it
-	for uid, other := range p.state.Claims {
+	for uid, other := range st.Claims {
 		if uid == claim.UID || other.PodUID != pod.uid {
 			continue
 		}

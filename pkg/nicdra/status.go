@@ -3,6 +3,7 @@ package nicdra
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -28,6 +29,10 @@ type DeviceData struct {
 	PCIAddress string `json:"pciAddress"`
 }
 
+// ErrClaimReplaced is ApplyClaimStatus's refusal to write the status of a
+// claim that is not the one prepared: same namespace and name, another UID.
+var ErrClaimReplaced = errors.New("the claim was replaced by another of the same name")
+
 // ApplyClaimStatus writes the status of the claim's devices that this node
 // prepared (pool: the node's resource pool): this driver's entries of
 // status.devices are replaced, other drivers' entries stay as they are.
@@ -42,7 +47,13 @@ type DeviceData struct {
 // resourceclaims/status, which the API server lets a node's service account
 // use only for claims allocated on its node (resourceclaims/driver,
 // associated-node:patch, docs/rbac.md).
-func ApplyClaimStatus(ctx context.Context, c kubernetes.Interface, namespace, name, pool string, devs []PreparedDevice) error {
+//
+// It writes only to the claim with the given UID, the one prepared: a claim
+// of the same name with another UID (deleted and re-created, for instance
+// while ipam-node was down) is left alone, and the error is ErrClaimReplaced.
+// The patch carries the UID as a precondition too.
+func ApplyClaimStatus(ctx context.Context, c kubernetes.Interface, namespace, name string, uid types.UID, pool string,
+	devs []PreparedDevice) error {
 	var ours []resourceapi.AllocatedDeviceStatus
 	for _, d := range devs {
 		raw, err := json.Marshal(DeviceData{Pools: d.Pools, PoolType: d.PoolType, Rail: d.Rail, Gateway: d.Gateway,
@@ -61,6 +72,9 @@ func ApplyClaimStatus(ctx context.Context, c kubernetes.Interface, namespace, na
 		if claim, err = claims.Get(ctx, name, metav1.GetOptions{}); err != nil {
 			return fmt.Errorf("reading claim %s/%s for its status: %w", namespace, name, err)
 		}
+		if claim.UID != uid {
+			return fmt.Errorf("%w: claim %s/%s has UID %s, the one prepared had %s", ErrClaimReplaced, namespace, name, claim.UID, uid)
+		}
 		var next, mine []resourceapi.AllocatedDeviceStatus
 		for _, s := range claim.Status.Devices {
 			if s.Driver == DriverName && s.Pool == pool {
@@ -74,7 +88,7 @@ func ApplyClaimStatus(ctx context.Context, c kubernetes.Interface, namespace, na
 		}
 		next = append(next, ours...)
 		patch, merr := json.Marshal(map[string]any{
-			"metadata": map[string]any{"resourceVersion": claim.ResourceVersion},
+			"metadata": map[string]any{"uid": uid, "resourceVersion": claim.ResourceVersion},
 			"status":   map[string]any{"devices": next}})
 		if merr != nil {
 			return merr

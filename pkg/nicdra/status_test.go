@@ -2,7 +2,9 @@ package nicdra_test
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -58,7 +60,7 @@ func TestApplyClaimStatus(t *testing.T) {
 		Addresses: []string{"10.24.0.2/16", "fd00:24::2/64"}, Gateway: "10.24.0.1", Routes: []string{"10.0.0.0/8"}, MAC: "00:00:10:29:fe:80"}
 	var rv string
 	for i := range 2 {
-		if err := nicdra.ApplyClaimStatus(ctx, cs, "ml", "pair", "dgx-1", []nicdra.PreparedDevice{dev}); err != nil {
+		if err := nicdra.ApplyClaimStatus(ctx, cs, "ml", "pair", claim.UID, "dgx-1", []nicdra.PreparedDevice{dev}); err != nil {
 			t.Fatal(err)
 		}
 		got, err := cs.ResourceV1().ResourceClaims("ml").Get(ctx, "pair", metav1.GetOptions{})
@@ -94,7 +96,36 @@ func TestApplyClaimStatus(t *testing.T) {
 	// A device the claim was not allocated is refused by the API server.
 	other := dev
 	other.Device = "pci-0000-40-00-0"
-	if err := nicdra.ApplyClaimStatus(ctx, cs, "ml", "pair", "dgx-1", []nicdra.PreparedDevice{dev, other}); err == nil {
+	if err := nicdra.ApplyClaimStatus(ctx, cs, "ml", "pair", claim.UID, "dgx-1", []nicdra.PreparedDevice{dev, other}); err == nil {
 		t.Errorf("the status of a device the claim was not allocated was accepted")
+	}
+}
+
+// A claim deleted and re-created under its name (a new UID) is not the claim
+// prepared: its status is not written (ErrClaimReplaced), and stays as it is.
+func TestApplyClaimStatusOnlyToItsUID(t *testing.T) {
+	_, cs := controlPlane(t)
+	ctx := t.Context()
+	old := allocated(t, cs, "re", "pci-0000-18-00-0")
+	if err := cs.ResourceV1().ResourceClaims("ml").Delete(ctx, "re", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	again := allocated(t, cs, "re", "pci-0000-18-00-0")
+	dev := nicdra.PreparedDevice{Request: "nic", Device: "pci-0000-18-00-0", PCIAddress: "0000:18:00.0", InterfaceName: "net1",
+		Pools: []string{"rail0"}, PoolType: "ippool", Addresses: []string{"10.24.0.2/16"}}
+	err := nicdra.ApplyClaimStatus(ctx, cs, "ml", "re", old.UID, "dgx-1", []nicdra.PreparedDevice{dev})
+	if !errors.Is(err, nicdra.ErrClaimReplaced) || !strings.Contains(err.Error(), string(old.UID)) {
+		t.Errorf("the status of the re-created claim with the old UID: %v", err)
+	}
+	got, err := cs.ResourceV1().ResourceClaims("ml").Get(ctx, "re", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.UID != again.UID || len(got.Status.Devices) != 0 {
+		t.Errorf("the re-created claim's status was written: %+v", got.Status.Devices)
+	}
+	// Its own UID: written.
+	if err := nicdra.ApplyClaimStatus(ctx, cs, "ml", "re", again.UID, "dgx-1", []nicdra.PreparedDevice{dev}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -25,6 +25,11 @@ type DriverStatus struct {
 	Devices      int       `json:"devices"`
 	Published    time.Time `json:"published"`
 	PublishError string    `json:"publishError,omitempty"`
+	// CheckpointError says why the checkpoint of prepared claims cannot be
+	// read: the driver then refuses every prepare and unprepare, collects
+	// nothing and publishes no device, until the file is restored or moved
+	// away (ipam-node's CNI path is not affected).
+	CheckpointError string `json:"checkpointError,omitempty"`
 	Updated      time.Time `json:"updated"`
 	// Withheld are the NIC ports the driver does not publish, and why (the
 	// node's uplink, excluded, in use by a pod's CNI attachment).

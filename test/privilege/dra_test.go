@@ -29,8 +29,8 @@ import (
 const (
 	draOverlay = "deploy/overlays/dra"
 	// draPolicies is how many admission policies the overlay renders: the base's
-	// two, and its own for ResourceSlices and for claim status.
-	draPolicies = 4
+	// two, and its own for ResourceSlices, for claim status and against shared claims.
+	draPolicies = 5
 )
 
 // What deploy/dra/policy.yaml says when it refuses a ResourceSlice.
@@ -73,7 +73,9 @@ func TestDRAOverlayRenders(t *testing.T) {
 	}
 	slices.Sort(added)
 	if want := []string{"ClusterRole/hwipam-node-dra", "ClusterRoleBinding/hwipam-node-dra", "DeviceClass/nic.hwipam.io",
+		"ValidatingAdmissionPolicy/hwipam-nic-claims-not-shared",
 		"ValidatingAdmissionPolicy/hwipam-node-own-claim-status", "ValidatingAdmissionPolicy/hwipam-node-own-resourceslices",
+		"ValidatingAdmissionPolicyBinding/hwipam-nic-claims-not-shared",
 		"ValidatingAdmissionPolicyBinding/hwipam-node-own-claim-status",
 		"ValidatingAdmissionPolicyBinding/hwipam-node-own-resourceslices"}; !slices.Equal(added, want) {
 		t.Errorf("the overlay adds %v, want %v", added, want)
@@ -395,16 +397,24 @@ func checkClaimStatusConfined(t *testing.T, e *env, asA, asB, asNone *rest.Confi
 	e.claim(t, "unallocated", nil)
 	dev := nicdra.PreparedDevice{Request: "nic", Device: "pci-0000-18-00-0", PCIAddress: "0000:18:00.0", HostNetdev: "ibp24s0",
 		InterfaceName: "net1", Pools: []string{"rail0"}, PoolType: "ippool", Rail: "ibp24s0", Addresses: []string{"10.24.0.2/16"}}
+	// The claim's UID, as the driver recorded it when it prepared the claim.
+	uidOf := func(name string) types.UID {
+		c, err := e.cs.ResourceV1().ResourceClaims("ml").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.UID
+	}
 
 	t.Run("its devices' status on a claim allocated on its node", func(t *testing.T) {
-		if err := nicdra.ApplyClaimStatus(ctx, csA, "ml", "on-a", "node-a", []nicdra.PreparedDevice{dev}); err != nil {
+		if err := nicdra.ApplyClaimStatus(ctx, csA, "ml", "on-a", uidOf("on-a"), "node-a", []nicdra.PreparedDevice{dev}); err != nil {
 			t.Fatal(err)
 		}
 		if got := e.statusDrivers(t, "on-a"); !slices.Equal(got, []string{"gpu.nvidia.com", nicdra.DriverName}) {
 			t.Errorf("status.devices drivers %v, want the GPU driver's and ours", got)
 		}
 		// And taking them away again (an apply of none, as on unprepare).
-		if err := nicdra.ApplyClaimStatus(ctx, csA, "ml", "on-a", "node-a", nil); err != nil {
+		if err := nicdra.ApplyClaimStatus(ctx, csA, "ml", "on-a", uidOf("on-a"), "node-a", nil); err != nil {
 			t.Fatal(err)
 		}
 		if got := e.statusDrivers(t, "on-a"); !slices.Equal(got, []string{"gpu.nvidia.com"}) {
@@ -444,18 +454,18 @@ func checkClaimStatusConfined(t *testing.T, e *env, asA, asB, asNone *rest.Confi
 		want string
 	}{
 		{"its devices' status on a claim allocated on node-b", func(cs kubernetes.Interface) error {
-			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-b", "node-b", []nicdra.PreparedDevice{onB})
+			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-b", uidOf("on-b"), "node-b", []nicdra.PreparedDevice{onB})
 		}, asA, notAssociated("node-a", "on node-b")},
 		{"node-b's token on node-a's claim", func(cs kubernetes.Interface) error {
-			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-a", "node-a", []nicdra.PreparedDevice{dev})
+			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-a", uidOf("on-a"), "node-a", []nicdra.PreparedDevice{dev})
 		}, asB, notAssociated("node-b", "on node-a")},
 		{"a token bound to no pod", func(cs kubernetes.Interface) error {
-			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-a", "node-a", []nicdra.PreparedDevice{dev})
+			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-a", uidOf("on-a"), "node-a", []nicdra.PreparedDevice{dev})
 		}, asNone, noNode},
 		// The API server knows a claim's node only from a nodeSelector naming it by
 		// metadata.name (what the scheduler writes for a node-local device).
 		{"a claim whose allocation selects node-a by label", func(cs kubernetes.Interface) error {
-			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-a-by-label", "node-a", []nicdra.PreparedDevice{dev})
+			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-a-by-label", uidOf("on-a-by-label"), "node-a", []nicdra.PreparedDevice{dev})
 		}, asA, notAssociated("node-a", "without naming a node by metadata.name")},
 		{"another driver's entry on a claim of its node", func(cs kubernetes.Interface) error {
 			claim := resourcev1ac.ResourceClaim("on-a", "ml").WithStatus(resourcev1ac.ResourceClaimStatus().WithDevices(
