@@ -29,8 +29,8 @@ type DriverStatus struct {
 	// read: the driver then refuses every prepare and unprepare, collects
 	// nothing and publishes no device, until the file is restored or moved
 	// away (ipam-node's CNI path is not affected).
-	CheckpointError string `json:"checkpointError,omitempty"`
-	Updated      time.Time `json:"updated"`
+	CheckpointError string    `json:"checkpointError,omitempty"`
+	Updated         time.Time `json:"updated"`
 	// Withheld are the NIC ports the driver does not publish, and why (the
 	// node's uplink, excluded, in use by a pod's CNI attachment).
 	Withheld []WithheldDevice `json:"withheld,omitempty"`
