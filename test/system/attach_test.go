@@ -53,6 +53,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -738,23 +739,69 @@ func (w *world) draPodRename() {
 	w.tracef("delete %s", c)
 }
 
-// draSharedClaim: a second pod is reserved on a prepared claim (a claim
-// shared by name): its sandbox must not run without the claim's devices, so
-// its start must be refused (the reservation is then dropped, as the pod is
-// deleted).
+// draSharedClaim: the scheduler reserves a prepared claim for a second pod
+// (a claim shared by name). The policy hwipam-nic-claims-not-shared refuses
+// that write, as it refuses the real scheduler's: the claim stays reserved
+// for its pod alone, and no second pod is scheduled, so none runs. Once a
+// seed at most, the claim is shared past the policy (its binding lifted for
+// the write: a claim shared before the policy was installed, or on a cluster
+// without it), and the driver must refuse the second pod's sandbox: it learns
+// of the second reservation when it reads the claim (its garbage collection,
+// at its start and every minute), so the test restarts the node's daemon and
+// waits for the driver to say it noted the pod before starting the sandbox.
 func (w *world) draSharedClaim() {
 	c := w.pickClaim(func(c *draClaim) bool { return c.state == claimPrepared && w.nodes[c.node].cmd != nil })
 	if c == nil || !w.nriConnected(c.node, draRetryFor) {
 		return
 	}
-	n := w.nodes[c.node]
-	rc := w.cp.Clientset.ResourceV1().ResourceClaims(namespace)
 	second := resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: "pod2-" + c.name, UID: types.UID("pod2-uid-" + c.name)}
-	w.reserve(c, func(r []resourceapi.ResourceClaimConsumerReference) []resourceapi.ResourceClaimConsumerReference {
+	share := func(r []resourceapi.ResourceClaimConsumerReference) []resourceapi.ResourceClaimConsumerReference {
 		return append(r, second)
-	})
-	w.tracef("claim %s reserved for a second pod %s too", c.name, second.Name)
-	time.Sleep(time.Second) // the kubelet's pod sync: the claim is prepared, so no prepare call
+	}
+	if w.sharedBeforePolicyDone || w.rng.IntN(3) != 0 || !w.proxy.Up() {
+		err := w.tryReserve(c, share)
+		if err == nil || !strings.Contains(err.Error(), sharedRefusal) {
+			w.violation("shared-claim-policy", "the scheduler's write reserving claim %s for a second pod %s: %v; want the "+
+				"policy %s's refusal (%q)", c, second.Name, err, notSharedPolicy, sharedRefusal)
+			if err == nil {
+				w.reserve(c, func(r []resourceapi.ResourceClaimConsumerReference) []resourceapi.ResourceClaimConsumerReference {
+					return slices.DeleteFunc(r, func(x resourceapi.ResourceClaimConsumerReference) bool { return x.UID == second.UID })
+				})
+			}
+			return
+		}
+		claim, err := w.cp.Clientset.ResourceV1().ResourceClaims(namespace).Get(w.ctx, c.name, metav1.GetOptions{})
+		if err != nil {
+			w.fail("reading claim %s: %v", c.name, err)
+		}
+		if slices.ContainsFunc(claim.Status.ReservedFor, func(x resourceapi.ResourceClaimConsumerReference) bool { return x.UID == second.UID }) {
+			w.violation("shared-claim-policy", "claim %s is reserved for the second pod %s after the policy refused the write", c, second.Name)
+		}
+		w.counts["dra-shared-refused-by-policy"]++
+		w.tracef("claim %s: reserving it for a second pod %s refused by the policy: %s", c.name, second.Name, firstLine(err))
+		return
+	}
+	// Past the policy: the driver's own refusal.
+	w.sharedBeforePolicyDone = true
+	w.bypassPolicy(func() { w.reserve(c, share) })
+	w.tracef("claim %s reserved for a second pod %s too, past the policy (its binding lifted for the write)", c.name, second.Name)
+	n := w.nodes[c.node]
+	w.killDaemon(c.node)
+	w.startDaemon(c.node)
+	w.tracef("kill -9 ipam-node on %s and start it again: the driver reads its claims at start", n.name)
+	noted := "a pod is reserved on a claim prepared for another pod"
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(w.logs[len(w.logs)-1].w.String(), noted) {
+		if time.Now().After(deadline) {
+			w.violation("shared-claim", "ipam-node on %s did not note the second pod %s of claim %s within 30 s of its start "+
+				"(log %q)", n.name, second.Name, c, noted)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !w.nriConnected(c.node, draRetryFor) {
+		w.fail("ipam-node on %s did not connect to the runtime's NRI socket after its restart", n.name)
+	}
 	pod := w.newPod(c.node, second.Name, string(second.UID))
 	ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
 	err := n.nri.rt.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: pod.sandbox()})
@@ -769,7 +816,7 @@ func (w *world) draSharedClaim() {
 			"and a pod must not run without its devices (refuse its sandbox, or the reservation)", second.Name, c, p.name, where)
 	}
 	if err != nil {
-		w.counts["dra-shared-refused"]++
+		w.counts["dra-shared-refused-by-driver"]++
 		w.tracef("runtime on %s: RunPodSandbox of %s refused: %v", n.name, second.Name, firstLine(err))
 	} else {
 		ctx, cancel = context.WithTimeout(w.ctx, 30*time.Second)
@@ -783,7 +830,25 @@ func (w *world) draSharedClaim() {
 	w.reserve(c, func(r []resourceapi.ResourceClaimConsumerReference) []resourceapi.ResourceClaimConsumerReference {
 		return slices.DeleteFunc(r, func(x resourceapi.ResourceClaimConsumerReference) bool { return x.UID == second.UID })
 	})
-	_ = rc
+}
+
+// tryReserve changes the claim's reservedFor once (again on a conflict) and
+// returns the API server's answer.
+func (w *world) tryReserve(c *draClaim, change func([]resourceapi.ResourceClaimConsumerReference) []resourceapi.ResourceClaimConsumerReference) error {
+	rc := w.cp.Clientset.ResourceV1().ResourceClaims(namespace)
+	for range 10 {
+		claim, err := rc.Get(w.ctx, c.name, metav1.GetOptions{})
+		if err != nil {
+			w.fail("reading claim %s: %v", c.name, err)
+		}
+		claim.Status.ReservedFor = change(claim.Status.ReservedFor)
+		if _, err = rc.UpdateStatus(w.ctx, claim, metav1.UpdateOptions{}); err == nil || !apierrors.IsConflict(err) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond) // a conflict with the driver's status write
+	}
+	w.fail("changing claim %s's reservedFor keeps conflicting", c.name)
+	return nil
 }
 
 // reserve changes the claim's reservedFor.

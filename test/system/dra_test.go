@@ -250,6 +250,7 @@ func (w *world) draClusterSetup() {
 	if _, err := w.cp.Clientset.ResourceV1().DeviceClasses().Create(w.ctx, dc, metav1.CreateOptions{}); err != nil {
 		w.t.Fatalf("creating the DeviceClass: %v", err)
 	}
+	w.installNotSharedPolicy()
 }
 
 // draDaemonStarted starts the garbage-collection clock of the claims deleted

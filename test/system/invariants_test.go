@@ -169,6 +169,9 @@ type world struct {
 	// has run (once a seed: it takes seconds).
 	nextPod     int
 	draSlowDone bool
+	// sharedBeforePolicyDone says that draSharedClaim has shared a claim
+	// past the policy once (it restarts a daemon: once a seed at most).
+	sharedBeforePolicyDone bool
 	// violations counts issue 36's broken invariants by kind, with
 	// HWIPAM_SYSTEM_REPORT=1 (see violation).
 	violations map[string]int
