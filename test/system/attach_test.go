@@ -770,9 +770,9 @@ func (w *world) draSharedClaim() {
 			}
 			return
 		}
-		claim, err := w.cp.Clientset.ResourceV1().ResourceClaims(namespace).Get(w.ctx, c.name, metav1.GetOptions{})
-		if err != nil {
-			w.fail("reading claim %s: %v", c.name, err)
+		claim, gerr := w.cp.Clientset.ResourceV1().ResourceClaims(namespace).Get(w.ctx, c.name, metav1.GetOptions{})
+		if gerr != nil {
+			w.fail("reading claim %s: %v", c.name, gerr)
 		}
 		if slices.ContainsFunc(claim.Status.ReservedFor, func(x resourceapi.ResourceClaimConsumerReference) bool { return x.UID == second.UID }) {
 			w.violation("shared-claim-policy", "claim %s is reserved for the second pod %s after the policy refused the write", c, second.Name)
