@@ -45,7 +45,7 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 		}
 		return inv
 	}
-	host := &hostPortsReader{}
+	host := &hostPortsReader{netns: o.DRAHostNetNS}
 	p := &nicdra.Preparer{Allocator: m, Checkpoint: nicdra.CheckpointFile{Path: draCheckpoint(o.StoreFile)},
 		Inventory: inventory, Rails: rails, BootID: bootID, Log: logger.WithName("dra"),
 		Ports: &nicdra.PortUse{InUse: func() map[string]string { return portsInUse(m) }, HostPorts: host.read,
@@ -53,7 +53,7 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 		PoolsForRail: func(rail, kind string) ([]string, bool) { return pools.poolsOfRail(kind, rail) }}
 	var nri *nicdra.NRIPlugin
 	if o.DRANRISocket != "" {
-		att := &nicdra.Attacher{}
+		att := &nicdra.Attacher{HostNetNS: o.DRAHostNetNS}
 		nri = &nicdra.NRIPlugin{Devices: p, Attacher: att, SysfsRoot: o.SysfsRoot, Log: logger.WithName("nri")}
 		p.Reclaim = nicdra.ReclaimFunc(att, logger.WithName("dra"))
 	}

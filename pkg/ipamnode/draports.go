@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/hwipam/hwipam/pkg/nicdra"
@@ -126,19 +127,31 @@ func isDefault(dst *net.IPNet) bool {
 }
 
 // hostPortsReader reads the host's ports (hostPorts) through one netlink
-// handle in the daemon's network namespace (it runs with hostNetwork).
+// handle in the host's network namespace: the one at netns
+// (--dra-host-netns), or the daemon's own when that is "" (hostNetwork).
 type hostPortsReader struct {
-	mu sync.Mutex
-	h  *netlink.Handle
+	netns string
+	mu    sync.Mutex
+	h     *netlink.Handle
 }
 
 func (r *hostPortsReader) read() (map[string]string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.h == nil {
-		h, err := netlink.NewHandle()
+		var h *netlink.Handle
+		var err error
+		if r.netns == "" {
+			h, err = netlink.NewHandle()
+		} else {
+			var ns netns.NsHandle
+			if ns, err = netns.GetFromPath(r.netns); err == nil {
+				h, err = netlink.NewHandleAt(ns)
+				_ = ns.Close()
+			}
+		}
 		if err != nil {
-			return nil, fmt.Errorf("opening a netlink handle: %w", err)
+			return nil, fmt.Errorf("opening a netlink handle in the host's network namespace %q: %w", r.netns, err)
 		}
 		r.h = h
 	}

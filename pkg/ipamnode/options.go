@@ -41,6 +41,7 @@ type Options struct {
 	DRA           bool
 	DRAKubeletDir string
 	DRANRISocket  string
+	DRAHostNetNS  string
 	// DRAExcludeDevices are NIC ports (netdev names or PCI addresses) the DRA
 	// driver never publishes nor prepares.
 	DRAExcludeDevices []string
@@ -114,6 +115,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 			"that carry the host's addresses or routes, which it never hands out either).")
 	fs.StringVar(&o.DRANRISocket, "dra-nri-socket", o.DRANRISocket,
 		"With --dra: the container runtime's NRI socket, through which netdevs move into pod sandboxes; \"\" disables the attach.")
+	fs.StringVar(&o.DRAHostNetNS, "dra-host-netns", o.DRAHostNetNS,
+		"With --dra: the path of the host's network namespace, where the ports are while no pod holds them, for a daemon "+
+			"that does not run in it (e.g. /proc/1/ns/net with hostPID); \"\" is the daemon's own (hostNetwork).")
 	c := &o.CNI
 	fs.StringVar(&c.BinDir, "cni-bin-dir", c.BinDir, "CNI binary directory the nv-ipam plugin is copied into.")
 	fs.StringVar(&c.ConfDir, "cni-conf-dir", c.ConfDir, "Directory nv-ipam.conf is written into (the plugin's confDir).")
@@ -167,6 +171,9 @@ func (o *Options) Validate() error {
 	}
 	if o.DRA && !filepath.IsAbs(o.DRAKubeletDir) {
 		errs = append(errs, fmt.Errorf("--dra-kubelet-dir %q must be an absolute path", o.DRAKubeletDir))
+	}
+	if o.DRAHostNetNS != "" && !filepath.IsAbs(o.DRAHostNetNS) {
+		errs = append(errs, fmt.Errorf("--dra-host-netns %q must be an absolute path (e.g. /proc/1/ns/net), or empty for the daemon's own", o.DRAHostNetNS))
 	}
 	return errors.Join(errs...)
 }

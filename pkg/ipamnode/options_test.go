@@ -22,6 +22,9 @@ func TestNICLabelOptions(t *testing.T) {
 			"--nic-labels=nodefeature needs --nodefeature-namespace"},
 		{"unknown mode", func(o *ipamnode.Options) { o.NICLabels = "annotations" }, `--nic-labels "annotations": want node, nodefeature or off`},
 		{"zero interval", func(o *ipamnode.Options) { o.NICRescanInterval = 0 }, "--nic-rescan-interval 0s must be positive"},
+		{"host netns path", func(o *ipamnode.Options) { o.DRA = true; o.DRAHostNetNS = "/proc/1/ns/net" }, ""},
+		{"relative host netns", func(o *ipamnode.Options) { o.DRA = true; o.DRAHostNetNS = "ns/net" },
+			`--dra-host-netns "ns/net" must be an absolute path`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := ipamnode.NewOptions()

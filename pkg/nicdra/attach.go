@@ -491,7 +491,7 @@ func (a *Attacher) Detach(podNetNS string, d PreparedDevice) (DetachOutcome, err
 			return "", fmt.Errorf("opening the host's network namespace: %w", err)
 		}
 		defer func() { h.Close(); _ = ns.Close() }()
-		return reclaimOn(h, d, true)
+		return reclaimOn(h, d)
 	}
 	if err != nil {
 		return "", fmt.Errorf("detaching device %s (%s): %w", d.Device, d.HostNetdev, err)
@@ -502,7 +502,7 @@ func (a *Attacher) Detach(podNetNS string, d PreparedDevice) (DetachOutcome, err
 		return "", fmt.Errorf("looking for device %s in the pod's network namespace %s: %w", d.Device, podNetNS, err)
 	}
 	if podLink == nil {
-		out, err := reclaimOn(p.host, d, true)
+		out, err := reclaimOn(p.host, d)
 		named, _ := linkByName(p.pod, ifName)
 		switch {
 		case named == nil:
@@ -554,7 +554,9 @@ func (a *Attacher) Detach(podNetNS string, d PreparedDevice) (DetachOutcome, err
 // a physical port to the host under its name inside, or devN on a clash). It
 // is found by its identity (parent PCI device, permanent MAC, MAC), flushed,
 // renamed, and given its recorded MTU, MAC and admin state. A device on the
-// host under its own name is left as it is (AlreadyOnHost). A device not on
+// host under its own name keeps it and gets its recorded MTU and admin state
+// (AlreadyOnHost: the kernel returns a port under its own name when the pod
+// had it under that name, down). A device not on
 // the host is not looked for in pods' namespaces: a virtual link is Gone; a
 // physical port (ParentDev recorded) is in a namespace that outlived its pod,
 // an ErrNetdevMissing that says where to look. A host link that carries the
@@ -569,20 +571,21 @@ func (a *Attacher) Reclaim(d PreparedDevice) (DetachOutcome, error) {
 		return "", fmt.Errorf("opening the host's network namespace: %w", err)
 	}
 	defer func() { h.Close(); _ = ns.Close() }()
-	return reclaimOn(h, d, false)
+	return reclaimOn(h, d)
 }
 
 // reclaimOn finds the device among the host's links (h) and brings it back
-// under its name; with restore, a device found under its own name gets its
-// recorded MTU and admin state again (a detach that stopped between the move
-// and the restore).
-func reclaimOn(h *netlink.Handle, d PreparedDevice, restore bool) (DetachOutcome, error) {
+// under its name. A device found under its own name gets its recorded MTU and
+// admin state again when the attach recorded them: a detach that stopped
+// between the move and the restore, or a port the kernel returned under its
+// pod name that was its host name (a claim without an interfaceName), down.
+func reclaimOn(h *netlink.Handle, d PreparedDevice) (DetachOutcome, error) {
 	named, err := linkByName(h, d.HostNetdev)
 	if err != nil {
 		return "", fmt.Errorf("looking up %s on the host: %w", d.HostNetdev, err)
 	}
 	if named != nil && !notDevice(named, d) {
-		if !restore || d.HostUp == nil {
+		if d.HostUp == nil {
 			return AlreadyOnHost, nil
 		}
 		return AlreadyOnHost, restoreOnHost(h, named, d, false)

@@ -577,15 +577,25 @@ func (p *Preparer) Refusal(podUID string) error {
 
 // noteConsumers records the pods a prepared claim is reserved for besides the
 // one it was prepared for (Refusal refuses them), as the API server has the
-// claim now.
+// claim now. A pod newly noted is logged.
 func (p *Preparer) noteConsumers(uid types.UID, pc PreparedClaim, consumers []resourceapi.ResourceClaimConsumerReference) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	before := map[string]bool{}
 	for pod, err := range p.refused {
 		if errors.Is(err, errOfClaim(uid)) {
 			delete(p.refused, pod)
+			before[pod] = true
 		}
 	}
+	defer func() {
+		for pod, err := range p.refused {
+			if !before[pod] && errors.Is(err, errOfClaim(uid)) {
+				p.Log.Info("a pod is reserved on a claim prepared for another pod: its sandbox start is refused",
+					"claim", pc.Namespace+"/"+pc.Name, "podUID", pod, "preparedFor", pc.Namespace+"/"+pc.PodName)
+			}
+		}
+	}()
 	for _, r := range consumers {
 		if r.Resource != "pods" || r.APIGroup != "" || string(r.UID) == pc.PodUID {
 			continue

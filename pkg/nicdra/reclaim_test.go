@@ -266,6 +266,36 @@ func TestUnprepareAfterMissedStopRenamesPortBack(t *testing.T) {
 	}
 }
 
+// A claim whose pod named its port as on the host (no interfaceName) and
+// whose StopPodSandbox the driver missed: the kernel returns the port under
+// its own name, down. The unprepare (the kubelet's, or the garbage
+// collection's for a deleted claim) sets it up again, as it was before the
+// claim.
+func TestUnprepareRestoresPortReturnedUnderItsOwnName(t *testing.T) {
+	n := newReclaimNode(t)
+	devs, err := n.p.Prepare(t.Context(), claim("u1", map[string]string{"nic": "pci-0000-18-00-0"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	harness.NewVethPair(t, n.host, "ibp24s0", n.wire, "peer-u1")
+	l := link(t, n.host, "ibp24s0")
+	up := true
+	d := devs[0]
+	d.InterfaceName = ""
+	d.MAC, d.MTU, d.HostUp, d.PodIfIndex = l.Attrs().HardwareAddr.String(), l.Attrs().MTU, &up, 5
+	n.p.DeviceAttached("pod-uid", d)
+	setDown(t, n.host, "ibp24s0")
+	if err := n.p.Unprepare(t.Context(), "u1"); err != nil {
+		t.Fatal(err)
+	}
+	if !isUp(t, n.host, "ibp24s0") {
+		t.Error("want ibp24s0 up again, as before the claim")
+	}
+	if held := n.held(t); len(held) != 0 {
+		t.Errorf("held after unprepare: %v", held)
+	}
+}
+
 // The host has another link named as the port: the unprepare fails (the
 // kubelet retries), saying what to do, holds the claim, and touches neither
 // link; once the other link is gone, it renames the port back.

@@ -29,6 +29,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/containerd/nri/pkg/api"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -111,6 +112,10 @@ type draClaim struct {
 	index            int        // index: the index asked for
 	state            claimState
 	ip               netip.Addr // prepared: what it holds
+	// ifName is the name its port takes in its pod; pod is its pod's
+	// running sandbox (nil when none runs).
+	ifName string
+	pod    *draPod
 }
 
 func (c *draClaim) String() string {
@@ -168,6 +173,51 @@ func (w *world) draActions() []draAction {
 			}
 			return 0
 		}, w.draKillAndDelete},
+		// The attach (attach_test.go, issue 36).
+		{"dra-pod-start", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return c.state == claimPrepared && c.pod == nil && !down(c) }) {
+				return 10
+			}
+			return 0
+		}, w.draPodStart},
+		{"dra-pod-restart", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return c.pod != nil && !down(c) }) {
+				return 2
+			}
+			return 0
+		}, w.draPodRestart},
+		{"dra-missed-stop", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return c.pod != nil }) {
+				return 2
+			}
+			return 0
+		}, w.draMissedStop},
+		{"dra-pod-rename", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return c.pod != nil && c.state == claimPrepared && !down(c) }) {
+				return 2
+			}
+			return 0
+		}, w.draPodRename},
+		{"dra-shared-claim", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return prepared(c) && !down(c) }) {
+				return 2
+			}
+			return 0
+		}, w.draSharedClaim},
+		{"cni-master-add", func() int { return 3 }, w.cniMasterAdd},
+		{"dra-recreate-while-down", func() int {
+			if w.pickClaimExists(prepared) {
+				return 2
+			}
+			return 0
+		}, w.draRecreateWhileDown},
+		{"dra-kill-during-prepare", func() int { return 3 }, w.draKillDuringPrepare},
+		{"dra-slow-prepare", func() int {
+			if !w.draSlowDone && w.pickClaimExists(func(c *draClaim) bool { return prepared(c) && !down(c) }) {
+				return 3
+			}
+			return 0
+		}, w.draSlowPrepare},
 	}
 }
 
@@ -183,10 +233,13 @@ func (w *world) draNodeSetup(n *simNode) {
 		w.t.Fatal(err)
 	}
 	w.t.Cleanup(func() { _ = os.RemoveAll(n.kubeletDir) })
+	w.draAttachSetup(len(w.nodes), n, tree)
 }
 
 func (w *world) draFlags(n *simNode) []string {
-	return []string{"--dra", "--dra-kubelet-dir=" + n.kubeletDir, "--dra-nri-socket=", "--sysfs-root=" + n.sysfs}
+	n.nri.syncsAtStart.Store(n.nri.syncs.Load())
+	return []string{"--dra", "--dra-kubelet-dir=" + n.kubeletDir, "--dra-nri-socket=" + n.nri.sock,
+		"--dra-host-netns=/run/netns/" + n.hostNS, "--sysfs-root=" + n.sysfs}
 }
 
 // draClusterSetup creates the DeviceClass the claims name.
@@ -197,11 +250,13 @@ func (w *world) draClusterSetup() {
 	if _, err := w.cp.Clientset.ResourceV1().DeviceClasses().Create(w.ctx, dc, metav1.CreateOptions{}); err != nil {
 		w.t.Fatalf("creating the DeviceClass: %v", err)
 	}
+	w.installNotSharedPolicy()
 }
 
 // draDaemonStarted starts the garbage-collection clock of the claims deleted
 // while the node's daemon was down.
 func (w *world) draDaemonStarted(i int) {
+	w.portsReturning(i)
 	for _, g := range w.collect {
 		if g.node == i {
 			g.deadline = time.Now().Add(draGCBound)
@@ -359,6 +414,7 @@ func (w *world) draNewClaim() {
 	case 0, 1, 2, 3:
 	case 4:
 		config("interfaceName", "net1")
+		c.ifName = "net1"
 	case 5:
 		c.what = "static"
 		c.want, c.refuseFirst = w.draStaticAddr(i, c.pool)
@@ -408,13 +464,26 @@ func (w *world) draNewClaim() {
 		}
 		c.config = string(raw)
 	}
-	w.draSchedule(c)
+	// The kubelet starts the pod's sandbox once its claims are prepared
+	// (mostly at once here; dra-pod-start starts the others later).
+	if w.draSchedule(c) && c.state == claimPrepared && w.rng.IntN(4) != 0 && w.nriConnected(c.node, draRetryFor) {
+		w.podStart(c)
+	}
 }
 
 // draSchedule allocates the claim a device of its rail on its node, as the
 // scheduler does, creates it, and has the node's kubelet prepare it; false
 // when the node has published no such device.
 func (w *world) draSchedule(c *draClaim) bool {
+	if !w.draAllocate(c) {
+		return false
+	}
+	w.draPrepare(c)
+	return true
+}
+
+// draAllocate is draSchedule without the prepare.
+func (w *world) draAllocate(c *draClaim) bool {
 	i := c.node
 	// The slices come shortly after the daemon starts (when it can reach
 	// the API server): the scheduler waits for them a little.
@@ -439,7 +508,6 @@ func (w *world) draSchedule(c *draClaim) bool {
 	w.draCreate(c)
 	w.claims[c.uid] = c
 	w.tracef("create %s config=%s", c, c.config)
-	w.draPrepare(c)
 	return true
 }
 
@@ -628,6 +696,9 @@ func (w *world) draPrepare(c *draClaim) {
 		}
 	}
 	c.state, c.ip = claimPrepared, ip
+	if c.ifName == "" {
+		c.ifName = w.portOf(c.node, c.device).name
+	}
 	w.counts["dra-prepared"]++
 	w.tracef("kubelet: prepared %s", c)
 	w.draWaitStatus(c)
@@ -793,7 +864,10 @@ func (w *world) draRelease() {
 	if c == nil {
 		return
 	}
-	if !w.draUnprepare(c) {
+	if c.pod != nil && !w.nriConnected(c.node, draRetryFor) {
+		return
+	}
+	if !w.podStop(c, true) {
 		return
 	}
 	w.draDelete(c)
@@ -827,10 +901,11 @@ func (w *world) draUnprepare(c *draClaim) bool {
 	}
 	for ip, h := range w.allocations(c.node) {
 		if h.cid == string(c.uid) {
-			w.fail("unprepared %s, but the store still holds %s (%s) under its UID", c, ip, h.rec)
+			w.violation("unprepare-leaves-address", "unprepared %s, but the store still holds %s (%s) under its UID", c, ip, h.rec)
 		}
 	}
 	c.state = claimPending
+	w.portsUnprepared(c)
 	w.counts["dra-unprepared"]++
 	w.tracef("kubelet: unprepared %s", c)
 	return true
@@ -853,6 +928,14 @@ func (w *world) draDeleteWhileDown() {
 }
 
 func (w *world) draDeleteDown(c *draClaim) {
+	if pod := c.pod; pod != nil {
+		// The pod goes too, its stop missed by the plugin.
+		ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
+		_ = w.nodes[c.node].nri.rt.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: pod.sandbox()})
+		cancel()
+		w.podGone(pod, true)
+		c.pod = nil
+	}
 	w.draDelete(c)
 	delete(w.claims, c.uid)
 	w.collect[c.uid] = &draGone{name: c.name, node: c.node}
@@ -894,11 +977,11 @@ func (w *world) checkClaims(all map[netip.Addr]held) {
 		switch c.state {
 		case claimPrepared:
 			if len(ips) != 1 || ips[0] != c.ip || all[c.ip].node != c.node {
-				w.fail("%s is prepared, but the stores hold %v under its UID", c, ips)
+				w.violation("prepared-holds", "%s is prepared, but the stores hold %v under its UID", c, ips)
 			}
 		case claimPending:
 			if len(ips) != 0 {
-				w.fail("%s is not prepared (never, refused or unprepared), but the stores hold %v under its UID", c, ips)
+				w.violation("pending-holds", "%s is not prepared (never, refused or unprepared), but the stores hold %v under its UID", c, ips)
 			}
 		}
 	}
@@ -929,7 +1012,8 @@ func (w *world) checkClaims(all map[netip.Addr]held) {
 		_, known := w.claims[types.UID(h.cid)]
 		_, gone := w.collect[types.UID(h.cid)]
 		if !known && !gone {
-			w.fail("%s holds %s (%s %s) for a claim that was unprepared and deleted, or never existed", w.nodes[h.node].name, ip, h.pool, h.rec)
+			w.violation("held-for-gone-claim", "%s holds %s (%s %s) for a claim that was unprepared and deleted, or never existed",
+				w.nodes[h.node].name, ip, h.pool, h.rec)
 		}
 	}
 	list, err := w.cp.Clientset.ResourceV1().ResourceClaims(namespace).List(w.ctx, metav1.ListOptions{})
@@ -949,7 +1033,7 @@ func (w *world) checkClaims(all map[netip.Addr]held) {
 			}
 		case claimPending:
 			if len(ips) != 0 {
-				w.fail("%s is not prepared, but its status shows %v", c, ips)
+				w.violation("status-of-unprepared", "%s is not prepared, but its status shows %v", c, ips)
 			}
 		}
 	}
@@ -1005,6 +1089,7 @@ func (w *world) draFinal() {
 		time.Sleep(500 * time.Millisecond)
 	}
 	w.draFinalCollect()
+	w.portsFinal()
 	for _, uid := range sortedKeys(claimKeys(w.claims)) {
 		if c := w.claims[types.UID(uid)]; c.state == claimPrepared {
 			w.draPrepare(c)
@@ -1016,6 +1101,12 @@ func (w *world) draFinal() {
 	w.check()
 	for _, uid := range sortedKeys(claimKeys(w.claims)) {
 		c := w.claims[types.UID(uid)]
+		if c.pod != nil {
+			if !w.nriConnected(c.node, 30*time.Second) {
+				w.fail("the NRI plugin of %s did not connect within 30s of everything being up", w.nodes[c.node].name)
+			}
+			w.podStop(c, false)
+		}
 		deadline := time.Now().Add(30 * time.Second)
 		for !w.draUnprepare(c) {
 			if time.Now().After(deadline) {
@@ -1027,5 +1118,6 @@ func (w *world) draFinal() {
 		delete(w.claims, c.uid)
 	}
 	w.check()
+	w.portsFinal()
 	w.tracef("every claim unprepared and deleted")
 }

@@ -86,6 +86,9 @@ type attachment struct {
 	net         network
 	containerID string
 	ip          netip.Addr
+	// master is the port its configuration names (a macvlan NAD's master),
+	// "" for none.
+	master string
 }
 
 func (a attachment) String() string {
@@ -110,6 +113,12 @@ type simNode struct {
 	kubeletDir string
 	draConn    *grpc.ClientConn
 	dra        drapb.DRAPluginClient
+	// hostNS is the node's host network namespace (its ports, veths named
+	// as the tree's netdevs), wireNS holds their peers, nri is its
+	// container runtime's NRI side (attach_test.go).
+	hostNS, wireNS string
+	ports          []*hostPort
+	nri            *nriNode
 }
 
 type world struct {
@@ -156,6 +165,16 @@ type world struct {
 	outages, draOutageTried int
 	// draRestartedAPIDown says that draRestartAPIDown has run.
 	draRestartedAPIDown bool
+	// nextPod numbers pod namespaces; draSlowDone says that draSlowPrepare
+	// has run (once a seed: it takes seconds).
+	nextPod     int
+	draSlowDone bool
+	// sharedBeforePolicyDone says that draSharedClaim has shared a claim
+	// past the policy once (it restarts a daemon: once a seed at most).
+	sharedBeforePolicyDone bool
+	// violations counts issue 36's broken invariants by kind, with
+	// HWIPAM_SYSTEM_REPORT=1 (see violation).
+	violations map[string]int
 }
 
 // namedLog is the output of one process the test started.
@@ -577,6 +596,9 @@ func (w *world) run(steps int) {
 		w.checkHonestBlocks()
 	}
 	w.t.Logf("seed %d: %d steps, actions %v", w.seed, steps, w.counts)
+	if len(w.violations) > 0 {
+		w.t.Errorf("seed %d: broken invariants (HWIPAM_SYSTEM_REPORT=1 went on past them), by kind: %v", w.seed, w.violations)
+	}
 }
 
 // ---- CNI actions through the plugin binary ----
@@ -589,6 +611,9 @@ func (w *world) call(cmd string, a attachment, extra map[string]any) ([]byte, er
 		ipam["poolType"] = "cidrpool"
 	}
 	conf := map[string]any{"cniVersion": "1.1.0", "name": a.net.name, "type": "system-test", "ipam": ipam}
+	if a.master != "" {
+		conf["master"] = a.master
+	}
 	for k, v := range extra {
 		conf[k] = v
 	}
@@ -1197,5 +1222,6 @@ func (w *world) check() {
 	}
 	if w.dra {
 		w.checkClaims(all)
+		w.checkPorts()
 	}
 }
