@@ -214,7 +214,11 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	if err := CheckConfigTargets(claim.Status.Allocation); err != nil {
 		return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
-	if err := p.checkInterfaceNames(claim, pod, p.Inventory(), st); err != nil {
+	// One scan of the NICs for the whole prepare: a slow sysfs (up to 10 s)
+	// is waited for once. The ports of prepared claims keep their host
+	// netdevs while in their pods.
+	inv := WithPreparedNetdevs(p.Inventory(), PreparedNetdevs(st.Claims))
+	if err := p.checkInterfaceNames(claim, pod, inv, st); err != nil {
 		return nil, err
 	}
 	pc := PreparedClaim{Namespace: claim.Namespace, Name: claim.Name, PodName: pod.name, PodUID: pod.uid, State: PrepareStarted}
@@ -223,7 +227,7 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 		// resolved again (a changed label would take a second address).
 		pc.Devices = plan(prev.Devices)
 	} else {
-		plans, err := p.plan(claim, st)
+		plans, err := p.plan(claim, inv)
 		if err != nil {
 			return nil, err
 		}
@@ -278,9 +282,8 @@ func plan(devs []PreparedDevice) []PreparedDevice {
 }
 
 // plan resolves every device of this driver in the claim: its port, its
-// interface name and its pools. It allocates nothing.
-func (p *Preparer) plan(claim *resourceapi.ResourceClaim, st *Checkpoint) ([]PreparedDevice, error) {
-	inv := WithPreparedNetdevs(p.Inventory(), PreparedNetdevs(st.Claims))
+// interface name and its pools, from the inventory inv. It allocates nothing.
+func (p *Preparer) plan(claim *resourceapi.ResourceClaim, inv *nicdiscovery.Inventory) ([]PreparedDevice, error) {
 	byRail := rails.PFRails(inv, p.Rails)
 	var out []PreparedDevice
 	for _, r := range claim.Status.Allocation.Devices.Results {
