@@ -358,7 +358,8 @@ func show(ctx context.Context, c *realnode.Cluster, pods []string) error {
 		"  kubectl -n kube-system exec ds/hwipam-node -c ipam-node -- /ipamctl allocations\n\n"+
 		"  # ipamctl on the host (make build), with the demo's paths under %s:\n"+
 		"  bin/ipamctl check --cluster --socket unix://%s --store-file %s \\\n"+
-		"    --cni-bin-dir %s --cni-conf-dir %s\n"+
+		"    --cni-bin-dir %s --cni-conf-dir %s \\\n"+
+		"    --netns-dir %s\n"+
 		"  bin/ipamctl pools --cluster\n\n"+
 		"  # a pool, a NAD that names it, a NAD that picks its pool by rail, and a pod with both\n"+
 		"  # (every NAD on this node needs \"confDir\": %q):\n"+
@@ -366,7 +367,7 @@ func show(ctx context.Context, c *realnode.Cluster, pods []string) error {
 		"  kubectl wait --for=condition=Ready pod/try-a && kubectl exec try-a -- ip -4 -o addr show\n\n"+
 		"Stop it with: make demo-down\n",
 		c.Kubeconfig, c.Bin, dir, filepath.Join(state, "daemon.sock"), filepath.Join(state, "store"),
-		c.CNIBinDir, confDir, confDir, tryFile)
+		c.CNIBinDir, confDir, filepath.Join(c.Dir, "containerd", "state", "io.containerd.grpc.v1.cri", "netns"), confDir, tryFile)
 	return nil
 }
 

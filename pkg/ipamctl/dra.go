@@ -389,6 +389,16 @@ func checkNetdev(c *checker, links *linkFinder, subject string, pc nicdra.Prepar
 		c.add(SeverityInfo, "claim", subject, fmt.Sprintf("%s is not on the host: presumably in pod %s (%s)", what, pod, why), "")
 		return
 	}
+	if links.read == 0 {
+		// The directories are there but hold no namespace: the runtime keeps
+		// its pods' elsewhere. Nothing was searched, so nothing is known.
+		c.add(SeverityWarning, "claim", subject, fmt.Sprintf("%s is not on the host, and ipamctl searched no network namespace "+
+			"(%s hold none): it cannot tell whether pod %s has it", what, strings.Join(links.dirs, ", "), pod),
+			"give --netns-dir the directory where the runtime keeps its pods' network namespaces (containerd: "+
+				"<its state dir>/io.containerd.grpc.v1.cri/netns; `ip netns identify <pid of the pod's process>` or "+
+				"`findmnt -t nsfs` show it)")
+		return
+	}
 	c.add(SeverityError, "claim", subject, fmt.Sprintf("%s is neither on the host nor in any of the %d network namespace(s) under %s: "+
 		"pod %s has no such interface", what, links.read, strings.Join(links.dirs, ", "), pod),
 		"`ip -all netns exec ip -br link` lists every namespace's links; a port whose driver was unbound or reset loses its netdev: "+

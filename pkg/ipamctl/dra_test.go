@@ -322,6 +322,21 @@ func TestCheckDRA(t *testing.T) {
 	wantFinding(t, "no namespaces seen", r, ipamctl.SeverityInfo, "is not on the host: presumably in pod ml/trainer-0 (ipamctl sees none of "+
 		filepath.Join(n.dir, "no-netns"))
 
+	// Directories that hold no namespace (a runtime that keeps its pods'
+	// elsewhere): nothing searched, a warning that names the flag, not an
+	// error that the pod lacks the interface.
+	empty := filepath.Join(n.dir, "empty-netns")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, code = checkRun(t, "--socket", n.sock, "--netns-dir", empty)
+	wantFinding(t, "no namespace searched", r, ipamctl.SeverityWarning, "ipamctl searched no network namespace ("+empty+" hold none)")
+	for _, f := range r.Findings {
+		if f.Check == "claim" && f.Severity == ipamctl.SeverityError {
+			t.Errorf("no namespace searched: an error %q", f.Message)
+		}
+	}
+
 	// Gone: neither on the host nor in any namespace.
 	run("ip", "-n", pod.Name, "link", "del", "net1")
 	r, code = checkRun(t, "--socket", n.sock, "--netns-dir", "/run/netns")
