@@ -7,35 +7,25 @@ import (
 	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/hwipam/hwipam/pkg/nicdra"
-	"github.com/hwipam/hwipam/test/harness"
 )
 
 // The claim's status gets networkData and data for this driver's device, on a
 // real API server, beside another driver's entry, which stays as that driver
 // wrote it; applying again changes nothing.
 func TestApplyClaimStatus(t *testing.T) {
-	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
-	cs, err := kubernetes.NewForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, cs := controlPlane(t)
 	ctx := t.Context()
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ml"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "pair", Namespace: "ml"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
 			{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.nvidia.com"}},
 			{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "nic.hwipam.io"}},
 		}}}}
-	claim, err = cs.ResourceV1().ResourceClaims("ml").Create(ctx, claim, metav1.CreateOptions{})
+	claim, err := cs.ResourceV1().ResourceClaims("ml").Create(ctx, claim, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -699,13 +699,7 @@ func (w *world) draMissedStop() {
 	w.counts["dra-missed-stop"]++
 	w.tracef("%s's pod stopped while ipam-node on %s was down", c, n.name)
 	w.startDaemon(c.node)
-	deadline := time.Now().Add(30 * time.Second)
-	for !w.draUnprepare(c) {
-		if time.Now().After(deadline) {
-			w.fail("unprepare of %s after a missed stop keeps failing", c)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	w.unprepareUntilDone(c, "after a missed stop")
 	ctx, cancel = context.WithTimeout(w.ctx, 30*time.Second)
 	_ = n.nri.rt.RemovePodSandbox(ctx, &api.RemovePodSandboxRequest{Pod: pod.sandbox()})
 	cancel()
@@ -851,21 +845,11 @@ func (w *world) tryReserve(c *draClaim, change func([]resourceapi.ResourceClaimC
 	return nil
 }
 
-// reserve changes the claim's reservedFor.
+// reserve changes the claim's reservedFor; a refusal fails the test.
 func (w *world) reserve(c *draClaim, change func([]resourceapi.ResourceClaimConsumerReference) []resourceapi.ResourceClaimConsumerReference) {
-	rc := w.cp.Clientset.ResourceV1().ResourceClaims(namespace)
-	for range 10 {
-		claim, err := rc.Get(w.ctx, c.name, metav1.GetOptions{})
-		if err != nil {
-			w.fail("reading claim %s: %v", c.name, err)
-		}
-		claim.Status.ReservedFor = change(claim.Status.ReservedFor)
-		if _, err = rc.UpdateStatus(w.ctx, claim, metav1.UpdateOptions{}); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond) // a conflict with the driver's status write
+	if err := w.tryReserve(c, change); err != nil {
+		w.fail("changing claim %s's reservedFor: %v", c.name, err)
 	}
-	w.fail("changing claim %s's reservedFor keeps conflicting", c.name)
 }
 
 // cniMasterAdd is a NAD whose CNI configuration names a port of the node as
@@ -1016,13 +1000,7 @@ func (w *world) draKillDuringPrepare() {
 		w.draPrepare(c)
 		return
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !w.draUnprepare(c) {
-		if time.Now().After(deadline) {
-			w.fail("unprepare of %s after a kill during its prepare keeps failing", c)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	w.unprepareUntilDone(c, "after a kill during its prepare")
 	w.draDelete(c)
 	delete(w.claims, c.uid)
 	w.tracef("delete %s", c)
@@ -1124,4 +1102,17 @@ func (w *world) draSlowPrepare() {
 	nc.state = claimUncertain
 	w.tracef("the slow prepare of %s returned after %s: %v", nc, time.Since(began).Round(time.Millisecond), err)
 	w.draPrepare(nc)
+}
+
+// unprepareUntilDone unprepares the claim as the kubelet does, again until it
+// succeeds; one that keeps failing for 30 s fails the test (when says after
+// what).
+func (w *world) unprepareUntilDone(c *draClaim, when string) {
+	deadline := time.Now().Add(30 * time.Second)
+	for !w.draUnprepare(c) {
+		if time.Now().After(deadline) {
+			w.fail("unprepare of %s %s keeps failing", c, when)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }

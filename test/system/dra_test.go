@@ -1107,13 +1107,7 @@ func (w *world) draFinal() {
 			}
 			w.podStop(c, false)
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for !w.draUnprepare(c) {
-			if time.Now().After(deadline) {
-				w.fail("unprepare of %s keeps failing with everything up", c)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		w.unprepareUntilDone(c, "with everything up")
 		w.draDelete(c)
 		delete(w.claims, c.uid)
 	}
