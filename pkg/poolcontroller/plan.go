@@ -1,6 +1,7 @@
 package poolcontroller
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -97,8 +98,12 @@ const retiredRequeue = time.Second
 //   - no node gets a block overlapping a range another node may still hold
 //     addresses in (Held, and blocks released or replaced in this reconcile) or
 //     a Foreign range;
-//   - selected nodes without a block get the lowest free usable block, in name
-//     order, so that exhaustion is deterministic.
+//   - selected nodes without a block, in name order, get the lowest free usable
+//     block that overlaps what their own daemon holds in the pool (its orphans,
+//     a block it lost), or else the lowest usable block no node holds anything
+//     in; so exhaustion is deterministic, a node that holds much of the pool is
+//     not starved by the nodes before it, and a node that leaves and rejoins a
+//     pool gets back a block it holds rather than accumulating new ones.
 func makePlan(in planInput) plan {
 	var out plan
 	// Sized for every node up front: grown one by one, these maps were rehashed
@@ -133,6 +138,31 @@ func makePlan(in planInput) plan {
 			}
 		}
 		return true
+	}
+	// own finds, for node n, the lowest usable block not taken that overlaps a
+	// range n's daemon holds and is free for n (at most maxOwnScan blocks looked
+	// at per held range: a node holds a few ranges of about a block each).
+	own := func(n string) (uint64, bool) {
+		best, found := uint64(0), false
+		for _, r := range held[n] {
+			i := blockAt(in.Layout, r.Start)
+			for scanned := 0; scanned < maxOwnScan && (!found || i < best); scanned++ {
+				next, ok := in.Layout.NextUsable(i)
+				if !ok || (found && next >= best) {
+					break
+				}
+				b := in.Layout.Block(next)
+				if r.End.Less(b.Start) {
+					break
+				}
+				if !taken[next] && free(n, b) {
+					best, found = next, true
+					break
+				}
+				i = next + 1
+			}
+		}
+		return best, found
 	}
 	keep := make([]assignment, 0, size)
 	for _, a := range in.Existing {
@@ -209,6 +239,14 @@ func makePlan(in planInput) plan {
 			out.Unassigned = append(out.Unassigned, n)
 			continue
 		}
+		if i, ok := own(n); ok {
+			keep = append(keep, assignment{Node: n, Index: i})
+			taken[i], have[n] = true, true
+			continue
+		}
+		// The shared search position passes only blocks that are taken or that
+		// some node holds something in (or another pool): those stay unusable for
+		// every later node but the one holding them, which looked at them above.
 		found := false
 		for {
 			next, ok := in.Layout.NextUsable(cursor)
@@ -216,7 +254,7 @@ func makePlan(in planInput) plan {
 				break
 			}
 			cursor = next
-			if !taken[cursor] && free(n, in.Layout.Block(cursor)) {
+			if !taken[cursor] && free("", in.Layout.Block(cursor)) {
 				found = true
 				break
 			}
@@ -245,6 +283,25 @@ func makePlan(in planInput) plan {
 	slices.Sort(out.Replaced)
 	out.Replaced = slices.Compact(out.Replaced)
 	return out
+}
+
+// maxOwnScan bounds how many blocks the planner looks at per range a node holds
+// when it looks for a block overlapping them.
+const maxOwnScan = 4096
+
+// blockAt returns the index of the first block of the layout that ends at or
+// after a (Count when none does): blocks lie in address order.
+func blockAt(l blocks.Layout, a netip.Addr) uint64 {
+	lo, hi := uint64(0), l.Count()
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if l.Block(mid).End.Less(a) {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
 }
 
 func overlapsAny(r iprange.Range, rs []iprange.Range) bool {

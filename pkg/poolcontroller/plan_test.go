@@ -9,6 +9,7 @@ import (
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/blocks"
+	"github.com/hwipam/hwipam/pkg/iprange"
 )
 
 // TestPlanInvariantsRandomized drives makePlan through random sequences of node
@@ -57,8 +58,47 @@ func TestPlanInvariantsRandomized(t *testing.T) {
 			for _, a := range existing {
 				prev[a.Node] = a.Index
 			}
+			// What daemons hold outside their blocks (orphans, blocks they lost)
+			// and what other pools hold: now and then, a few random ranges.
+			heldIn := map[string][]iprange.Range{}
+			var foreign []iprange.Range
+			randomRange := func() iprange.Range {
+				s, _ := iprange.Add(layout.Range().Start, iprange.U64(uint64(rng.IntN(64))))
+				e, _ := iprange.Add(s, iprange.U64(uint64(rng.IntN(12))))
+				if layout.Range().End.Less(e) {
+					e = layout.Range().End
+				}
+				return iprange.Range{Start: s, End: e}
+			}
+			for range rng.IntN(4) {
+				n := fmt.Sprintf("n%02d", rng.IntN(24))
+				heldIn[n] = append(heldIn[n], randomRange())
+			}
+			if rng.IntN(4) == 0 {
+				foreign = append(foreign, randomRange())
+			}
 			out := makePlan(planInput{Layout: layout, Existing: existing, Selected: selected, Nodes: nodes,
-				Departed: departed, Now: now, Grace: grace})
+				Departed: departed, Now: now, Grace: grace, Held: heldIn, Foreign: foreign})
+			// What no other node may get a block over after this plan: the
+			// held ranges, and the blocks taken in it.
+			heldAfter := map[string][]iprange.Range{}
+			for n, rs := range heldIn {
+				heldAfter[n] = slices.Clone(rs)
+			}
+			for _, m := range out.Taken {
+				heldAfter[m.Node] = append(heldAfter[m.Node], m.Range)
+			}
+			freeFor := func(n string, b iprange.Range) bool {
+				if overlapsAny(b, foreign) {
+					return false
+				}
+				for m, rs := range heldAfter {
+					if m != n && overlapsAny(b, rs) {
+						return false
+					}
+				}
+				return true
+			}
 
 			ctx := fmt.Sprintf("seed %d step %d", seed, step)
 			seenNode, seenIdx := map[string]bool{}, map[uint64]string{}
@@ -77,6 +117,9 @@ func TestPlanInvariantsRandomized(t *testing.T) {
 					t.Fatalf("%s: node %s moved from block %d to %d", ctx, a.Node, old, a.Index)
 				}
 				if !had(prev, a.Node) {
+					if !freeFor(a.Node, layout.Block(a.Index)) {
+						t.Fatalf("%s: node %s got block %d over what another node or pool holds", ctx, a.Node, a.Index)
+					}
 					for _, r := range out.Released {
 						if prev[r] == a.Index {
 							t.Fatalf("%s: block %d released from %s and handed to %s in one reconcile", ctx, a.Index, r, a.Node)
@@ -94,16 +137,53 @@ func TestPlanInvariantsRandomized(t *testing.T) {
 					t.Fatalf("%s: node %s lost block %d while its daemon reports the pool in use", ctx, n, old)
 				}
 			}
-			if len(out.Unassigned) > 0 && len(out.Released) == 0 {
-				// Exhaustion must be real: no usable free block left.
+			// Exhaustion must be real: no usable block left that is free for
+			// the node left without one (its own held ranges do not count
+			// against it: a node that holds much of the pool is not starved).
+			for _, n := range out.Unassigned {
 				for i := range layout.Count() {
-					if _, used := seenIdx[i]; !used && layout.Usable(i) {
-						t.Fatalf("%s: %v left without a block while block %d is free", ctx, out.Unassigned, i)
+					if _, used := seenIdx[i]; !used && layout.Usable(i) && freeFor(n, layout.Block(i)) {
+						t.Fatalf("%s: %s left without a block while block %d is free for it (held %v)", ctx, n, i, heldIn)
+					}
+				}
+			}
+			// A node that holds addresses in the pool gets a block over them
+			// when one is free for it, not a new range besides them.
+			for _, a := range out.Assignments {
+				if had(prev, a.Node) || overlapsAny(layout.Block(a.Index), heldIn[a.Node]) {
+					continue
+				}
+				for i := range layout.Count() {
+					b := layout.Block(i)
+					if _, used := seenIdx[i]; !used && layout.Usable(i) && overlapsAny(b, heldIn[a.Node]) && freeFor(a.Node, b) {
+						t.Fatalf("%s: %s got block %d beside what it holds (%v) while block %d over it is free",
+							ctx, a.Node, a.Index, heldIn[a.Node], i)
 					}
 				}
 			}
 			existing = out.Assignments
 		}
+	}
+}
+
+// A node whose daemon holds every address of the pool (its old block was the
+// whole pool) was starved: the nodes before it in name order moved the plan's
+// shared search position past every block, all of them held by it, and it got
+// none, though its new block may overlap what it holds itself.
+func TestPlanDoesNotStarveANodeByItsOwnHolds(t *testing.T) {
+	layout, err := blocks.NewIPPool(&v1alpha1.IPPoolSpec{Subnet: "10.0.0.0/28", PerNodeBlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := layout.Range()
+	nodes := map[string]nodeState{"a": {Exists: true, Selected: true}, "b": {Exists: true, Selected: true}}
+	out := makePlan(planInput{Layout: layout, Selected: []string{"a", "b"}, Nodes: nodes, Departed: map[string]time.Time{},
+		Held: map[string][]iprange.Range{"b": {whole}}})
+	if len(out.Assignments) != 1 || out.Assignments[0] != (assignment{Node: "b", Index: 0}) {
+		t.Errorf("assignments %+v, want b alone with block 0 (a waits: b holds the whole pool)", out.Assignments)
+	}
+	if !slices.Equal(out.Unassigned, []string{"a"}) {
+		t.Errorf("unassigned %v, want [a]", out.Unassigned)
 	}
 }
 
