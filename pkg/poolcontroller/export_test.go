@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+
+	"github.com/hwipam/hwipam/pkg/iprange"
 )
 
 // DecodeMemory returns the reports a MemoryAnnotation value keeps, by node.
@@ -45,4 +47,16 @@ func (m *Memory) Nodes() []string {
 func DecodePayload(value string) (string, error) {
 	payload, _, err := decodeMemory(value)
 	return payload, err
+}
+
+// Grants returns what the memory counts as given to node in the pool with key
+// (its block in status and its grants), merged, as ranges.
+func (m *Memory) Grants(key, node string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, r := range iprange.Merge(m.grantsOf(node, key)) {
+		out = append(out, r.String())
+	}
+	return out
 }

@@ -99,15 +99,24 @@ type Memory struct {
 	given map[string]map[string][]grant
 	pools map[string]knownPool
 	// trustFirst: the memory has no grants to check reports against (no Lease,
-	// or one written before grants were kept): each pool's first reconcile
-	// adopts its reports (see adopt). seen: the pools reconciled in this
+	// or one written before grants were kept): the first reconcile of each pool
+	// that existed when the controller started adopts the reports the Nodes
+	// showed then (see adoptReports). seen: the pools reconciled in this
 	// process; adoptPending: pools whose reports are to be adopted, with the
 	// network that bounds them.
 	trustFirst   bool
 	seen         map[string]bool
 	adoptPending map[string]iprange.Range
 	goneChecked  bool
-	listed       map[string]bool // the pools that existed when goneChecked was set
+	// listed: the pools that existed when goneChecked was set, by key, with
+	// their UIDs: only those may adopt reports.
+	listed map[string]types.UID
+	// atStart: the reports as the first reconcile after the memory was loaded
+	// found them (the Nodes' and the Lease's), which is all that adoption
+	// takes; a report written later counts only within grants. nil before that
+	// reconcile and once nothing is left to adopt (adoptOver).
+	atStart   map[string]seenReport
+	adoptOver bool
 	// flags: per node, the ignored parts of its current report already reported.
 	flags   map[string]map[string]bool
 	version uint64 // bumped by every change the payload depends on
@@ -213,7 +222,7 @@ func (m *Memory) init() {
 		m.seen = map[string]bool{}
 		m.adoptPending = map[string]iprange.Range{}
 		m.flags = map[string]map[string]bool{}
-		m.listed = map[string]bool{}
+		m.listed = map[string]types.UID{}
 	}
 }
 
@@ -244,6 +253,11 @@ func (m *Memory) read(ctx context.Context, now time.Time) error {
 	for node, raw := range kept.Reports {
 		if _, ok := m.reports[node]; !ok {
 			m.reports[node] = newReport(raw, now, false)
+			if m.atStart != nil {
+				// Read after the first reconcile (the Lease was forbidden
+				// then): what a controller kept is adopted with the rest.
+				m.atStart[node] = m.reports[node]
+			}
 		}
 	}
 	for pool, rs := range kept.Reserved {
@@ -268,7 +282,17 @@ func (m *Memory) read(ctx context.Context, now time.Time) error {
 				m.adoptPending[key] = network
 			}
 		}
-		m.adoptReports(now)
+		if m.adoptOver {
+			// Past the start: only what that controller kept, never a report
+			// written since.
+			fromLease := make(map[string]seenReport, len(kept.Reports))
+			for node, raw := range kept.Reports {
+				fromLease[node] = newReport(raw, now, false)
+			}
+			m.adoptFrom(fromLease, now)
+		} else {
+			m.adoptReports(now)
+		}
 	}
 	m.saved, m.unread = payload, false
 	m.version++
@@ -288,7 +312,11 @@ func (m *Memory) reportsFor(nodes []client.Object, now time.Time, grace time.Dur
 	defer m.mu.Unlock()
 	m.init()
 	m.lastReports(nodes, now, grace)
+	if m.atStart == nil && !m.adoptOver {
+		m.atStart = maps.Clone(m.reports)
+	}
 	m.adoptReports(now)
+	m.endAdoption()
 	m.pruneGrants(now, grace)
 	return m.readReports(key, network)
 }

@@ -179,7 +179,7 @@ func (m *Memory) count(node string, rep seenReport, key string) (counted, string
 		return c, ""
 	}
 	if len(grants) == 0 {
-		if _, reconciled := m.status[key]; !reconciled && m.listed[key] {
+		if _, listed := m.listed[key]; listed && !m.reconciled(key) {
 			// A pool not reconciled yet in this process: its blocks are not
 			// known, and its status keeps them from other pools meanwhile.
 			return c, ""
@@ -376,12 +376,14 @@ func (m *Memory) retireLocked(key string, taken []misfit, now time.Time) bool {
 
 // know records the pool with key as the controller sees it in a reconcile. A
 // memory without grants (see trustFirst) adopts the reports of a pool at its
-// first reconcile in this process.
+// first reconcile in this process, if the pool existed when the controller
+// started: of a pool created since, every block is one this controller gave,
+// and a report of it counts only within those.
 func (m *Memory) know(key string, uid types.UID, network iprange.Range) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.init()
-	if m.trustFirst && !m.seen[key] {
+	if m.trustFirst && !m.seen[key] && !m.adoptOver && m.listed[key] == uid {
 		m.adoptPending[key] = network
 	}
 	m.seen[key] = true
@@ -428,7 +430,7 @@ func (m *Memory) checkGone(pools []pool) {
 	existing := make(map[string]types.UID, len(pools))
 	for _, p := range pools {
 		existing[p.storeKey()] = p.object().GetUID()
-		m.listed[p.storeKey()] = true
+		m.listed[p.storeKey()] = p.object().GetUID()
 	}
 	for key, kp := range m.pools {
 		if kp.Gone || existing[key] == kp.UID {
@@ -445,12 +447,24 @@ func (m *Memory) checkGone(pools []pool) {
 	}
 }
 
-// adoptReports makes grants of what the nodes report in the pools waiting for it
-// (see know, checkGone), within the network recorded for each; with mu held.
+// adoptReports makes grants of what the nodes reported when the controller
+// started (atStart; m.reports before the first reconcile) in the pools waiting
+// for it (see know, checkGone), within the network recorded for each; with mu
+// held.
 func (m *Memory) adoptReports(now time.Time) {
+	from := m.atStart
+	if from == nil {
+		from = m.reports
+	}
+	m.adoptFrom(from, now)
+}
+
+// adoptFrom adopts, for the pools waiting for it, what the reports from say;
+// with mu held.
+func (m *Memory) adoptFrom(from map[string]seenReport, now time.Time) {
 	for key, network := range m.adoptPending {
 		adopted := 0
-		for node, rep := range m.reports {
+		for node, rep := range from {
 			h, ok := rep.parsed[key]
 			if !ok {
 				continue
@@ -483,6 +497,30 @@ func (m *Memory) adoptReports(now time.Time) {
 		}
 		delete(m.adoptPending, key)
 	}
+}
+
+// endAdoption drops the reports kept for adoption once nothing is left to
+// adopt: every pool listed at the start has had its first reconcile (or
+// adopts nothing) and none waits; with mu held.
+func (m *Memory) endAdoption() {
+	if m.adoptOver || !m.goneChecked || len(m.adoptPending) > 0 {
+		return
+	}
+	if m.trustFirst {
+		for key := range m.listed {
+			if !m.seen[key] {
+				return
+			}
+		}
+	}
+	m.atStart, m.adoptOver = nil, true
+}
+
+// reconciled tells whether a reconcile of the pool with key recorded its
+// blocks in this process; with mu held.
+func (m *Memory) reconciled(key string) bool {
+	_, ok := m.status[key]
+	return ok
 }
 
 func clipAll(rs []iprange.Range, network iprange.Range) []iprange.Range {

@@ -3,6 +3,9 @@ package poolcontroller_test
 import (
 	"math/rand/v2"
 	"net/netip"
+	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -202,5 +205,135 @@ func TestOversizedReportDoesNotFillTheMemory(t *testing.T) {
 	}
 	if r, err := iprange.ParseRange(got); err != nil || r.Contains(netip.MustParseAddr("10.100.0.7")) {
 		t.Errorf("c got block %q, want one clear of a's orphan 10.100.0.7", got)
+	}
+}
+
+// Issue 38, window 1: a controller with no grants to check reports against (a
+// fresh install, its Lease deleted or not readable) adopted the first report of
+// every pool as written for as long as it ran, not only at its start. Tried by
+// hand: node evil forged a hold over pool p2 before p2 existed; p2 was created,
+// and none of the four nodes got a block. Now a pool created after the start
+// adopts nothing: its every block is one this controller gave.
+func TestForgedReportOfAPoolCreatedLaterTakesNothing(t *testing.T) {
+	for _, lease := range []bool{true, false} {
+		t.Run(map[bool]string{true: "no-lease-yet", false: "memory-only"}[lease], func(t *testing.T) {
+			f := newFixture(t, time.Minute)
+			for _, n := range []string{"a", "b", "c", "d"} {
+				f.node(n, true, nil)
+			}
+			f.node("evil", false, nil)
+			f.newIPPool("p1", "10.101.0.0/24", 8, nil)
+			r, _ := f.restarted(lease)
+			r.Recorder = f.recorder
+			f.reconcile(r, "p1")
+			wantStrings(t, "blocks of p1", f.blocksOf(f.ipPool("p1")),
+				[]string{"a=10.101.0.1-10.101.0.8", "b=10.101.0.9-10.101.0.16", "c=10.101.0.17-10.101.0.24", "d=10.101.0.25-10.101.0.32"})
+			f.reportRaw("evil", `{"p2":{"block":"10.102.0.0-10.102.0.255","held":["10.102.0.0-10.102.0.255"]},`+
+				`"p1":{"held":["10.101.0.0-10.101.0.255"]}}`)
+			f.newIPPool("p2", "10.102.0.0/24", 8, nil)
+			f.reconcile(r, "p2")
+			wantStrings(t, "blocks of p2", f.blocksOf(f.ipPool("p2")),
+				[]string{"a=10.102.0.1-10.102.0.8", "b=10.102.0.9-10.102.0.16", "c=10.102.0.17-10.102.0.24", "d=10.102.0.25-10.102.0.32"})
+			f.wantIgnoredEvent("evil", `reports pool "p2", in which the controller never gave it a block`)
+			// p1 existed at the start, before the report: nothing of it is
+			// adopted either; a new node gets the next block.
+			f.node("e", true, nil)
+			f.reconcile(r, "p1")
+			if got := f.blocksOf(f.ipPool("p1")); !slices.Contains(got, "e=10.101.0.33-10.101.0.40") {
+				t.Errorf("blocks of p1 after e joined: %v, want e=10.101.0.33-10.101.0.40", got)
+			}
+			// Re-created while this controller runs: still nothing.
+			if err := f.c.Delete(t.Context(), f.ipPool("p2")); err != nil {
+				t.Fatal(err)
+			}
+			f.reconcile(r, "p2")
+			f.newIPPool("p2", "10.102.0.0/24", 8, nil)
+			f.reconcile(r, "p2")
+			if got := f.blocksOf(f.ipPool("p2")); len(got) != 5 {
+				t.Errorf("blocks of the re-created p2: %v, want one for each of a-e", got)
+			}
+		})
+	}
+}
+
+// What is left of window 1, and its bound: a report present when a controller
+// without grants starts, for a pool that exists then, is adopted within the
+// pool's network (an honest daemon's orphans are kept: no address twice); the
+// same node's later reports count only within what it was given then.
+func TestReportsAdoptedOnlyAsTheyStoodAtTheStart(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.node("a", true, nil)
+	f.node("o", false, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"held":["10.104.0.3"]}}`})
+	f.newIPPool("p", "10.104.0.0/24", 4, nil)
+	r, mem := f.restarted(false)
+	f.reconcile(r, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"a=10.104.0.5-10.104.0.8"})
+	wantStrings(t, "o's grants", mem.Grants(f.storeKey("p"), f.nodeName("o")), []string{"10.104.0.3-10.104.0.3"})
+	// o now claims the whole pool: only its adopted orphan counts.
+	f.reportRaw("o", `{"p":{"held":["10.104.0.0-10.104.0.255"]}}`)
+	f.node("b", true, nil)
+	f.reconcile(r, "p")
+	wantStrings(t, "blocks after b joined", f.blocksOf(f.ipPool("p")), []string{"a=10.104.0.5-10.104.0.8", "b=10.104.0.9-10.104.0.12"})
+	wantStrings(t, "o's grants", mem.Grants(f.storeKey("p"), f.nodeName("o")), []string{"10.104.0.3-10.104.0.3"})
+}
+
+func (f *fixture) storeKey(pool string) string { return v1alpha1.PoolKey(v1alpha1.KindIPPool, pool) }
+
+// Issue 38, window 3: grants accumulated. A node that leaves a pool and joins it
+// again (a compromised daemon can change its own nic.hwipam.io labels) got the
+// lowest free block, not the one it still held, and kept both while its report
+// claimed them: cycle by cycle it could take the pool. Now a node that holds
+// addresses in the pool gets a block over them when one is free for it, so what
+// it counts for stays one block. Randomised, with honest nodes joining and
+// leaving around it; the seed is printed.
+func TestGrantsDoNotAccumulateWhileANodeComesAndGoes(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("HWIPAM_TEST_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("seed %d (replay: HWIPAM_TEST_SEED=%d)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, 38))
+	f := newFixture(t, time.Minute)
+	honest := []string{"a", "b", "c", "d", "e"}
+	on := map[string]bool{}
+	for _, n := range honest {
+		on[n] = rng.IntN(2) == 0
+		f.node(n, on[n], nil)
+	}
+	f.node("h", true, nil)
+	on["h"] = true
+	f.newIPPool("p", "10.105.0.0/26", 4, nil)
+	r, mem := f.restarted(true)
+	f.reconcile(r, "p")
+	// h claims every address of the pool, whatever it was given.
+	f.reportRaw("h", `{"p":{"held":["10.105.0.0-10.105.0.63"]}}`)
+	key, h := f.storeKey("p"), f.nodeName("h")
+	for step := range 40 {
+		switch k := rng.IntN(4); k {
+		case 0, 1:
+			n := "h"
+			if k == 1 {
+				n = honest[rng.IntN(len(honest))]
+			}
+			on[n] = !on[n]
+			f.setSelected(n, on[n])
+		case 2:
+			f.clock.Advance(time.Duration(30+rng.IntN(60)) * time.Second)
+		}
+		f.reconcile(r, "p")
+		var addrs uint64
+		grants := mem.Grants(key, h)
+		for _, g := range grants {
+			rg, err := iprange.ParseRange(g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, _ := iprange.Distance(rg.Start, rg.End).Add(iprange.U64(1))
+			addrs += n.Lo
+		}
+		if addrs > 4 {
+			t.Fatalf("seed %d step %d: h counts for %d addresses (%v), more than the one block of 4 it ever needed; blocks %v",
+				seed, step, addrs, grants, f.blocksOf(f.ipPool("p")))
+		}
 	}
 }
