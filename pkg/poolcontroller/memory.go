@@ -117,6 +117,10 @@ type Memory struct {
 	// reconcile and once nothing is left to adopt (adoptOver).
 	atStart   map[string]seenReport
 	adoptOver bool
+	// unlisted: what the reports at the start said of pools that did not
+	// exist then, by pool key and node, until such a pool is created (see
+	// endAdoption); only with trustFirst.
+	unlisted map[string]map[string]parsedHold
 	// flags: per node, the ignored parts of its current report already reported.
 	flags   map[string]map[string]bool
 	version uint64 // bumped by every change the payload depends on
@@ -223,6 +227,7 @@ func (m *Memory) init() {
 		m.adoptPending = map[string]iprange.Range{}
 		m.flags = map[string]map[string]bool{}
 		m.listed = map[string]types.UID{}
+		m.unlisted = map[string]map[string]parsedHold{}
 	}
 }
 

@@ -383,8 +383,16 @@ func (m *Memory) know(key string, uid types.UID, network iprange.Range) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.init()
-	if m.trustFirst && !m.seen[key] && !m.adoptOver && m.listed[key] == uid {
-		m.adoptPending[key] = network
+	if m.trustFirst && !m.seen[key] {
+		listedUID, listed := m.listed[key]
+		switch {
+		case !m.adoptOver && listed && listedUID == uid:
+			m.adoptPending[key] = network
+		case !listed && (!m.adoptOver || m.unlisted[key] != nil):
+			// Created after the start: only what the reports said of it
+			// then (see endAdoption).
+			m.adoptPending[key] = network
+		}
 	}
 	m.seen[key] = true
 	kp := knownPool{UID: uid, Network: network.String()}
@@ -449,14 +457,29 @@ func (m *Memory) checkGone(pools []pool) {
 
 // adoptReports makes grants of what the nodes reported when the controller
 // started (atStart; m.reports before the first reconcile) in the pools waiting
-// for it (see know, checkGone), within the network recorded for each; with mu
-// held.
+// for it (see know, checkGone), within the network recorded for each; past the
+// start, only what the reports then said of pools that did not exist then
+// (unlisted); never a report written since. With mu held.
 func (m *Memory) adoptReports(now time.Time) {
-	from := m.atStart
-	if from == nil {
-		from = m.reports
+	if !m.adoptOver {
+		from := m.atStart
+		if from == nil {
+			from = m.reports
+		}
+		m.adoptFrom(from, now)
+		return
 	}
-	m.adoptFrom(from, now)
+	pending := m.adoptPending
+	m.adoptPending = map[string]iprange.Range{}
+	for key, network := range pending {
+		from := make(map[string]seenReport, len(m.unlisted[key]))
+		for node, h := range m.unlisted[key] {
+			from[node] = seenReport{parsed: map[string]parsedHold{key: h}}
+		}
+		delete(m.unlisted, key)
+		m.adoptPending[key] = network
+		m.adoptFrom(from, now)
+	}
 }
 
 // adoptFrom adopts, for the pools waiting for it, what the reports from say;
@@ -491,9 +514,9 @@ func (m *Memory) adoptFrom(from map[string]seenReport, now time.Time) {
 			}
 		}
 		if adopted > 0 {
-			m.Log.Info("took the nodes' held reports of a pool as they stand, within its network: no blocks are "+
-				"recorded to check them against (the first start of this version, a Lease lost, or a pool deleted or "+
-				"re-created while no controller ran)", "pool", key, "network", network.String(), "nodes", adopted)
+			m.Log.Info("took the nodes' held reports of a pool as they stood when the controller started, within its "+
+				"network: no blocks are recorded to check them against (the first start of this version, a Lease lost, "+
+				"or a pool deleted or re-created while no controller ran)", "pool", key, "network", network.String(), "nodes", adopted)
 		}
 		delete(m.adoptPending, key)
 	}
@@ -501,7 +524,10 @@ func (m *Memory) adoptFrom(from map[string]seenReport, now time.Time) {
 
 // endAdoption drops the reports kept for adoption once nothing is left to
 // adopt: every pool listed at the start has had its first reconcile (or
-// adopts nothing) and none waits; with mu held.
+// adopts nothing) and none waits. A memory without grants keeps of them what
+// they said of pools that did not exist then (unlisted): an honest daemon may
+// hold addresses of a pool deleted before the start, and that pool may be
+// created again. With mu held.
 func (m *Memory) endAdoption() {
 	if m.adoptOver || !m.goneChecked || len(m.adoptPending) > 0 {
 		return
@@ -510,6 +536,17 @@ func (m *Memory) endAdoption() {
 		for key := range m.listed {
 			if !m.seen[key] {
 				return
+			}
+		}
+		for node, rep := range m.atStart {
+			for key, h := range rep.parsed {
+				if _, listed := m.listed[key]; listed || m.seen[key] {
+					continue
+				}
+				if m.unlisted[key] == nil {
+					m.unlisted[key] = map[string]parsedHold{}
+				}
+				m.unlisted[key][node] = h
 			}
 		}
 	}

@@ -263,7 +263,9 @@ func TestForgedReportOfAPoolCreatedLaterTakesNothing(t *testing.T) {
 func TestReportsAdoptedOnlyAsTheyStoodAtTheStart(t *testing.T) {
 	f := newFixture(t, time.Minute)
 	f.node("a", true, nil)
-	f.node("o", false, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"held":["10.104.0.3"]}}`})
+	// o holds .3 of p and .2 of q, a pool deleted before the start and
+	// created again after it.
+	f.node("o", false, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"held":["10.104.0.3"]},"q":{"held":["10.106.0.2"]}}`})
 	f.newIPPool("p", "10.104.0.0/24", 4, nil)
 	r, mem := f.restarted(false)
 	f.reconcile(r, "p")
@@ -275,6 +277,13 @@ func TestReportsAdoptedOnlyAsTheyStoodAtTheStart(t *testing.T) {
 	f.reconcile(r, "p")
 	wantStrings(t, "blocks after b joined", f.blocksOf(f.ipPool("p")), []string{"a=10.104.0.5-10.104.0.8", "b=10.104.0.9-10.104.0.12"})
 	wantStrings(t, "o's grants", mem.Grants(f.storeKey("p"), f.nodeName("o")), []string{"10.104.0.3-10.104.0.3"})
+	// q comes back: o's address there, as reported at the start, is kept;
+	// what o claims of q now is not.
+	f.reportRaw("o", `{"q":{"held":["10.106.0.0-10.106.0.255"]}}`)
+	f.newIPPool("q", "10.106.0.0/24", 4, nil)
+	f.reconcile(r, "q")
+	wantStrings(t, "blocks of q", f.blocksOf(f.ipPool("q")), []string{"a=10.106.0.5-10.106.0.8", "b=10.106.0.9-10.106.0.12"})
+	wantStrings(t, "o's grants in q", mem.Grants(f.storeKey("q"), f.nodeName("o")), []string{"10.106.0.2-10.106.0.2"})
 }
 
 func (f *fixture) storeKey(pool string) string { return v1alpha1.PoolKey(v1alpha1.KindIPPool, pool) }
@@ -336,4 +345,38 @@ func TestGrantsDoNotAccumulateWhileANodeComesAndGoes(t *testing.T) {
 				seed, step, addrs, grants, f.blocksOf(f.ipPool("p")))
 		}
 	}
+}
+
+// Issue 38, window 2, and its bound: a Node deleted and registered again under
+// the same name (a new UID: the same machine whose Node was re-created, or
+// another machine given that name) speaks for what the controller gave that
+// name, and no more: a report claiming the whole pool counts only within the
+// name's grants.
+func TestReRegisteredNodeCountsOnlyItsNamesGrants(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.node("a", true, nil)
+	f.newIPPool("p", "10.107.0.0/24", 4, nil)
+	r, mem := f.restarted(true)
+	f.reconcile(r, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"a=10.107.0.1-10.107.0.4"})
+	old := f.getNode("a").UID
+	f.deleteNode("a")
+	f.reconcile(r, "p")
+	f.node("a", true, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"block":"10.107.0.1-10.107.0.4","held":["10.107.0.0-10.107.0.255"]}}`})
+	if f.getNode("a").UID == old {
+		t.Fatal("the re-created Node has the old UID")
+	}
+	f.node("b", true, nil)
+	f.reconcile(r, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"a=10.107.0.1-10.107.0.4", "b=10.107.0.5-10.107.0.8"})
+	wantStrings(t, "a's grants", mem.Grants(f.storeKey("p"), f.nodeName("a")), []string{"10.107.0.1-10.107.0.4"})
+}
+
+func (f *fixture) getNode(short string) *corev1.Node {
+	f.t.Helper()
+	var n corev1.Node
+	if err := f.c.Get(f.t.Context(), client.ObjectKey{Name: f.nodeName(short)}, &n); err != nil {
+		f.t.Fatal(err)
+	}
+	return &n
 }
