@@ -212,15 +212,24 @@ func BenchmarkMakePlan(b *testing.B) {
 	if len(first.Assignments) != n {
 		b.Fatalf("%d of %d nodes got a block", len(first.Assignments), n)
 	}
+	// orphans: a pool re-created while every tenth node's daemon still holds
+	// its old block (each node gets a block over its own).
+	orphans := map[string][]iprange.Range{}
+	for i, a := range first.Assignments {
+		if i%10 == 0 {
+			orphans[a.Node] = []iprange.Range{layout.Block(a.Index)}
+		}
+	}
 	for _, c := range []struct {
 		name     string
 		existing []assignment
-	}{{"new-pool", nil}, {"all-assigned", first.Assignments}} {
+		held     map[string][]iprange.Range
+	}{{"new-pool", nil, nil}, {"all-assigned", first.Assignments, nil}, {"orphans", nil, orphans}} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				out := makePlan(planInput{Layout: layout, Existing: c.existing, Selected: selected, Nodes: nodes,
-					Departed: map[string]time.Time{}})
+					Departed: map[string]time.Time{}, Held: c.held})
 				if len(out.Assignments) != n {
 					b.Fatalf("%d of %d nodes got a block", len(out.Assignments), n)
 				}
