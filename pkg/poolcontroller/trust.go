@@ -37,10 +37,12 @@ import (
 // own grants, and a daemon that writes one by mistake loses nothing.
 //
 // Two moments have no grants to check against, and there the reports are taken
-// as they stand, clipped to the pool's network (adopt): a controller without a
-// memory of grants (the first start of this version, a Lease that was deleted or
-// cannot be read) at the first reconcile of each pool, and a pool the memory
-// knew that was deleted or re-created while no controller ran.
+// as they stood at the controller's first reconcile after its start, clipped to
+// the pool's network (adoptReports): a controller without a memory of grants (a
+// fresh install, a Lease that was deleted or cannot be read), for each pool that
+// existed then at its first reconcile and for a pool that did not when it is
+// created; and a pool the memory knew that was deleted or re-created while no
+// controller ran. A report written after that counts only within grants.
 
 const (
 	// maxReportBytes: a longer report is not decoded. A daemon's report is a few
