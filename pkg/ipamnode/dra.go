@@ -48,7 +48,7 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 	host := &hostPortsReader{netns: o.DRAHostNetNS}
 	p := &nicdra.Preparer{Allocator: m, Checkpoint: nicdra.CheckpointFile{Path: draCheckpoint(o.StoreFile)},
 		Inventory: inventory, Rails: rails, BootID: bootID, Log: logger.WithName("dra"),
-		Ports: &nicdra.PortUse{InUse: func() map[string]string { return portsInUse(m) }, HostPorts: host.read,
+		Ports: &nicdra.PortUse{InUse: func() map[string]string { return portsInUse(m) }, HostPorts: host.read, HostLinks: host.links,
 			Exclude: o.DRAExcludeDevices},
 		PoolsForRail: func(rail, kind string) ([]string, bool) { return pools.poolsOfRail(kind, rail) }}
 	var nri *nicdra.NRIPlugin

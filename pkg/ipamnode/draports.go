@@ -138,6 +138,32 @@ type hostPortsReader struct {
 func (r *hostPortsReader) read() (map[string]string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.open(); err != nil {
+		return nil, err
+	}
+	return hostPorts(r.h)
+}
+
+// links returns the names of the host's links.
+func (r *hostPortsReader) links() (map[string]bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.open(); err != nil {
+		return nil, err
+	}
+	links, err := r.h.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("listing links: %w", err)
+	}
+	out := make(map[string]bool, len(links))
+	for _, l := range links {
+		out[l.Attrs().Name] = true
+	}
+	return out, nil
+}
+
+// open opens the netlink handle once; with mu held.
+func (r *hostPortsReader) open() error {
 	if r.h == nil {
 		var h *netlink.Handle
 		var err error
@@ -151,11 +177,11 @@ func (r *hostPortsReader) read() (map[string]string, error) {
 			}
 		}
 		if err != nil {
-			return nil, fmt.Errorf("opening a netlink handle in the host's network namespace %q: %w", r.netns, err)
+			return fmt.Errorf("opening a netlink handle in the host's network namespace %q: %w", r.netns, err)
 		}
 		r.h = h
 	}
-	return hostPorts(r.h)
+	return nil
 }
 
 // cniPorts is nodeservice.Ports: the PCI function of a request's device through

@@ -30,6 +30,10 @@ type PortUse struct {
 	// HostPorts returns the host's netdevs that carry its addresses or routes,
 	// by name: why (Publish.HostPorts). An error leaves the last answer.
 	HostPorts func() (map[string]string, error)
+	// HostLinks returns the names of every link in the host's network
+	// namespace (Publish.HostLinks); nil: not known, every netdev counts as
+	// there.
+	HostLinks func() (map[string]bool, error)
 	// Exclude are netdev names or PCI addresses never handed out.
 	Exclude []string
 }
@@ -49,6 +53,13 @@ func (u *PortUse) fill(p *Publish) error {
 			return fmt.Errorf("reading the host's addresses and routes: %w", err)
 		}
 		p.HostPorts = hp
+	}
+	if u.HostLinks != nil {
+		links, err := u.HostLinks()
+		if err != nil {
+			return fmt.Errorf("listing the host's links: %w", err)
+		}
+		p.HostLinks = links
 	}
 	return nil
 }
@@ -121,6 +132,13 @@ func exempt(p Publish, prepared map[string]string) Publish {
 	p.InUse = maps.Clone(p.InUse)
 	for addr := range prepared {
 		delete(p.InUse, addr)
+	}
+	if p.HostLinks != nil {
+		// A prepared device's netdev is in its claim's pod, or will be back.
+		p.HostLinks = maps.Clone(p.HostLinks)
+		for _, netdev := range prepared {
+			p.HostLinks[netdev] = true
+		}
 	}
 	return p
 }

@@ -36,8 +36,11 @@ func TestPreparedDeviceKeepsItsAttributesInThePod(t *testing.T) {
 			HostNetdev: "ibp24s0", Rail: "ibp24s0"}}}}}); err != nil {
 		t.Fatal(err)
 	}
+	// The host's links: ibp24s0 until the pod's sandbox takes it.
+	links := map[string]bool{"ibp24s0": true}
+	ports := &PortUse{HostLinks: func() (map[string]bool, error) { return links, nil }}
 	newDriver := func() *Driver {
-		return &Driver{Preparer: &Preparer{Checkpoint: cp}, Log: logr.Discard(), changed: make(chan struct{}),
+		return &Driver{Preparer: &Preparer{Checkpoint: cp, Ports: ports}, Log: logr.Discard(), changed: make(chan struct{}),
 			Inventory: func() (*nicdiscovery.Inventory, error) {
 				live := false
 				return nicdiscovery.Scan(context.Background(), nicdiscovery.Options{Root: tree.Root, Live: &live})
@@ -62,6 +65,13 @@ func TestPreparedDeviceKeepsItsAttributesInThePod(t *testing.T) {
 				t.Errorf("%s: %s is %q, want %q", when, name, got, v)
 			}
 		}
+		// Its netdev counts as on the host in its pod too (issue 39): the
+		// device does not flip to "cannot be prepared" while a claim has it.
+		for _, name := range []resourceapi.QualifiedName{AttrNetdevOnHost, AttrPreparable} {
+			if b := dev.Attributes[name].BoolValue; b == nil || !*b {
+				t.Errorf("%s: %s is %v, want true", when, name, b)
+			}
+		}
 	}
 	d := newDriver()
 	d.refresh()
@@ -69,6 +79,7 @@ func TestPreparedDeviceKeepsItsAttributesInThePod(t *testing.T) {
 	if err := tree.MoveNetdev("0000:18:00.0", "ibp24s0"); err != nil { // the pod's sandbox started
 		t.Fatal(err)
 	}
+	links = map[string]bool{}
 	d.refresh()
 	check("in the pod", device(d))
 	restarted := newDriver()

@@ -58,6 +58,15 @@ const (
 	// AttrFunction is PF or VF; AttrPF is a VF's physical function.
 	AttrFunction resourceapi.QualifiedName = DriverName + "/function"
 	AttrPF       resourceapi.QualifiedName = DriverName + "/pf"
+	// AttrNetdevOnHost tells whether the port's netdev is in the host's
+	// network namespace (or in the pod of the claim that has the port): a
+	// port without it cannot be prepared, whatever the claim says.
+	AttrNetdevOnHost resourceapi.QualifiedName = DriverName + "/netdevOnHost"
+	// AttrPreparable tells whether a claim that takes its address from the
+	// port's rail can be prepared: its netdev is on the host and a pool is
+	// labelled for its rail (AttrPool). Select on it to keep the scheduler
+	// off ports a claim would fail on ("unknown pool", "netdev not found").
+	AttrPreparable resourceapi.QualifiedName = DriverName + "/preparable"
 )
 
 // TaintLinkDown taints a port whose link is down (Ethernet oper state, or the
@@ -79,6 +88,9 @@ type Publish struct {
 	// InUse are the ports the CNI path uses, by PCI address: who uses it
 	// ("pod ns/name, network X"). Such a port is not published.
 	InUse map[string]string
+	// HostLinks are the names of the links in the host's network namespace
+	// (AttrNetdevOnHost); nil: not known, every netdev counts as there.
+	HostLinks map[string]bool
 	// HostPorts are the host's netdevs that carry its own addresses or routes
 	// (or are enslaved to a bond or bridge that does), by name: why. A port
 	// with such a netdev is the node's uplink and is not published.
@@ -203,9 +215,14 @@ func Devices(p Publish) ([]resourceapi.Device, []string) {
 		}
 		rail := byRail[pf]
 		str(AttrRail, rail)
-		if pools := p.PoolsByRail[rail]; rail != "" && len(pools) > 0 {
+		pools := p.PoolsByRail[rail]
+		if rail != "" && len(pools) > 0 {
 			str(AttrPool, strings.Join(pools, ","))
 		}
+		onHost := len(n.Netdevs) > 0 && (p.HostLinks == nil || slices.ContainsFunc(n.Netdevs, func(nd string) bool { return p.HostLinks[nd] }))
+		preparable := onHost && rail != "" && len(pools) > 0
+		add(AttrNetdevOnHost, resourceapi.DeviceAttribute{BoolValue: &onHost})
+		add(AttrPreparable, resourceapi.DeviceAttribute{BoolValue: &preparable})
 		str(AttrLinkType, linkType(n.LinkLayer))
 		if n.SpeedMbps > 0 {
 			speed := int64(n.SpeedMbps)

@@ -218,3 +218,42 @@ func TestSlicesOnAPIServer(t *testing.T) {
 		t.Errorf("the API server keeps %d devices (%d tainted), want %d (2)", n, tainted, len(devs))
 	}
 }
+
+func boolAttr(d resourceapi.Device, name resourceapi.QualifiedName) *bool {
+	return d.Attributes[name].BoolValue
+}
+
+// Issue 39, item 4: ports with no pool for their rail, or whose netdev is not in
+// the host's network namespace, were published like the others: a claim landed
+// on one and its prepare failed for ever ("unknown pool", "netdev not found").
+// Now each port says whether it can be prepared, and whether its netdev is on
+// the host (a prepared device's netdev counts as there: its claim's pod has it).
+func TestDevicesSayWhetherTheyCanBePrepared(t *testing.T) {
+	tree, err := fakesysfs.DGXH100(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := nicdra.Publish{Inventory: scan(t, tree.Root),
+		PoolsByRail: map[string][]string{"ibp24s0": {"r0"}, "ibp64s0": {"r1"}, "ibp79s0": {"r2"}},
+		HostLinks:   map[string]bool{"lo": true, "ibp24s0": true, "ibp79s0": true, "ibp94s0": true}}
+	devs, _ := nicdra.Devices(p)
+	for netdev, want := range map[string][2]bool{ // netdevOnHost, preparable
+		"ibp24s0":  {true, true},   // a pool and the netdev
+		"ibp64s0":  {false, false}, // a pool, no netdev on the host
+		"ibp79s0":  {true, true},
+		"ibp94s0":  {true, false}, // the netdev, no pool
+		"ibp154s0": {false, false},
+	} {
+		d := byNetdev(t, devs, netdev)
+		on, prep := boolAttr(d, nicdra.AttrNetdevOnHost), boolAttr(d, nicdra.AttrPreparable)
+		if on == nil || prep == nil || *on != want[0] || *prep != want[1] {
+			t.Errorf("%s: netdevOnHost %v preparable %v, want %v", netdev, on, prep, want)
+		}
+	}
+	// Without a view of the host's links, a netdev the tree shows counts.
+	p.HostLinks = nil
+	devs, _ = nicdra.Devices(p)
+	if prep := boolAttr(byNetdev(t, devs, "ibp64s0"), nicdra.AttrPreparable); prep == nil || !*prep {
+		t.Errorf("ibp64s0 without a view of the host's links: preparable %v, want true", prep)
+	}
+}
