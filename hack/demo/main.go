@@ -365,9 +365,13 @@ func show(ctx context.Context, c *realnode.Cluster, pods []string) error {
 		"  # (every NAD on this node needs \"confDir\": %q):\n"+
 		"  kubectl apply -f %s\n"+
 		"  kubectl wait --for=condition=Ready pod/try-a && kubectl exec try-a -- ip -4 -o addr show\n\n"+
+		"  # a pod that claims a NIC port through DRA (any port that can be prepared) as net1:\n"+
+		"  kubectl apply -f %s\n"+
+		"  kubectl wait --for=condition=Ready pod/try-nic && kubectl exec try-nic -- ip -4 -o addr show net1\n\n"+
 		"Stop it with: make demo-down\n",
 		c.Kubeconfig, c.Bin, dir, filepath.Join(state, "daemon.sock"), filepath.Join(state, "store"),
-		c.CNIBinDir, confDir, filepath.Join(c.Dir, "containerd", "state", "io.containerd.grpc.v1.cri", "netns"), confDir, tryFile)
+		c.CNIBinDir, confDir, filepath.Join(c.Dir, "containerd", "state", "io.containerd.grpc.v1.cri", "netns"), confDir, tryFile,
+		tryNICFile)
 	return nil
 }
 

@@ -59,13 +59,69 @@ spec:
     command: [sleep, "1000000"]
 `
 
-// tryFile is where the demo writes tryYAML with its registry.
-var tryFile = filepath.Join(dir, "try.yaml")
+// tryNICYAML is docs/demo.md's "A NIC claim" manifests (a test keeps the two
+// equal, test/realnode runs them): a ResourceClaimTemplate for any NIC port that
+// can be prepared, called net1 in the pod, and a pod with it. On the demo that is
+// whichever of ibp79s0 and ibp94s0 demo-gpu does not hold: the NAD rails' ports
+// are withheld (the demo's pods use them), the other rails have no link on the
+// host. REGISTRY as in tryYAML.
+const tryNICYAML = `apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: try-nic
+  namespace: default
+spec:
+  spec:
+    devices:
+      requests:
+      - name: nic
+        exactly:
+          deviceClassName: nic.hwipam.io
+          selectors:
+          - cel:
+              expression: device.attributes["nic.hwipam.io"].preparable
+      config:
+      - requests: [nic]
+        opaque:
+          driver: nic.hwipam.io
+          parameters:
+            apiVersion: nic.hwipam.io/v1alpha1
+            kind: NicConfig
+            interfaceName: net1
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: try-nic
+  namespace: default
+spec:
+  terminationGracePeriodSeconds: 0
+  resourceClaims:
+  - name: nic
+    resourceClaimTemplateName: try-nic
+  containers:
+  - name: app
+    image: REGISTRY/busybox:hwipam
+    command: [sleep, "1000000"]
+    resources:
+      claims:
+      - name: nic
+`
 
-// writeTry writes tryYAML with the node's registry into tryFile.
+// tryFile and tryNICFile are where the demo writes tryYAML and tryNICYAML
+// with its registry.
+var (
+	tryFile    = filepath.Join(dir, "try.yaml")
+	tryNICFile = filepath.Join(dir, "try-nic.yaml")
+)
+
+// writeTry writes tryYAML and tryNICYAML with the node's registry into
+// tryFile and tryNICFile.
 func writeTry(registry string) error {
-	if err := os.WriteFile(tryFile, []byte(strings.ReplaceAll(tryYAML, "REGISTRY", registry)), 0o644); err != nil {
-		return fmt.Errorf("writing %s: %w", tryFile, err)
+	for file, manifests := range map[string]string{tryFile: tryYAML, tryNICFile: tryNICYAML} {
+		if err := os.WriteFile(file, []byte(strings.ReplaceAll(manifests, "REGISTRY", registry)), 0o644); err != nil {
+			return fmt.Errorf("writing %s: %w", file, err)
+		}
 	}
 	return nil
 }

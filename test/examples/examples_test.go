@@ -136,12 +136,12 @@ func ensureNamespace(t *testing.T, c client.Client, ns string) {
 // its addresses is seen on the demo node itself.
 func TestDemoDocApplies(t *testing.T) {
 	blocks := docYAMLBlocks(t, "docs/demo.md")
-	if len(blocks) != 1 {
-		t.Fatalf("docs/demo.md has %d yaml blocks, want the one of \"Try it\"", len(blocks))
+	if len(blocks) != 2 {
+		t.Fatalf("docs/demo.md has %d yaml blocks, want those of \"Try it\" and \"A NIC claim\"", len(blocks))
 	}
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{CRDDirs: []string{
 		filepath.Join(harness.RepoRoot(), "deploy", "crds"), filepath.Join(harness.RepoRoot(), "test", "realnode", "nad-crd.yaml")}})
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(strings.ReplaceAll(blocks[0], "REGISTRY", "127.0.0.1:5000")), 4096)
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(strings.ReplaceAll(blocks[0]+"---\n"+blocks[1], "REGISTRY", "127.0.0.1:5000")), 4096)
 	kinds := map[string]int{}
 	for {
 		var u unstructured.Unstructured
@@ -157,7 +157,7 @@ func TestDemoDocApplies(t *testing.T) {
 		validate(t, &u)
 		kinds[u.GetKind()]++
 	}
-	if kinds["IPPool"] != 1 || kinds["NetworkAttachmentDefinition"] != 2 || kinds["Pod"] != 1 {
-		t.Errorf("docs/demo.md applied %v, want a pool, two NADs and a pod", kinds)
+	if kinds["IPPool"] != 1 || kinds["NetworkAttachmentDefinition"] != 2 || kinds["Pod"] != 2 || kinds["ResourceClaimTemplate"] != 1 {
+		t.Errorf("docs/demo.md applied %v, want a pool, two NADs, a ResourceClaimTemplate and two pods", kinds)
 	}
 }

@@ -108,7 +108,16 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 				d, ok := devs[r]
 				g.Expect(ok).To(BeTrue(), "no device of rail %s in %v", r, slices.Sorted(maps.Keys(devs)))
 				g.Expect(d.Attributes[nicdra.AttrPool].StringValue).To(HaveValue(Equal("rail-" + r)))
+				g.Expect(d.Attributes[nicdra.AttrPreparable].BoolValue).To(HaveValue(BeTrue()), "rail %s", r)
 			}
+			// The tree's last rail has neither a link on the host nor a pool:
+			// published, but the scheduler can tell it cannot be prepared
+			// (issue 39, item 4).
+			last := fakesysfs.DGXH100Rails[7]
+			d, ok := devs[last]
+			g.Expect(ok).To(BeTrue(), "no device of rail %s", last)
+			g.Expect(d.Attributes[nicdra.AttrNetdevOnHost].BoolValue).To(HaveValue(BeFalse()), "rail %s", last)
+			g.Expect(d.Attributes[nicdra.AttrPreparable].BoolValue).To(HaveValue(BeFalse()), "rail %s", last)
 		}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
 		// First of the cleanups (they run last to first): the pods and their
 		// claims go while both drivers are there to unprepare them.
@@ -449,6 +458,28 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 			out, _ := node.Kubectl(ctx, "-n", "kube-system", "exec", ipamNodePod(ctx).Name, "-c", "ipam-node", "--", "/ipamctl", "check")
 			g.Expect(out).NotTo(MatchRegexp(`(?m)^error\s+(dra|slices|claim)`), "ipamctl check:\n%s", out)
 		}).WithTimeout(time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+	})
+
+	It("runs docs/demo.md's NIC claim as written: a port that can be prepared, never one without a pool or netdev", func(ctx SpecContext) {
+		docs := docYAML(filepath.Join(harness.RepoRoot(), "docs", "demo.md"))
+		var nic []string
+		for _, d := range docs {
+			if strings.Contains(d, "kind: ResourceClaimTemplate") || strings.Contains(d, "name: try-nic\n") {
+				nic = append(nic, d)
+			}
+		}
+		Expect(nic).NotTo(BeEmpty(), "docs/demo.md has no NIC claim")
+		for _, d := range nic {
+			kubectlApply(ctx, strings.ReplaceAll(d, "REGISTRY/busybox:hwipam", node.BusyboxImage()))
+		}
+		DeferCleanup(func(ctx SpecContext) {
+			deletePod(ctx, "try-nic")
+			Expect(client.IgnoreNotFound(node.Clientset.ResourceV1().ResourceClaimTemplates(ns).Delete(ctx, "try-nic",
+				metav1.DeleteOptions{}))).To(Succeed())
+		})
+		got := expectDRAPod(ctx, "try-nic", "net1")
+		Expect(got.rail).To(BeElementOf(draRails), "try-nic got a port of rail %s, which has no pool or no link here", got.rail)
+		fmt.Fprintf(GinkgoWriter, "try-nic: rail %s, %v\n", got.rail, got.addrs)
 	})
 
 })
