@@ -161,6 +161,7 @@ func checkDRADriver(c *checker, d *draState, now time.Time) {
 		c.add(SeverityOK, "slices", nicdra.DriverName, fmt.Sprintf("%d device(s) published at %s", st.Devices,
 			st.Published.UTC().Format(time.RFC3339)), "")
 	}
+	checkDRAFailures(c, st.Failures, now)
 	for _, w := range st.Withheld {
 		subject := w.Device + " (" + w.PCIAddress
 		if w.Netdev != "" {
@@ -527,4 +528,37 @@ func (f *linkFinder) blind() string {
 		return fmt.Sprintf("ipamctl sees none of %s: run it on the host, or give --netns-dir, to find it", strings.Join(f.dirs, ", "))
 	}
 	return ""
+}
+
+// checkDRAFailures reports the driver's failed prepares, unprepares, attaches
+// and detaches of the last 15 minutes that have not succeeded since (the
+// kubelet and the runtime retry them): what the pod's events say, on the node.
+func checkDRAFailures(c *checker, failures []nicdra.Failure, now time.Time) {
+	for _, f := range failures { // newest first
+		ago := now.Sub(f.At)
+		if ago > failureWindow {
+			continue
+		}
+		subject, what, fix := "claim "+f.Claim, "", ""
+		switch f.Op {
+		case nicdra.FailedPrepare:
+			what = "preparing claim " + f.Claim
+			fix = "the kubelet retries the prepare; the pod stays ContainerCreating with a FailedPrepareDynamicResources " +
+				"event until the cause is fixed (docs/dra.md, Checking it); nothing is allocated for the claim meanwhile"
+		case nicdra.FailedUnprepare:
+			what = "unpreparing claim " + f.Claim
+			fix = "the kubelet retries; the claim's addresses stay held until it succeeds (see ipam-node's log)"
+		case nicdra.FailedAttach:
+			subject, what = "pod "+f.Pod, "moving pod "+f.Pod+"'s NIC ports into its network namespace"
+			fix = "the runtime retries the pod's sandbox; the pod does not start without its ports (see the message, " +
+				"and docs/dra.md's limits of the attach)"
+		case nicdra.FailedDetach:
+			subject, what = "pod "+f.Pod, "bringing pod "+f.Pod+"'s NIC ports back to the host"
+			fix = "see the message; a port left in the pod's namespace comes back when the namespace goes, and the " +
+				"claims' netdev findings below say where each port is"
+		default:
+			what = f.Op
+		}
+		c.add(SeverityWarning, "failure", subject, fmt.Sprintf("%s failed %s ago: %s", what, ago.Round(time.Second), f.Message), fix)
+	}
 }

@@ -234,6 +234,28 @@ func TestCheckDRA(t *testing.T) {
 	r, code = checkRun(t, args...)
 	wantOnly(t, "publish error", r, code, "publishing the ResourceSlices failed: creating ResourceSlice")
 
+	// Failed prepares and attaches (issue 39, item 5): each a warning naming
+	// the claim or pod, with the driver's message; none older than 15 minutes.
+	st = n.status
+	st.Failures = []nicdra.Failure{
+		{At: time.Now().Add(-30 * time.Second), Op: nicdra.FailedPrepare, Claim: "ml/bad-pool",
+			Message: `pool "no-such-pool" is unknown on this node`},
+		{At: time.Now().Add(-2 * time.Minute), Op: nicdra.FailedAttach, Pod: "ml/trainer-1",
+			Message: "nic.hwipam.io: pod ml/trainer-1: moving ibp79s0 into the pod: file exists"},
+		{At: time.Now().Add(-20 * time.Minute), Op: nicdra.FailedPrepare, Claim: "ml/long-ago", Message: "old"},
+	}
+	n.saveStatus(t, st)
+	r, code = checkRun(t, args...)
+	wantFinding(t, "failed prepare", r, ipamctl.SeverityWarning, `preparing claim ml/bad-pool failed 30s ago: pool "no-such-pool" is unknown`)
+	wantFinding(t, "failed attach", r, ipamctl.SeverityWarning, "moving pod ml/trainer-1's NIC ports into its network namespace failed 2m0s ago")
+	if strings.Contains(fmt.Sprint(r.Findings), "long-ago") {
+		t.Errorf("a failure of 20 minutes ago is reported: %+v", r.Findings)
+	}
+	if code == 0 {
+		t.Errorf("check exits 0 with failed prepares")
+	}
+	n.saveStatus(t, n.status)
+
 	// Ports the driver withholds, and the port the prepared claim holds: said,
 	// not problems.
 	st = n.status

@@ -49,6 +49,10 @@ func PluginSocket(kubeletDir string) string {
 // Preparer, writes their status, reports device health, and releases the
 // allocations of claims that no longer exist.
 type Driver struct {
+	// Failures keeps the failed prepares, unprepares, attaches and detaches
+	// for the status file (`ipamctl check`); Run makes one when nil, and
+	// gives it to NRI when that has none.
+	Failures *FailureLog
 	NodeName string
 	Client   kubernetes.Interface
 	Preparer *Preparer
@@ -102,6 +106,12 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	if d.NRIWait <= 0 {
 		d.NRIWait = 10 * time.Second
+	}
+	if d.Failures == nil {
+		d.Failures = &FailureLog{}
+	}
+	if d.NRI != nil && d.NRI.Failures == nil {
+		d.NRI.Failures = d.Failures
 	}
 	d.fatal = make(chan error, 1)
 	d.changed = make(chan struct{})
@@ -414,11 +424,14 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			}
 		}
 		prepareSeconds.Observe(time.Since(start).Seconds())
+		claim := c.Namespace + "/" + c.Name
 		if err != nil {
 			d.Log.Error(err, "preparing a claim", "claim", klog.KObj(c), "uid", c.UID)
+			d.Failures.Add(FailedPrepare, claim, "", err)
 			out[c.UID] = kubeletplugin.PrepareResult{Err: err}
 			continue
 		}
+		d.Failures.Succeeded(FailedPrepare, claim, "")
 		var res kubeletplugin.PrepareResult
 		for _, pd := range devs {
 			res.Devices = append(res.Devices, kubeletplugin.Device{Requests: []string{pd.Request}, PoolName: d.NodeName,
@@ -439,8 +452,11 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		err := d.Preparer.Unprepare(ctx, c.UID)
 		if err != nil {
 			d.Log.Error(err, "unpreparing a claim", "claim", c.String(), "uid", c.UID)
+			d.Failures.Add(FailedUnprepare, c.String(), "", err)
 		} else {
 			d.Log.Info("claim unprepared", "claim", c.String(), "uid", c.UID)
+			d.Failures.Succeeded(FailedUnprepare, c.String(), "")
+			d.Failures.Succeeded(FailedPrepare, c.String(), "")
 		}
 		out[c.UID] = err
 	}

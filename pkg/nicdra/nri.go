@@ -53,6 +53,8 @@ type NRIPlugin struct {
 	// SysfsRoot is the directory holding sys/ ("/" on a node).
 	SysfsRoot string
 	Log       logr.Logger
+	// Failures records the attaches and detaches that fail (nil: none).
+	Failures *FailureLog
 
 	readyInit, readyOnce sync.Once
 	ready                chan struct{}
@@ -78,9 +80,22 @@ func podName(pod *api.PodSandbox) string { return pod.GetNamespace() + "/" + pod
 // retries it), says which device and why.
 func (p *NRIPlugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error {
 	if err := refusal(p.Devices, pod.GetUid()); err != nil {
-		return fmt.Errorf("%s: pod %s: %w", DriverName, podName(pod), err)
+		err = fmt.Errorf("%s: pod %s: %w", DriverName, podName(pod), err)
+		p.Failures.Add(FailedAttach, "", podName(pod), err)
+		return err
 	}
-	return p.ensureAttached(pod, "", true)
+	return p.recorded(FailedAttach, pod, p.ensureAttached(pod, "", true))
+}
+
+// recorded records err (a failure of op for the pod) or clears the pod's
+// failures of op, and returns err.
+func (p *NRIPlugin) recorded(op string, pod *api.PodSandbox, err error) error {
+	if err != nil {
+		p.Failures.Add(op, "", podName(pod), err)
+	} else if len(p.Devices.PodDevices(pod.GetUid())) > 0 {
+		p.Failures.Succeeded(op, "", podName(pod))
+	}
+	return err
 }
 
 // ensureAttached attaches the pod's devices that are not in its namespace
@@ -150,13 +165,13 @@ func (p *NRIPlugin) ensureAttached(pod *api.PodSandbox, container string, rollba
 // StopPodSandbox detaches the pod's devices back to the host. Every device is
 // tried; the error (which containerd only logs) names those that failed.
 func (p *NRIPlugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
-	return p.detach(pod, "stop")
+	return p.recorded(FailedDetach, pod, p.detach(pod, "stop"))
 }
 
 // RemovePodSandbox detaches what a StopPodSandbox left (it finds nothing to
 // do when that ran); its namespace may be gone by then.
 func (p *NRIPlugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
-	return p.detach(pod, "remove")
+	return p.recorded(FailedDetach, pod, p.detach(pod, "remove"))
 }
 
 func (p *NRIPlugin) detach(pod *api.PodSandbox, event string) error {
@@ -199,6 +214,7 @@ func (p *NRIPlugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr 
 		return nil, nil, nil
 	}
 	if err := p.ensureAttached(pod, ctr.GetName(), false); err != nil {
+		p.Failures.Add(FailedAttach, "", podName(pod), err)
 		return nil, nil, err
 	}
 	adj := &api.ContainerAdjustment{}
@@ -206,7 +222,9 @@ func (p *NRIPlugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr 
 	for _, d := range devs {
 		chars, err := RDMACharDevices(p.SysfsRoot, d.PCIAddress)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: pod %s, container %s, device %s: %w", DriverName, podName(pod), ctr.GetName(), d.Device, err)
+			err = fmt.Errorf("%s: pod %s, container %s, device %s: %w", DriverName, podName(pod), ctr.GetName(), d.Device, err)
+			p.Failures.Add(FailedAttach, "", podName(pod), err)
+			return nil, nil, err
 		}
 		for _, c := range chars {
 			if seen[c.Path] {
@@ -242,6 +260,7 @@ func (p *NRIPlugin) Synchronize(_ context.Context, pods []*api.PodSandbox, _ []*
 				p.Devices.DeviceAttached(pod.GetUid(), d)
 			}
 			if err != nil {
+				p.Failures.Add(FailedAttach, "", podName(pod), fmt.Errorf("%s: pod %s, device %s: %w", DriverName, podName(pod), d.Device, err))
 				p.Log.Error(err, "attaching a device of a running pod", "pod", podName(pod), "device", d.Device)
 				continue
 			}

@@ -34,6 +34,10 @@ type DriverStatus struct {
 	// Withheld are the NIC ports the driver does not publish, and why (the
 	// node's uplink, excluded, in use by a pod's CNI attachment).
 	Withheld []WithheldDevice `json:"withheld,omitempty"`
+	// Failures are the prepares, unprepares, attaches and detaches that
+	// failed in the last FailureWindow and have not succeeded since, newest
+	// first.
+	Failures []Failure `json:"failures,omitempty"`
 }
 
 // WithheldDevice is a NIC port the driver does not publish.
@@ -81,6 +85,7 @@ func (d *Driver) writeStatus() {
 	st := d.status
 	d.mu.Unlock()
 	st.KubeletDir, st.Updated = d.KubeletDir, time.Now()
+	st.Failures = d.Failures.Recent()
 	st.Registered, st.RegistrationError = d.Registered()
 	if st.Registered {
 		st.RegistrationError = ""

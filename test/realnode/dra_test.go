@@ -228,6 +228,13 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 				g.Expect(ev).To(And(ContainSubstring("FailedPrepareDynamicResources"), ContainSubstring(c.says)), "events of %s", c.name)
 			}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
 			fmt.Fprintf(GinkgoWriter, "%s: %s\n", c.name, podEvents(ctx, c.name))
+			// ipamctl check on the node says so too (issue 39, item 5), once
+			// the driver's status file has it (it is written every 10 s).
+			Eventually(ctx, func(g Gomega) {
+				out, _ := node.Kubectl(ctx, "-n", "kube-system", "exec", ipamNodePod(ctx).Name, "-c", "ipam-node", "--", "/ipamctl", "check")
+				g.Expect(out).To(MatchRegexp(`(?m)^warning\s+failure\s+claim `+ns+`/`+c.name+`\s.*preparing claim `+ns+`/`+c.name+` failed`),
+					"ipamctl check:\n%s", out)
+			}).WithTimeout(time.Minute).WithPolling(2 * time.Second).Should(Succeed())
 			pod, err := node.Clientset.CoreV1().Pods(ns).Get(ctx, c.name, metav1.GetOptions{})
 			Expect(err).NotTo(HaveOccurred())
 			Expect(pod.Status.Phase).To(Equal(corev1.PodPending))

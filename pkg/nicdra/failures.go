@@ -1,0 +1,94 @@
+package nicdra
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// What a Failure was doing.
+const (
+	FailedPrepare   = "prepare"
+	FailedUnprepare = "unprepare"
+	FailedAttach    = "attach"
+	FailedDetach    = "detach"
+)
+
+// Failure is a prepare, unprepare, attach or detach that failed, as the
+// driver's status file keeps it for `ipamctl check`.
+type Failure struct {
+	At time.Time `json:"at"`
+	// Op is one of the Failed* constants.
+	Op string `json:"op"`
+	// Claim (namespace/name) for a prepare or unprepare, Pod (namespace/name)
+	// for an attach or detach.
+	Claim   string `json:"claim,omitempty"`
+	Pod     string `json:"pod,omitempty"`
+	Message string `json:"message"`
+}
+
+// subject is what a later success of the same operation clears.
+func (f Failure) subject() string { return f.Op + " " + f.Claim + f.Pod }
+
+// FailureLog keeps the driver's recent failures: the last of each operation
+// and claim or pod, until the same operation succeeds for it or it is older
+// than FailureWindow. The zero value is ready; a nil *FailureLog records
+// nothing.
+type FailureLog struct {
+	mu   sync.Mutex
+	list []Failure // oldest first
+	now  func() time.Time
+}
+
+// FailureWindow is how long a failure is kept.
+const FailureWindow = 15 * time.Minute
+
+// maxFailures bounds the failures kept (the status file is rewritten every 10 s).
+const maxFailures = 32
+
+func (l *FailureLog) clock() time.Time {
+	if l.now != nil {
+		return l.now()
+	}
+	return time.Now()
+}
+
+// Add records that op failed for the claim or pod with err.
+func (l *FailureLog) Add(op, claim, pod string, err error) {
+	if l == nil || err == nil {
+		return
+	}
+	f := Failure{At: l.clock().UTC(), Op: op, Claim: claim, Pod: pod, Message: err.Error()}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.list = slices.DeleteFunc(l.list, func(o Failure) bool { return o.subject() == f.subject() })
+	l.list = append(l.list, f)
+	if len(l.list) > maxFailures {
+		l.list = slices.Delete(l.list, 0, len(l.list)-maxFailures)
+	}
+}
+
+// Succeeded clears the failures of op for the claim or pod.
+func (l *FailureLog) Succeeded(op, claim, pod string) {
+	if l == nil {
+		return
+	}
+	s := Failure{Op: op, Claim: claim, Pod: pod}.subject()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.list = slices.DeleteFunc(l.list, func(o Failure) bool { return o.subject() == s })
+}
+
+// Recent returns the failures of the last FailureWindow, newest first.
+func (l *FailureLog) Recent() []Failure {
+	if l == nil {
+		return nil
+	}
+	now := l.clock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.list = slices.DeleteFunc(l.list, func(o Failure) bool { return now.Sub(o.At) > FailureWindow })
+	out := slices.Clone(l.list)
+	slices.Reverse(out)
+	return out
+}
