@@ -38,7 +38,7 @@ func Run(ctx context.Context, opts Options) error {
 	root.SetArgs(opts.Args)
 	root.SetOut(opts.Stdout)
 	root.SetErr(opts.Stderr)
-	root.AddCommand(versionCommand(), poolsCommand(), allocationsCommand(), nicsCommand(), labelsCommand(), planCommand(), checkCommand(), storeCommand())
+	root.AddCommand(versionCommand(), poolsCommand(), allocationsCommand(), nicsCommand(), gpusCommand(), labelsCommand(), planCommand(), checkCommand(), storeCommand())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &UsageError{err} })
 	if _, _, err := root.Find(opts.Args); err != nil {
 		return &UsageError{err}

@@ -323,6 +323,7 @@ func (d *Driver) publish(ctx context.Context) error {
 	}
 	d.mu.Lock()
 	d.status.Devices, d.status.Published = len(devs), time.Now()
+	d.status.Ports = publishedPorts(devs)
 	d.mu.Unlock()
 	d.writeStatus()
 	d.Log.Info("ResourceSlices published", "devices", len(devs))

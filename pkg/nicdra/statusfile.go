@@ -8,6 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
 )
 
 // DriverStatus is what the driver says of itself in a file beside its
@@ -38,6 +41,41 @@ type DriverStatus struct {
 	// failed in the last FailureWindow and have not succeeded since, newest
 	// first.
 	Failures []Failure `json:"failures,omitempty"`
+	// Ports are the published devices as the last publication had them: the
+	// port, its rail and pools, whether it can be prepared.
+	Ports []PublishedPort `json:"ports,omitempty"`
+}
+
+// PublishedPort is a published device, as the status file keeps it (for
+// `ipamctl gpus`).
+type PublishedPort struct {
+	Device     string `json:"device"`
+	PCIAddress string `json:"pciAddress,omitempty"`
+	Netdev     string `json:"netdev,omitempty"`
+	Rail       string `json:"rail,omitempty"`
+	// Pools is the pool attribute: the pools labelled for the rail.
+	Pools      string `json:"pools,omitempty"`
+	Preparable bool   `json:"preparable"`
+}
+
+// publishedPorts returns what the status file keeps of devs.
+func publishedPorts(devs []resourceapi.Device) []PublishedPort {
+	out := make([]PublishedPort, 0, len(devs))
+	str := func(d resourceapi.Device, name resourceapi.QualifiedName) string {
+		if a, ok := d.Attributes[name]; ok && a.StringValue != nil {
+			return *a.StringValue
+		}
+		return ""
+	}
+	for _, d := range devs {
+		p := PublishedPort{Device: d.Name, PCIAddress: str(d, deviceattribute.StandardDeviceAttributePCIBusID),
+			Netdev: str(d, AttrNetdev), Rail: str(d, AttrRail), Pools: str(d, AttrPool)}
+		if b := d.Attributes[AttrPreparable].BoolValue; b != nil {
+			p.Preparable = *b
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // WithheldDevice is a NIC port the driver does not publish.
