@@ -487,6 +487,13 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		got := expectDRAPod(ctx, "try-nic", "net1")
 		Expect(got.rail).To(BeElementOf(draRails), "try-nic got a port of rail %s, which has no pool or no link here", got.rail)
 		fmt.Fprintf(GinkgoWriter, "try-nic: rail %s, %v\n", got.rail, got.addrs)
+		// ipamctl gpus in the daemon's pod: the port's GPU row names the claim,
+		// the pod, net1 and the address (issue 39, item 5).
+		out, err := node.Kubectl(ctx, "-n", "kube-system", "exec", ipamNodePod(ctx).Name, "-c", "ipam-node", "--", "/ipamctl", "gpus")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(MatchRegexp(`(?m)^\d+\s+\S+\s+`+got.rail+`\s.*\s`+ns+`/`+got.claim+`\s+`+ns+`/try-nic\s+net1\s+`+
+			regexp.QuoteMeta(got.addrs[0])), "ipamctl gpus:\n%s", out)
+		fmt.Fprintf(GinkgoWriter, "ipamctl gpus:\n%s\n", out)
 	})
 
 })
