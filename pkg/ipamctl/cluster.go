@@ -15,6 +15,7 @@ import (
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	nadutils "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/utils"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
@@ -24,6 +25,7 @@ import (
 	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/pkg/blocks"
 	"github.com/hwipam/hwipam/pkg/daemon"
+	"github.com/hwipam/hwipam/pkg/nicdra"
 )
 
 // ClusterPool is one pool in `ipamctl pools --cluster`.
@@ -46,6 +48,9 @@ type ClusterPool struct {
 	// NADs are the NetworkAttachmentDefinitions (namespace/name) whose nv-ipam
 	// section names the pool, or reaches it by rail.
 	NADs []string `json:"nads,omitempty"`
+	// Claims are the ResourceClaims (namespace/name) whose nic.hwipam.io
+	// devices have addresses from the pool, as their status says.
+	Claims []string `json:"claims,omitempty"`
 	// Ready is the pool's Ready condition message.
 	Ready string `json:"ready,omitempty"`
 }
@@ -61,6 +66,9 @@ type ClusterReport struct {
 	NADsRefused []string `json:"nadsRefused,omitempty"`
 	// NADNote says why NADs were not read, when they were not.
 	NADNote string `json:"nadNote,omitempty"`
+	// ClaimNote says why ResourceClaims were not read, when they were not
+	// (a cluster without DRA, or no right to list them).
+	ClaimNote string `json:"claimNote,omitempty"`
 }
 
 // nadRef is one nv-ipam ipam section of a NAD.
@@ -153,6 +161,17 @@ type clusterState struct {
 	refs      []nadRef
 	nadErrs   []string
 	nadNote   string
+	// claims are the nic.hwipam.io devices of the ResourceClaims' status;
+	// claimNote says why they were not read.
+	claims    []claimPort
+	claimNote string
+}
+
+// claimPort is a nic.hwipam.io device of a claim's status.
+type claimPort struct {
+	claim string // namespace/name
+	node  string // the node of the claim's allocation, "" when not one node
+	data  nicdra.DeviceData
 }
 
 // newClusterClient is a client of the API server that gives up on a request after
@@ -168,6 +187,9 @@ func newClusterClient(kubeconfig string, timeout time.Duration) (client.Client, 
 		return nil, err
 	}
 	if err := nadv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := resourceapi.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
 	cl, err := client.New(cfg, client.Options{Scheme: scheme})
@@ -208,7 +230,42 @@ func readCluster(ctx context.Context, cl client.Client, ns string) (*clusterStat
 		}
 		s.refs = append(s.refs, refs...)
 	}
+	s.readClaims(ctx, cl)
 	return s, nil
+}
+
+// readClaims reads the nic.hwipam.io devices of every ResourceClaim's status:
+// the pools they have addresses from, and their ports.
+func (s *clusterState) readClaims(ctx context.Context, cl client.Client) {
+	var claims resourceapi.ResourceClaimList
+	switch err := cl.List(ctx, &claims); {
+	case meta.IsNoMatchError(err):
+		s.claimNote = "the API server serves no resource.k8s.io/v1 ResourceClaims (no DRA)"
+		return
+	case err != nil:
+		s.claimNote = fmt.Sprintf("cannot list ResourceClaims: %v", err)
+		return
+	}
+	for _, c := range claims.Items {
+		node := ""
+		if a := c.Status.Allocation; a != nil && a.NodeSelector != nil && len(a.NodeSelector.NodeSelectorTerms) == 1 {
+			for _, f := range a.NodeSelector.NodeSelectorTerms[0].MatchFields {
+				if f.Key == "metadata.name" && len(f.Values) == 1 {
+					node = f.Values[0]
+				}
+			}
+		}
+		for _, d := range c.Status.Devices {
+			if d.Driver != nicdra.DriverName || d.Data == nil {
+				continue
+			}
+			var data nicdra.DeviceData
+			if err := json.Unmarshal(d.Data.Raw, &data); err != nil {
+				continue
+			}
+			s.claims = append(s.claims, claimPort{claim: c.Namespace + "/" + c.Name, node: node, data: data})
+		}
+	}
 }
 
 // poolOf finds the pool a NAD names: of its poolType, else an IPPool, else a CIDRPool.
@@ -246,7 +303,19 @@ func (s *clusterState) selected(sel *corev1.NodeSelector) []string {
 }
 
 func (s *clusterState) report() *ClusterReport {
-	r := &ClusterReport{Namespace: s.ns, Pools: []ClusterPool{}, NADNote: s.nadNote}
+	r := &ClusterReport{Namespace: s.ns, Pools: []ClusterPool{}, NADNote: s.nadNote, ClaimNote: s.claimNote}
+	claimsOf := map[string][]string{} // kind/name -> claims
+	for _, cp := range s.claims {
+		kind := v1alpha1.KindIPPool
+		if cp.data.PoolType == "cidrpool" {
+			kind = v1alpha1.KindCIDRPool
+		}
+		for _, p := range cp.data.Pools {
+			if k := kind + "/" + p; !slices.Contains(claimsOf[k], cp.claim) {
+				claimsOf[k] = append(claimsOf[k], cp.claim)
+			}
+		}
+	}
 	nadsOf := map[string][]string{} // kind/name -> NADs
 	for _, ref := range s.refs {
 		if ref.rail != "" {
@@ -280,7 +349,8 @@ func (s *clusterState) report() *ClusterReport {
 	}
 	add := func(kind, name, rng, rail string, sel *corev1.NodeSelector, blocksOf map[string]string, layout blocks.Layout,
 		conds []metav1.Condition) {
-		p := ClusterPool{Kind: kind, Name: name, Range: rng, Rail: rail, Blocks: blocksOf, NADs: nadsOf[kind+"/"+name]}
+		p := ClusterPool{Kind: kind, Name: name, Range: rng, Rail: rail, Blocks: blocksOf, NADs: nadsOf[kind+"/"+name],
+			Claims: claimsOf[kind+"/"+name]}
 		for _, n := range s.selected(sel) {
 			p.Selected++
 			if _, ok := blocksOf[n]; !ok {
@@ -340,6 +410,7 @@ func (s *clusterState) nadFindings(c *checker) {
 	}
 	problems, byRail := 0, 0
 	for _, ref := range s.refs {
+		problems += s.heldMaster(c, ref)
 		if ref.rail != "" {
 			byRail++
 			_, findings := s.railReach(ref)
@@ -388,6 +459,30 @@ func (s *clusterState) nadFindings(c *checker) {
 	}
 }
 
+// heldMaster reports a NAD whose master is a port a DRA claim holds: its pods
+// on that node fail with "Link not found". It returns how many it reported.
+func (s *clusterState) heldMaster(c *checker, ref nadRef) int {
+	if ref.master == "" {
+		return 0
+	}
+	problems := 0
+	for _, cp := range s.claims {
+		if cp.data.HostNetdev != ref.master {
+			continue
+		}
+		problems++
+		on := "its node"
+		if cp.node != "" {
+			on = "node " + cp.node
+		}
+		c.add(SeverityWarning, "nad", ref.nad, fmt.Sprintf("NAD %s uses master %s, which DRA claim %s holds on %s: pods "+
+			"there using this NAD fail with \"Link not found\" (the port is in the claim's pod)", ref.nad, ref.master, cp.claim, on),
+			"one owner per port: move this workload to a claim too, or give the NAD another master, or delete the claim's pod "+
+				"(docs/dra.md, With Multus NADs)")
+	}
+	return problems
+}
+
 // clusterTableWithBlocks is clusterTable followed by every pool's block on each
 // node, pool by pool, nodes in name order.
 func clusterTableWithBlocks(w io.Writer, v any) error {
@@ -410,14 +505,15 @@ func clusterTable(w io.Writer, v any) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	// Nodes (selected, with a block, selected without one), then blocks: those
 	// assigned of those the layout has, as a share.
-	fmt.Fprintln(tw, "POOL\tKIND\tRAIL\tRANGE\tNODES SELECTED\tNODES WITH BLOCK\tWITHOUT BLOCK\tBLOCKS USED\tNADS")
+	fmt.Fprintln(tw, "POOL\tKIND\tRAIL\tRANGE\tNODES SELECTED\tNODES WITH BLOCK\tWITHOUT BLOCK\tBLOCKS USED\tNADS\tDRA CLAIMS")
 	for _, p := range r.Pools {
 		selected := strconv.Itoa(p.Selected)
 		if p.Selected == 0 {
 			selected = "0 (selects no node)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d/%d (%.1f%%)\t%s\n", p.Name, p.Kind, dash(p.Rail), p.Range, selected, len(p.Blocks),
-			dash(strings.Join(p.WithoutBlock, ",")), len(p.Blocks), p.UsableBlocks, p.Utilisation, dash(strings.Join(p.NADs, ",")))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d/%d (%.1f%%)\t%s\t%s\n", p.Name, p.Kind, dash(p.Rail), p.Range, selected, len(p.Blocks),
+			dash(strings.Join(p.WithoutBlock, ",")), len(p.Blocks), p.UsableBlocks, p.Utilisation, dash(strings.Join(p.NADs, ",")),
+			dash(strings.Join(p.Claims, ",")))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -433,8 +529,14 @@ func clusterTable(w io.Writer, v any) error {
 		}
 	}
 	if r.NADNote != "" {
-		_, err := fmt.Fprintf(w, "note: %s\n", r.NADNote)
-		return err
+		if _, err := fmt.Fprintf(w, "note: %s\n", r.NADNote); err != nil {
+			return err
+		}
+	}
+	if r.ClaimNote != "" {
+		if _, err := fmt.Fprintf(w, "note: %s\n", r.ClaimNote); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -14,12 +14,15 @@ import (
 
 	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/ipamctl"
+	"github.com/hwipam/hwipam/pkg/nicdra"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -134,7 +137,7 @@ func TestClusterPoolsAndNADs(t *testing.T) {
 	}
 	table, err := run(t, "pools", "--cluster", "--kubeconfig", kubeconfig)
 	if err != nil || !strings.Contains(table, "NAD without pool: default/missing names nope") || !strings.Contains(table, "n-a,n-b,n-c") ||
-		!regexp.MustCompile(`(?m)^nowhere\s+IPPool\s+-\s+10\.70\.0\.0/24\s+0 \(selects no node\)\s+0\s+-\s+0/7 \(0\.0%\)\s+-$`).MatchString(table) ||
+		!regexp.MustCompile(`(?m)^nowhere\s+IPPool\s+-\s+10\.70\.0\.0/24\s+0 \(selects no node\)\s+0\s+-\s+0/7 \(0\.0%\)\s+-\s+-$`).MatchString(table) ||
 		regexp.MustCompile(`(?m)^POOL\s+KIND\s+NODE\s+BLOCK`).MatchString(table) {
 		t.Errorf("table (%v):\n%s", err, table)
 	}
@@ -453,5 +456,72 @@ func TestClusterRailNADs(t *testing.T) {
 	table, _ = run(t, "pools", "--cluster", "--kubeconfig", kubeconfig)
 	if !strings.Contains(table, `NAD refused by the plugin: default/both`) || !strings.Contains(table, `NAD without pool: default/rail-missing rail "ibp999s0"`) {
 		t.Errorf("pools --cluster with faulty rail NADs:\n%s", table)
+	}
+}
+
+// Issue 39, item 6: pools --cluster listed a pool's NADs but not the DRA claims
+// with addresses from it, and a NAD whose master a claim holds showed only
+// "Link not found" on its pods. Now the pool lists its claims (from their
+// status), and check --cluster names the claim that holds the NAD's master.
+func TestClusterDRAClaims(t *testing.T) {
+	c, kubeconfig := nadControlPlane(t)
+	ctx := t.Context()
+	pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "rail-ibp79s0", Namespace: "kube-system",
+		Labels: map[string]string{v1alpha1.LabelRail: "ibp79s0"}}, Spec: v1alpha1.IPPoolSpec{Subnet: "10.79.0.0/16", PerNodeBlockSize: 64}}
+	nad := &nadv1.NetworkAttachmentDefinition{ObjectMeta: metav1.ObjectMeta{Name: "on-79", Namespace: "default"},
+		Spec: nadv1.NetworkAttachmentDefinitionSpec{Config: `{"cniVersion":"1.0.0","name":"on-79","type":"macvlan","master":"ibp79s0",` +
+			`"ipam":{"type":"nv-ipam","poolName":"rail-ibp79s0"}}`}}
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "gpu-nic", Namespace: "ml"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "nic",
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nicdra.DriverName}}}}}}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ml"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []client.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n-1"}}, pool, nad, claim} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := json.Marshal(nicdra.DeviceData{Pools: []string{"rail-ibp79s0"}, PoolType: "ippool", Rail: "ibp79s0",
+		HostNetdev: "ibp79s0", PCIAddress: "0000:4f:00.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+		{Request: "nic", Driver: nicdra.DriverName, Pool: "n-1", Device: "pci-0000-4f-00-0"}}},
+		NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+			{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"n-1"}}}}}}}
+	claim.Status.Devices = []resourceapi.AllocatedDeviceStatus{{Driver: nicdra.DriverName, Pool: "n-1", Device: "pci-0000-4f-00-0",
+		Data: &runtime.RawExtension{Raw: data}, NetworkData: &resourceapi.NetworkDeviceData{InterfaceName: "net1", IPs: []string{"10.79.0.5/16"}}}}
+	if err := c.Status().Update(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, "pools", "--cluster", "--kubeconfig", kubeconfig, "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r ipamctl.ClusterReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(r.Pools) != 1 || !slices.Equal(r.Pools[0].Claims, []string{"ml/gpu-nic"}) || !slices.Equal(r.Pools[0].NADs, []string{"default/on-79"}) {
+		t.Errorf("pools --cluster: %+v, want rail-ibp79s0 with NAD default/on-79 and claim ml/gpu-nic", r.Pools)
+	}
+	table, err := run(t, "pools", "--cluster", "--kubeconfig", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table, "DRA CLAIMS") || !strings.Contains(table, "ml/gpu-nic") {
+		t.Errorf("pools --cluster table lacks the claim:\n%s", table)
+	}
+	cr, _ := checkRun(t, "--cluster", "--kubeconfig", kubeconfig, "--socket", "unix:///nonexistent.sock", "--node-name", "n-1")
+	found := false
+	for _, f := range cr.Findings {
+		if f.Check == "nad" && strings.Contains(f.Message, "NAD default/on-79 uses master ibp79s0, which DRA claim ml/gpu-nic holds on node n-1") {
+			found = f.Severity == ipamctl.SeverityWarning && f.Fix != ""
+		}
+	}
+	if !found {
+		t.Errorf("check --cluster does not name the claim holding the NAD's master: %+v", cr.Findings)
 	}
 }
