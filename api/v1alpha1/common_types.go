@@ -56,6 +56,9 @@ const (
 
 // PoolStatusCommon holds the status fields hwipam adds to both pool kinds. An API
 // server that runs nv-ipam's own CRD prunes them; nothing depends on reading them back.
+// The node counts are written also when 0, so that `kubectl get` prints 0 for a
+// pool that selects no node rather than a blank; a pruned status is told apart by
+// its conditions and observedGeneration, which every written status has.
 type PoolStatusCommon struct {
 	// conditions tell whether the pool is ready, exhausted, invalid or in conflict.
 	// +optional
@@ -67,9 +70,9 @@ type PoolStatusCommon struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// selectedNodes is how many nodes match the nodeSelector.
 	// +optional
-	SelectedNodes int32 `json:"selectedNodes,omitempty"`
+	SelectedNodes int32 `json:"selectedNodes"`
 	// allocatedNodes is how many nodes hold a block, including nodes whose block is
 	// kept through its release grace period.
 	// +optional
-	AllocatedNodes int32 `json:"allocatedNodes,omitempty"`
+	AllocatedNodes int32 `json:"allocatedNodes"`
 }

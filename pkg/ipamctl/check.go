@@ -418,14 +418,18 @@ func checkPools(c *checker, d *daemonState) {
 	for _, p := range d.pools {
 		switch {
 		case !p.GetActive() && p.GetAllocated() == 0:
-			// A pool deleted, or no longer selecting this node: nothing is held. Whether a
-			// pool should give this node a block is the API check's (block).
-			c.add(SeverityInfo, "pool", p.GetKey(), "no block on this node any more, nothing held", "")
+			// A pool no longer giving this node a block: nothing is held. The daemon
+			// forgets a pool deleted from the API server once it holds nothing, so this
+			// is a pool that still exists (or one deleted while the daemon cannot
+			// list the pools). Whether it should give this node a block is the API
+			// check's (block).
+			c.add(SeverityInfo, "pool", p.GetKey(), "no block on this node any more, nothing held; the pool still exists "+
+				"(the daemon forgets a deleted pool at its next pool listing once it holds nothing)", "")
 		case !p.GetActive():
 			c.add(SeverityWarning, "block", p.GetKey(), fmt.Sprintf("no active block on this node, %d allocation(s) kept from "+
 				"the last one; new allocations from it are refused", p.GetAllocated()),
 				"the pool no longer gives this node a block: check the pool's nodeSelector and status (kubectl get ippool -o yaml); "+
-					"the kept addresses go when their pods do")
+					"the kept addresses go when their pods do (and with the last of them the pool, if it was deleted)")
 		case p.GetFree() == "0":
 			c.add(SeverityError, "pool", p.GetKey(), fmt.Sprintf("block %s-%s is full: %d allocated", p.GetStart(), p.GetEnd(),
 				p.GetAllocated()), "raise perNodeBlockSize (or the prefix), or find allocations whose pods are gone")

@@ -218,6 +218,24 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 	}
 	before := s.manager.Holds()
 	err := s.manager.SyncPools(cfgs)
+	// A pool deleted from the API server is forgotten once it holds nothing
+	// (now, or when its last allocation is released), so that it does not
+	// linger in ipamctl pools and check. A pool that exists but gives this
+	// node no block is kept.
+	existing := make(map[string]bool, len(ips.Items)+len(cidrs.Items))
+	for i := range ips.Items {
+		existing[v1alpha1.PoolKey(v1alpha1.KindIPPool, ips.Items[i].Name)] = true
+	}
+	for i := range cidrs.Items {
+		existing[v1alpha1.PoolKey(v1alpha1.KindCIDRPool, cidrs.Items[i].Name)] = true
+	}
+	forgotten, ferr := s.manager.ForgetGone(existing)
+	if len(forgotten) > 0 {
+		logger.Info("forgot pools deleted from the API server that hold nothing on this node", "pools", forgotten)
+	}
+	if ferr != nil {
+		logger.Error(ferr, "forgetting pools deleted from the API server; tried again at the next pool sync")
+	}
 	// What the listing found is told once its blocks are applied: a rail's
 	// pool is not handed out before this node's block in it is there.
 	s.rmu.Lock()

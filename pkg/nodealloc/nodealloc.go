@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -102,6 +103,10 @@ type poolState struct {
 	provisional bool
 	// storedInactive: the store marks the block taken away (Store.DeactivatePool).
 	storedInactive bool
+	// dropped: the pool was forgotten (Manager.forget) and is no longer in
+	// Manager.pools. Whoever took the state before and locks it after must look
+	// the pool up again.
+	dropped bool
 	// allocs are the pool's allocations, by store.RecordKey: only the address.
 	// The rest of each record (pod, device, network, creation time) is read from
 	// the store when asked for (Allocations, ReleaseIf), so that 100,000
@@ -176,6 +181,9 @@ type Store interface {
 	SavePool(key string, block json.RawMessage) error
 	// DeactivatePool marks the pool's stored block as no longer the node's.
 	DeactivatePool(key string) error
+	// DropPool forgets a pool that holds no allocation (its record goes);
+	// store.ErrPoolInUse when it holds one.
+	DropPool(key string) error
 	// Commit records puts and deletes, all or none, and returns once they are committed (they then survive a crash of the daemon).
 	Commit(puts []store.Put, deletes []store.Key) error
 	// Path names the store in error messages.
@@ -192,6 +200,10 @@ type Manager struct {
 
 	mu    sync.RWMutex
 	pools map[string]*poolState
+	// existing are the keys of the pools the API server listed last
+	// (ForgetGone), nil before the first listing: a pool not among them is gone,
+	// and forgotten once it holds nothing.
+	existing map[string]bool
 
 	// decided is closed by the first SyncPools or by UseStoredBlocks, whichever
 	// comes first: until then a request that needs a new address from a
@@ -296,14 +308,22 @@ func (p *poolState) configure(cfg *PoolConfig) error {
 // before it takes effect.
 func (m *Manager) SetPool(cfg *PoolConfig) error {
 	key := cfg.Key()
-	m.mu.Lock()
-	p, ok := m.pools[key]
-	if !ok {
-		p = newPoolState(key)
-		m.pools[key] = p
+	var p *poolState
+	for {
+		m.mu.Lock()
+		var ok bool
+		p, ok = m.pools[key]
+		if !ok {
+			p = newPoolState(key)
+			m.pools[key] = p
+		}
+		m.mu.Unlock()
+		p.lockWait()
+		if !p.dropped {
+			break
+		}
+		p.unlock() // forgotten meanwhile: a new state takes its place
 	}
-	m.mu.Unlock()
-	p.lockWait()
 	defer p.unlock()
 	if p.cfg != nil && p.cfg.Equal(cfg) && !p.storedInactive {
 		p.active, p.provisional = true, false
@@ -368,6 +388,9 @@ func (m *Manager) SyncPools(cfgs []*PoolConfig) error {
 func (m *Manager) deactivate(p *poolState) error {
 	p.lockWait()
 	defer p.unlock()
+	if p.dropped {
+		return nil
+	}
 	var err error
 	if p.cfg != nil && !p.storedInactive {
 		if err = m.store.DeactivatePool(p.key); err == nil {
@@ -421,33 +444,38 @@ func (m *Manager) snapshot(key string) []*poolState {
 // pools are nil. unlock undoes it; callers defer it. When ctx ends first it
 // returns ctx's error with no lock held.
 func (m *Manager) lockPools(ctx context.Context, keys []string) (states []*poolState, unlock func(), err error) {
-	m.mu.RLock()
-	states = make([]*poolState, len(keys))
-	for i, k := range keys {
-		states[i] = m.pools[k]
-	}
-	m.mu.RUnlock()
 	order := make([]int, len(keys))
 	for i := range order {
 		order[i] = i
 	}
 	sort.Slice(order, func(a, b int) bool { return keys[order[a]] < keys[order[b]] })
-	var locked []*poolState
-	unlock = func() {
-		for _, s := range locked {
-			s.unlock()
+	for {
+		m.mu.RLock()
+		states = make([]*poolState, len(keys))
+		for i, k := range keys {
+			states[i] = m.pools[k]
 		}
-	}
-	for _, i := range order {
-		if s := states[i]; s != nil && !slices.Contains(locked, s) {
-			if err := s.lock(ctx); err != nil {
-				unlock()
-				return nil, nil, err
+		m.mu.RUnlock()
+		var locked []*poolState
+		unlock = func() {
+			for _, s := range locked {
+				s.unlock()
 			}
-			locked = append(locked, s)
 		}
+		for _, i := range order {
+			if s := states[i]; s != nil && !slices.Contains(locked, s) {
+				if err := s.lock(ctx); err != nil {
+					unlock()
+					return nil, nil, err
+				}
+				locked = append(locked, s)
+			}
+		}
+		if !slices.ContainsFunc(locked, func(s *poolState) bool { return s.dropped }) {
+			return states, unlock, nil
+		}
+		unlock() // a pool was forgotten meanwhile: look the pools up again
 	}
-	return states, unlock, nil
 }
 
 // lockPoolsWait is lockPools without giving up.
@@ -891,7 +919,13 @@ func (m *Manager) releaseMatching(ctx context.Context, keys []string, who owner,
 		case len(rel.dels) == 0:
 			return false, nil
 		}
-		return m.commitRelease(keys, who, rel)
+		released, err := m.commitRelease(keys, who, rel)
+		if released {
+			// The last allocation of a pool deleted from the API server: the
+			// pool goes with it. Should that fail, the next ForgetGone retries.
+			m.forgetGone(keys)
+		}
+		return released, err
 	}
 }
 
@@ -972,6 +1006,77 @@ func (m *Manager) finishRelease(keys []string, who owner, rel release, outcome e
 	if outcome != nil {
 		return false, outcome
 	}
+	return true, nil
+}
+
+// ForgetGone tells the manager which pools exist in the API server: existing
+// holds the keys (v1alpha1.PoolKey) of every pool of a complete listing,
+// whether or not it gives this node a block. A pool not among them that hands
+// out nothing and holds nothing is forgotten: its record leaves the store and
+// listings (ipamctl pools, check) no longer show it. One that still holds
+// allocations is forgotten when its last is released. A pool created again
+// later starts anew from the block its status gives this node. It returns the
+// keys forgotten now.
+func (m *Manager) ForgetGone(existing map[string]bool) ([]string, error) {
+	m.mu.Lock()
+	m.existing = maps.Clone(existing)
+	if m.existing == nil {
+		m.existing = map[string]bool{}
+	}
+	m.mu.Unlock()
+	var forgotten []string
+	var errs []error
+	for _, p := range m.snapshot("") {
+		ok, err := m.forget(p)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if ok {
+			forgotten = append(forgotten, p.key)
+		}
+	}
+	slices.Sort(forgotten)
+	return forgotten, errors.Join(errs...)
+}
+
+// forgetGone forgets those of the pools (by key) that are gone and hold
+// nothing; errors are left for the next ForgetGone.
+func (m *Manager) forgetGone(keys []string) {
+	for _, k := range keys {
+		if !m.gone(k) {
+			continue
+		}
+		for _, p := range m.snapshot(k) {
+			_, _ = m.forget(p)
+		}
+	}
+}
+
+// gone says whether the last listing of the API server lacked the pool.
+func (m *Manager) gone(key string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.existing != nil && !m.existing[key]
+}
+
+// forget drops p, under its lock, when its pool is gone from the API server and
+// it hands out nothing, holds nothing and has nothing in flight; it says
+// whether it did. The store forgets it first: should that fail, p stays.
+func (m *Manager) forget(p *poolState) (bool, error) {
+	p.lockWait()
+	defer p.unlock()
+	if p.dropped || p.active || p.provisional || len(p.allocs) > 0 || len(p.inflight) > 0 || !m.gone(p.key) {
+		return false, nil
+	}
+	if err := m.store.DropPool(p.key); err != nil {
+		return false, err
+	}
+	m.mu.Lock()
+	if m.pools[p.key] == p {
+		delete(m.pools, p.key)
+	}
+	m.mu.Unlock()
+	p.dropped = true
 	return true, nil
 }
 

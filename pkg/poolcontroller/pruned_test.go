@@ -88,8 +88,48 @@ func TestWorksWhenStatusFieldsArePruned(t *testing.T) {
 			checkPrunedStatus(t, c, r, name, i)
 		})
 	}
+	t.Run("selects-no-node", func(t *testing.T) {
+		r := &poolcontroller.Reconciler{Client: c, StatusWriter: sw, Kind: v1alpha1.KindIPPool, Now: time.Now}
+		checkPrunedNoNode(t, c, r)
+	})
 	if warnings.Len() > 0 {
 		t.Errorf("the status writer drew warnings from the server:\n%s", warnings.String())
+	}
+}
+
+// checkPrunedNoNode: a pool that selects no node, under a pruning CRD, is
+// written once and then left alone, although the 0 node counts sent (issue 39)
+// never come back either.
+func checkPrunedNoNode(t *testing.T, c client.Client, r *poolcontroller.Reconciler) {
+	ctx := t.Context()
+	pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "selects-no-node", Namespace: "default"},
+		Spec: v1alpha1.IPPoolSpec{Subnet: "10.0.9.0/24", PerNodeBlockSize: 50, NodeSelector: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: "test.hwipam.io/nobody", Operator: corev1.NodeSelectorOpExists}}}}}}}
+	if err := c.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pool)}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if w := r.StatusWrites(); w != 1 {
+		t.Errorf("%d status writes for a new pool that selects no node, want 1", w)
+	}
+	var got v1alpha1.IPPool
+	if err := c.Get(ctx, req.NamespacedName, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Status.Allocations) != 0 || len(got.Status.Conditions) != 0 || got.Status.ObservedGeneration != 0 {
+		t.Fatalf("status of a pool selecting no node under a pruning CRD = %+v, want empty", got.Status)
+	}
+	for range 3 {
+		if _, err := r.Reconcile(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w := r.StatusWrites(); w != 1 {
+		t.Errorf("%d status writes in 3 more reconciles of an unchanged pool that selects no node under a pruning CRD, want 0", w-1)
 	}
 }
 

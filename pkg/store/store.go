@@ -455,6 +455,42 @@ func (s *Store) DeactivatePool(key string) error {
 	return nil
 }
 
+// ErrPoolInUse is returned (wrapped) by DropPool for a pool that still holds
+// allocations.
+var ErrPoolInUse = errors.New("the pool still holds allocations")
+
+// DropPool forgets a pool that holds no allocation: its record (last block,
+// cursor) and its empty allocations bucket go, as if the pool had never been
+// on this node. The caller makes sure nothing commits to the pool meanwhile
+// (the daemon holds the pool's lock with nothing in flight): every commit
+// acknowledged before is applied to the file first, so that no cursor update
+// still in the log brings the record back. A pool that still holds an
+// allocation is left as it is, with ErrPoolInUse.
+func (s *Store) DropPool(key string) error {
+	if err := s.waitChecked(); err != nil {
+		return err
+	}
+	if err := s.settle(); err != nil {
+		return fmt.Errorf("dropping pool %s from store %s: %w", key, s.path, err)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		allocs := tx.Bucket(bucketAllocations)
+		if b := allocs.Bucket([]byte(key)); b != nil {
+			if k, _ := b.Cursor().First(); k != nil {
+				return ErrPoolInUse
+			}
+			if err := allocs.DeleteBucket([]byte(key)); err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketPools).Delete([]byte(key))
+	})
+	if err != nil {
+		return fmt.Errorf("dropping pool %s from store %s: %w", key, s.path, err)
+	}
+	return nil
+}
+
 func updatePool(tx *bolt.Tx, key string, mod func(*Pool)) error {
 	b := tx.Bucket(bucketPools)
 	p := Pool{Key: key}
