@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/nicdra"
@@ -509,6 +510,12 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 
 		// Step 1 without step 0: the export refuses, names the pod, writes nothing.
 		stopNodeDaemon(ctx)
+		// Whatever happens, the driver is back for the suite's cleanup (its
+		// pods' claims are unprepared by it).
+		DeferCleanup(func(ctx SpecContext) {
+			Expect(node.Deploy(ctx, harness.RepoRoot(), draOpts)).To(Succeed())
+			Expect(node.WaitRollout(ctx, 2*time.Minute)).To(Succeed())
+		}, NodeTimeout(3*time.Minute))
 		logs, ok := runExportPod(ctx, image)
 		Expect(ok).To(BeFalse(), "the export of a store with a claim's address succeeded:\n%s", logs)
 		Expect(logs).To(And(ContainSubstring("pod "+ns+"/rb-claim (claim UID"), ContainSubstring(ip), ContainSubstring("--keep-dra-claims")))
@@ -517,17 +524,24 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(head)).NotTo(HavePrefix("{"), "the refused export wrote nv-ipam's store")
 
-		// Step 0, with the driver back: the claim's pod goes, the kubelet
-		// unprepares, its address is released and its port is back.
+		// Step 0, with the driver back: every pod with a NIC claim goes (this
+		// one and docs/dra.md's), the kubelet unprepares, their addresses are
+		// released and the ports are back.
 		Expect(node.Deploy(ctx, harness.RepoRoot(), draOpts)).To(Succeed())
 		Expect(node.WaitRollout(ctx, 2*time.Minute)).To(Succeed())
+		deleteDocObjects(ctx)
 		deletePod(ctx, "rb-claim")
 		Expect(client.IgnoreNotFound(node.Clientset.ResourceV1().ResourceClaims(ns).Delete(ctx, "rb-claim", metav1.DeleteOptions{}))).To(Succeed())
 		Eventually(ctx, func(g Gomega) {
-			g.Expect(allocations(ctx)).NotTo(ContainElement(ContainSubstring(" " + ip + " ")))
-			_, err := netlink.LinkByName(ownerRail)
+			resp, err := nodeInfo.ListAllocations(ctx, &infov1.ListAllocationsRequest{})
+			g.Expect(err).NotTo(HaveOccurred())
+			for _, a := range resp.GetAllocations() {
+				g.Expect(a.GetNetwork()).NotTo(Equal(nicdra.DriverName), "a claim's address is still held: %v", a)
+			}
+			_, err = netlink.LinkByName(ownerRail)
 			g.Expect(err).NotTo(HaveOccurred(), "%s is not back on the host", ownerRail)
 		}).WithTimeout(2 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+		Expect(allocations(ctx)).NotTo(ContainElement(ContainSubstring(" " + ip + " ")))
 		before := allocations(ctx)
 
 		// Step 1 as written: the daemon stops, then the document's commands.

@@ -187,22 +187,28 @@ func runExportPod(ctx SpecContext, image string) (string, bool) {
 }
 
 // docKubectl returns the kubectl commands (their arguments) of the sh blocks of
-// a document that mention what.
+// a document that mention what anywhere.
 func docKubectl(path, what string) [][]string {
 	GinkgoHelper()
 	md, err := os.ReadFile(path)
 	Expect(err).NotTo(HaveOccurred())
-	var out [][]string
-	in := false
+	var out, block [][]string
+	in, mentions := false, false
 	for _, line := range strings.Split(string(md), "\n") {
 		t := strings.TrimSpace(line)
 		switch {
 		case t == "```sh":
-			in = true
-		case t == "```":
+			in, mentions, block = true, false, nil
+		case in && t == "```":
 			in = false
-		case in && strings.HasPrefix(t, "kubectl ") && strings.Contains(t, what):
-			out = append(out, strings.Fields(strings.TrimPrefix(t, "kubectl ")))
+			if mentions {
+				out = append(out, block...)
+			}
+		case in:
+			mentions = mentions || strings.Contains(t, what)
+			if strings.HasPrefix(t, "kubectl ") {
+				block = append(block, strings.Fields(strings.TrimPrefix(t, "kubectl ")))
+			}
 		}
 	}
 	return out
