@@ -674,6 +674,7 @@ func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, v
 			return
 		}
 		s.nadFindings(c)
+		s.claimFindings(c)
 	}
 }
 

@@ -169,9 +169,11 @@ type clusterState struct {
 
 // claimPort is a nic.hwipam.io device of a claim's status.
 type claimPort struct {
-	claim string // namespace/name
-	node  string // the node of the claim's allocation, "" when not one node
-	data  nicdra.DeviceData
+	claim  string // namespace/name
+	node   string // the node of the claim's allocation, "" when not one node
+	device string
+	ips    []string
+	data   nicdra.DeviceData
 }
 
 // newClusterClient is a client of the API server that gives up on a request after
@@ -263,7 +265,11 @@ func (s *clusterState) readClaims(ctx context.Context, cl client.Client) {
 			if err := json.Unmarshal(d.Data.Raw, &data); err != nil {
 				continue
 			}
-			s.claims = append(s.claims, claimPort{claim: c.Namespace + "/" + c.Name, node: node, data: data})
+			cp := claimPort{claim: c.Namespace + "/" + c.Name, node: node, device: d.Device, data: data}
+			if d.NetworkData != nil {
+				cp.ips = d.NetworkData.IPs
+			}
+			s.claims = append(s.claims, cp)
 		}
 	}
 }
@@ -456,6 +462,28 @@ func (s *clusterState) nadFindings(c *checker) {
 				"whose pools have a block on each node with the rail", len(s.refs), len(s.refs)-byRail, byRail)
 		}
 		c.add(SeverityOK, "nad", "", msg, "")
+	}
+}
+
+// claimFindings are check --cluster's list of the NIC ports DRA claims hold,
+// node by node: what a pod whose claim "cannot allocate all claims" waits for.
+func (s *clusterState) claimFindings(c *checker) {
+	if s.claimNote != "" {
+		c.add(SeverityInfo, "dra-claims", "", s.claimNote, "")
+		return
+	}
+	for _, cp := range s.claims {
+		port := cp.device
+		if cp.data.HostNetdev != "" || cp.data.PCIAddress != "" {
+			port += " (" + strings.Trim(cp.data.HostNetdev+", "+cp.data.PCIAddress, ", ") + ")"
+		}
+		on := "on no one node"
+		if cp.node != "" {
+			on = "on node " + cp.node
+		}
+		c.add(SeverityInfo, "dra-claims", "claim "+cp.claim, fmt.Sprintf("holds port %s %s, rail %s, pool(s) %s, address(es) %s: "+
+			"no other claim or NAD gets it until the claim's pod is gone", port, on, dash(cp.data.Rail),
+			dash(strings.Join(cp.data.Pools, ",")), dash(strings.Join(cp.ips, ","))), "")
 	}
 }
 

@@ -524,4 +524,12 @@ func TestClusterDRAClaims(t *testing.T) {
 	if !found {
 		t.Errorf("check --cluster does not name the claim holding the NAD's master: %+v", cr.Findings)
 	}
+	// And lists the ports claims hold, for a pod left with "cannot allocate
+	// all claims".
+	if !slices.ContainsFunc(cr.Findings, func(f ipamctl.Finding) bool {
+		return f.Check == "dra-claims" && f.Subject == "claim ml/gpu-nic" &&
+			strings.Contains(f.Message, "holds port pci-0000-4f-00-0 (ibp79s0, 0000:4f:00.0) on node n-1, rail ibp79s0, pool(s) rail-ibp79s0, address(es) 10.79.0.5/16")
+	}) {
+		t.Errorf("check --cluster does not list the port the claim holds: %+v", cr.Findings)
+	}
 }

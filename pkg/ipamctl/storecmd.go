@@ -20,7 +20,7 @@ func storeCommand() *cobra.Command {
 
 func storeExportCommand() *cobra.Command {
 	var format, storeFile, out string
-	var inPlace bool
+	var inPlace, keepClaims bool
 	cmd := &cobra.Command{
 		Use:   "export --format nv-ipam (--in-place | -o FILE)",
 		Short: "Write the node's allocations as nv-ipam's JSON store, for a rollback to nv-ipam",
@@ -29,7 +29,8 @@ func storeExportCommand() *cobra.Command {
 			"with each pool's last reserved address and nv-ipam's checksum. --in-place puts the export at the store's\n" +
 			"path, where nv-ipam's daemon reads it, and keeps the hwipam store as <store-file>.hwipam (its log as\n" +
 			"<store-file>.hwipam.wal); -o writes a new file. A store that cannot be read fully is refused and nothing\n" +
-			"is written; the file appears whole or not at all. See docs/migration.md, \"Rolling back to nv-ipam\".",
+			"is written; the file appears whole or not at all. A store with addresses of DRA claims (nic.hwipam.io) is\n" +
+			"refused, naming their pods, unless --keep-dra-claims. See docs/migration.md, \"Rolling back to nv-ipam\".",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if format != "nv-ipam" {
@@ -45,7 +46,7 @@ func storeExportCommand() *cobra.Command {
 			case out == storeFile:
 				return usageErrorf("-o names the store itself: use --in-place, which keeps the hwipam store as a backup")
 			}
-			rep, err := store.ExportNVIPAM(storeFile, out)
+			rep, err := store.ExportNVIPAMWith(storeFile, out, store.ExportOptions{KeepClaims: keepClaims})
 			if err != nil {
 				return err
 			}
@@ -57,6 +58,10 @@ func storeExportCommand() *cobra.Command {
 			if rep.WithNetwork > 0 {
 				fmt.Fprintf(w, "note: %d allocation(s) recorded their CNI network, which nv-ipam does not keep; "+
 					"they are exported all the same\n", rep.WithNetwork)
+			}
+			if rep.Claims > 0 {
+				fmt.Fprintf(w, "note: %d allocation(s) of DRA claims exported (--keep-dra-claims): nv-ipam holds their "+
+					"addresses until their pods are gone; their NIC ports stay in those pods\n", rep.Claims)
 			}
 			if rep.WithRail > 0 {
 				fmt.Fprintf(w, "note: %d allocation(s) were made through a rail; nv-ipam knows no rails: they are exported "+
@@ -70,5 +75,7 @@ func storeExportCommand() *cobra.Command {
 	fl.StringVar(&storeFile, "store-file", "/var/lib/cni/nv-ipam/store", "the store, as ipam-node's --store-file")
 	fl.BoolVar(&inPlace, "in-place", false, "put the export at --store-file, keeping the hwipam store as <store-file>.hwipam")
 	fl.StringVarP(&out, "output", "o", "", "write the export to this new file")
+	fl.BoolVar(&keepClaims, "keep-dra-claims", false, "export the DRA driver's allocations too (their pods keep their addresses "+
+		"under nv-ipam until they are gone); without it, a store that holds any is refused")
 	return cmd
 }

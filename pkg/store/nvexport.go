@@ -36,6 +36,8 @@ type ExportReport struct {
 	// neither, so the allocation is exported in its pool without it.
 	WithNetwork int
 	WithRail    int
+	// Claims counts the DRA driver's allocations exported (ExportOptions.KeepClaims).
+	Claims int
 	// Backup is the hwipam store kept by an in-place export; empty otherwise.
 	Backup string
 }
@@ -98,6 +100,9 @@ func NVIPAMJSON(pools map[string]*PoolState) ([]byte, ExportReport, error) {
 			if a.Rail != "" {
 				rep.WithRail++
 			}
+			if isDRA(a) {
+				rep.Claims++
+			}
 		}
 		root.Pools[key] = p
 		rep.Pools++
@@ -123,7 +128,50 @@ func parseExportIP(s string) (net.IP, error) {
 	return net.IP(a.AsSlice()), nil
 }
 
-// ExportNVIPAM writes the store at path as nv-ipam's JSON store. out names the
+// ErrDRAClaims is an export's refusal of a store that holds allocations of the
+// DRA driver (nic.hwipam.io claims): their pods are to go first (docs/migration.md).
+var ErrDRAClaims = errors.New("the store holds addresses of DRA claims")
+
+// ExportOptions change what an export does with allocations nv-ipam has no
+// counterpart for.
+type ExportOptions struct {
+	// KeepClaims exports the DRA driver's allocations as nv-ipam entries
+	// (container ID the claim's UID, interface "nic:<device>", the pod the claim
+	// was prepared for), which nv-ipam holds until that pod is gone. Without
+	// it, a store that holds any is refused (ErrDRAClaims).
+	KeepClaims bool
+}
+
+// isDRA tells an allocation of the DRA driver: its mark, or, from a version
+// before the mark, the driver's network name.
+func isDRA(a *Allocation) bool { return a.Owner == "dra" || a.Network == "nic.hwipam.io" }
+
+// draClaims lists the DRA allocations of pools as "pod ns/name (claim UID,
+// address)", sorted.
+func draClaims(pools map[string]*PoolState) []string {
+	var out []string
+	for _, st := range pools {
+		if st == nil {
+			continue
+		}
+		for i := range st.Allocations {
+			a := &st.Allocations[i]
+			if isDRA(a) {
+				out = append(out, fmt.Sprintf("pod %s/%s (claim UID %s, %s)", a.PodNamespace, a.PodName, a.ContainerID, a.IP))
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ExportNVIPAM is ExportNVIPAMWith without options: a store with DRA claims'
+// allocations is refused.
+func ExportNVIPAM(path, out string) (ExportReport, error) {
+	return ExportNVIPAMWith(path, out, ExportOptions{})
+}
+
+// ExportNVIPAMWith writes the store at path as nv-ipam's JSON store. out names the
 // file to write, which must not exist yet; out equal to path is the in-place
 // export of a rollback: the nv-ipam file takes the store's place, and the
 // hwipam store is kept as path+HwipamBackupSuffix (with its log as
@@ -136,8 +184,9 @@ func parseExportIP(s string) (net.IP, error) {
 // log, and checked; anything it cannot read fails the export before a file is
 // written. The file is written to a temporary name, synced, and renamed into
 // place, so that out (or path) holds either the old content or the whole
-// export, never a part.
-func ExportNVIPAM(path, out string) (ExportReport, error) {
+// export, never a part. A store with allocations of the DRA driver is refused
+// unless o.KeepClaims (ErrDRAClaims, naming them).
+func ExportNVIPAMWith(path, out string, o ExportOptions) (ExportReport, error) {
 	var rep ExportReport
 	inPlace := filepath.Clean(out) == filepath.Clean(path)
 	if ok, err := fileExists(path); err != nil {
@@ -174,6 +223,19 @@ func ExportNVIPAM(path, out string) (ExportReport, error) {
 	}
 	if err != nil {
 		return rep, fmt.Errorf("the store cannot be read fully, nothing was exported: %w", err)
+	}
+	if claims := draClaims(pools); len(claims) > 0 && !o.KeepClaims {
+		const maxListed = 5
+		more := ""
+		if len(claims) > maxListed {
+			more = fmt.Sprintf(" and %d more", len(claims)-maxListed)
+			claims = claims[:maxListed]
+		}
+		return rep, fmt.Errorf("%w, nothing was exported: %s%s. nv-ipam has no DRA driver: nobody would return these "+
+			"pods' NIC ports to the host or release their addresses with their claims. Delete those pods (or move them to "+
+			"NADs) while ipam-node runs with --dra, so that the kubelet unprepares their claims, and export again; or give "+
+			"--keep-dra-claims to export them as nv-ipam entries, which nv-ipam holds until their pods are gone "+
+			"(docs/migration.md)", ErrDRAClaims, strings.Join(claims, ", "), more)
 	}
 	data, rep, err := NVIPAMJSON(pools)
 	if err != nil {

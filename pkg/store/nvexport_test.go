@@ -501,3 +501,54 @@ func TestExportRefusesAndWritesNothing(t *testing.T) {
 		noFiles(t, dir, "store", "store.wal", "out.json")
 	})
 }
+
+// Issue 39, item 2: the export wrote a DRA claim's allocation as an nv-ipam
+// entry keyed by the claim's UID, silently, though nv-ipam has no driver to
+// return the pod's port or release the address with the claim. Now a store
+// with any (marked, or of the driver's network from before the mark) is
+// refused, naming the pods, and nothing is written; --keep-dra-claims exports
+// them, counted.
+func TestExportRefusesDRAClaims(t *testing.T) {
+	for _, legacy := range []bool{false, true} {
+		path := filepath.Join(t.TempDir(), "store")
+		s, err := store.Open(path, store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		claim := store.Allocation{ContainerID: "3f2c-claim-uid", IfName: "nic:pci-0000-4f-00-0", IP: "10.26.0.3",
+			PodName: "demo-gpu", PodNamespace: "default", PodUID: "pod-uid", Network: "nic.hwipam.io", Owner: "dra"}
+		if legacy {
+			claim.Owner = ""
+		}
+		if err := s.Commit([]store.Put{
+			{PoolKey: "demo-ibp79s0", Allocation: claim},
+			{PoolKey: "demo-ibp24s0", Allocation: store.Allocation{ContainerID: "c1", IfName: "net1", IP: "10.24.0.2", PodName: "demo-a",
+				PodNamespace: "default", Network: "demo-ibp24s0"}},
+		}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		_, err = store.ExportNVIPAM(path, path)
+		if !errors.Is(err, store.ErrDRAClaims) || !strings.Contains(err.Error(), "pod default/demo-gpu (claim UID 3f2c-claim-uid, 10.26.0.3)") ||
+			!strings.Contains(err.Error(), "--keep-dra-claims") {
+			t.Fatalf("legacy=%t: export of a store with a claim's address: %v", legacy, err)
+		}
+		if isNV, err := os.ReadFile(path); err != nil || strings.HasPrefix(string(isNV), "{") {
+			t.Fatalf("legacy=%t: the refused export wrote the store (%v)", legacy, err)
+		}
+		if _, err := os.Stat(path + store.HwipamBackupSuffix); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("legacy=%t: the refused export left a backup: %v", legacy, err)
+		}
+		rep, err := store.ExportNVIPAMWith(path, path, store.ExportOptions{KeepClaims: true})
+		if err != nil || rep.Claims != 1 || rep.Allocations != 2 {
+			t.Fatalf("legacy=%t: export with KeepClaims: %+v, %v", legacy, rep, err)
+		}
+		got, err := os.ReadFile(path)
+		if err != nil || !strings.Contains(string(got), `"3f2c-claim-uid_nic:pci-0000-4f-00-0":{"container_id":"3f2c-claim-uid"`) ||
+			!strings.Contains(string(got), `"pod_name":"demo-gpu"`) {
+			t.Errorf("legacy=%t: export with the claim:\n%s (%v)", legacy, got, err)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package realnode_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net"
@@ -25,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/nicdra"
@@ -47,6 +49,7 @@ func railSubnet(rail string) string {
 
 var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), Ordered, func() {
 	var treeRoot string
+	var draOpts realnode.DeployOptions
 	BeforeAll(func(ctx SpecContext) {
 		for i, r := range draRails {
 			_, err := netlink.LinkByName(r)
@@ -66,6 +69,7 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		}, NodeTimeout(5*time.Minute))
 		Expect(node.Undeploy(ctx)).To(Succeed())
 		opts.Overlay = "deploy/overlays/dra"
+		draOpts = opts
 		Expect(node.Deploy(ctx, harness.RepoRoot(), opts)).To(Succeed())
 
 		stop, err := node.StartGPUDriver(ctx, treeRoot, fakesysfs.DGXH100GPUs, logr.Discard())
@@ -494,6 +498,90 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		Expect(out).To(MatchRegexp(`(?m)^\d+\s+\S+\s+`+got.rail+`\s.*\s`+ns+`/`+got.claim+`\s+`+ns+`/try-nic\s+net1\s+`+
 			regexp.QuoteMeta(got.addrs[0])), "ipamctl gpus:\n%s", out)
 		fmt.Fprintf(GinkgoWriter, "ipamctl gpus:\n%s\n", out)
+	})
+
+	// Last: it takes the driver off the node.
+	It("rolls back to nv-ipam with a claim's pod as docs/migration.md says: the export refuses the claim, then nothing of the driver is left", func(ctx SpecContext) {
+		createClaimPod(ctx, "rb-claim", railClaim(ownerRail))
+		got := expectDRAPod(ctx, "rb-claim", ownerRail)
+		ip := strings.Split(got.addrs[0], "/")[0]
+		image := ipamNodePod(ctx).Spec.Containers[0].Image
+		store := filepath.Join(node.StateDir, "store")
+
+		// Step 1 without step 0: the export refuses, names the pod, writes nothing.
+		stopNodeDaemon(ctx)
+		// Whatever happens, the driver is back for the suite's cleanup (its
+		// pods' claims are unprepared by it).
+		DeferCleanup(func(ctx SpecContext) {
+			Expect(node.Deploy(ctx, harness.RepoRoot(), draOpts)).To(Succeed())
+			Expect(node.WaitRollout(ctx, 2*time.Minute)).To(Succeed())
+		}, NodeTimeout(3*time.Minute))
+		logs, ok := runExportPod(ctx, image)
+		Expect(ok).To(BeFalse(), "the export of a store with a claim's address succeeded:\n%s", logs)
+		Expect(logs).To(And(ContainSubstring("pod "+ns+"/rb-claim (claim UID"), ContainSubstring(ip), ContainSubstring("--keep-dra-claims")))
+		fmt.Fprintf(GinkgoWriter, "the refused export: %s\n", logs)
+		head, err := os.ReadFile(store)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(head)).NotTo(HavePrefix("{"), "the refused export wrote nv-ipam's store")
+
+		// Step 0, with the driver back: every pod with a NIC claim goes (this
+		// one and docs/dra.md's), the kubelet unprepares, their addresses are
+		// released and the ports are back.
+		Expect(node.Deploy(ctx, harness.RepoRoot(), draOpts)).To(Succeed())
+		Expect(node.WaitRollout(ctx, 2*time.Minute)).To(Succeed())
+		deleteDocObjects(ctx)
+		deletePod(ctx, "rb-claim")
+		Expect(client.IgnoreNotFound(node.Clientset.ResourceV1().ResourceClaims(ns).Delete(ctx, "rb-claim", metav1.DeleteOptions{}))).To(Succeed())
+		Eventually(ctx, func(g Gomega) {
+			resp, err := nodeInfo.ListAllocations(ctx, &infov1.ListAllocationsRequest{})
+			g.Expect(err).NotTo(HaveOccurred())
+			for _, a := range resp.GetAllocations() {
+				g.Expect(a.GetNetwork()).NotTo(Equal(nicdra.DriverName), "a claim's address is still held: %v", a)
+			}
+			_, err = netlink.LinkByName(ownerRail)
+			g.Expect(err).NotTo(HaveOccurred(), "%s is not back on the host", ownerRail)
+		}).WithTimeout(2 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+		Expect(allocations(ctx)).NotTo(ContainElement(ContainSubstring(" " + ip + " ")))
+		before := allocations(ctx)
+
+		// Step 1 as written: the daemon stops, then the document's commands.
+		stopNodeDaemon(ctx)
+		cmds := docKubectl(filepath.Join(harness.RepoRoot(), "docs", "migration.md"), "nic.hwipam.io")
+		Expect(cmds).To(HaveLen(4), "docs/migration.md's DRA commands")
+		for _, args := range cmds {
+			out, err := node.Kubectl(ctx, args...)
+			Expect(err).NotTo(HaveOccurred(), "kubectl %s: %s", strings.Join(args, " "), out)
+		}
+		_, err = node.Clientset.ResourceV1().DeviceClasses().Get(ctx, nicdra.DriverName, metav1.GetOptions{})
+		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "DeviceClass %s: %v", nicdra.DriverName, err)
+		_, err = node.Clientset.RbacV1().ClusterRoles().Get(ctx, "hwipam-node-dra", metav1.GetOptions{})
+		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "ClusterRole hwipam-node-dra: %v", err)
+		for _, vap := range []string{"hwipam-node-own-resourceslices", "hwipam-node-own-claim-status", "hwipam-nic-claims-not-shared"} {
+			_, err = node.Clientset.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, vap, metav1.GetOptions{})
+			Expect(apierrors.IsNotFound(err)).To(BeTrue(), "ValidatingAdmissionPolicy %s: %v", vap, err)
+		}
+		left, err := node.Clientset.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + nicdra.DriverName})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(left.Items).To(BeEmpty(), "the driver's ResourceSlices are left")
+
+		// Step 2: every address is exported, no claim.
+		logs, ok = runExportPod(ctx, image)
+		Expect(ok).To(BeTrue(), "the export after step 0:\n%s", logs)
+		Expect(logs).To(ContainSubstring(fmt.Sprintf("exported %d allocation(s)", len(before))))
+		exported, err := os.ReadFile(store)
+		Expect(err).NotTo(HaveOccurred())
+		var st nvStore
+		Expect(json.Unmarshal(exported, &st)).To(Succeed(), string(exported))
+		var inStore []string
+		for key, p := range st.Pools {
+			for _, e := range p.Entries {
+				Expect(e.InterfaceName).NotTo(HavePrefix("nic:"), "a claim's entry in the export")
+				inStore = append(inStore, fmt.Sprintf("%s %s %s/%s", key, e.IPAddress, e.Metadata.PodNamespace, e.Metadata.PodName))
+			}
+		}
+		slices.Sort(inStore)
+		Expect(inStore).To(Equal(before))
+		// The suite's cleanup deploys hwipam again, which imports the export.
 	})
 
 })

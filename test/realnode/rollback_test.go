@@ -13,6 +13,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
@@ -87,33 +88,15 @@ var _ = Describe("the rollback's store export on a node with running pods", Labe
 		image := ipamNodePod(ctx).Spec.Containers[0].Image
 
 		// 1. hwipam's daemon leaves the node; the pods stay.
-		_, err := node.Kubectl(ctx, "-n", "kube-system", "delete", "daemonset/hwipam-node", "--wait=true", "--timeout=2m")
-		Expect(err).NotTo(HaveOccurred())
+		stopNodeDaemon(ctx)
 		DeferCleanup(func(ctx SpecContext) {
 			Expect(node.Redeploy(ctx)).To(Succeed())
 			Expect(node.WaitRollout(ctx, 2*time.Minute)).To(Succeed())
 		}, NodeTimeout(3*time.Minute))
-		Eventually(ctx, func() ([]corev1.Pod, error) {
-			l, err := node.Clientset.CoreV1().Pods("kube-system").List(ctx,
-				metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=hwipam-node"})
-			return l.Items, err
-		}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(BeEmpty())
 
 		// 2. The export, as the document's pod runs it.
-		pod := exportPod(image)
-		_, err = node.Clientset.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(func(ctx SpecContext) {
-			_ = node.Clientset.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{})
-		})
-		Eventually(ctx, func(g Gomega) {
-			p, err := node.Clientset.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(p.Status.Phase).NotTo(Equal(corev1.PodFailed), "%s", podEventsIn(ctx, pod.Namespace, pod.Name))
-			g.Expect(p.Status.Phase).To(Equal(corev1.PodSucceeded))
-		}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
-		logs, err := node.Kubectl(ctx, "-n", pod.Namespace, "logs", pod.Name)
-		Expect(err).NotTo(HaveOccurred())
+		logs, ok := runExportPod(ctx, image)
+		Expect(ok).To(BeTrue(), "the export failed:\n%s", logs)
 		Expect(logs).To(ContainSubstring(fmt.Sprintf("exported %d allocation(s)", len(before))))
 
 		// The store is nv-ipam's JSON now, its checksum right, every address in it.
@@ -162,3 +145,71 @@ var _ = Describe("the rollback's store export on a node with running pods", Labe
 		}
 	})
 })
+
+// stopNodeDaemon deletes hwipam-node's DaemonSet (its pods go, the pods they
+// served stay) and waits until its pods are gone: step 1 of the rollback.
+func stopNodeDaemon(ctx SpecContext) {
+	GinkgoHelper()
+	_, err := node.Kubectl(ctx, "-n", "kube-system", "delete", "daemonset/hwipam-node", "--wait=true", "--timeout=2m")
+	Expect(err).NotTo(HaveOccurred())
+	Eventually(ctx, func() ([]corev1.Pod, error) {
+		l, err := node.Clientset.CoreV1().Pods("kube-system").List(ctx,
+			metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=hwipam-node"})
+		return l.Items, err
+	}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(BeEmpty())
+}
+
+// runExportPod runs docs/migration.md's export pod with the image until it
+// ends, and returns its log and whether it succeeded; the pod is deleted.
+func runExportPod(ctx SpecContext, image string) (string, bool) {
+	GinkgoHelper()
+	pod := exportPod(image)
+	_, err := node.Clientset.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	defer func() {
+		grace := int64(0)
+		_ = node.Clientset.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
+		Eventually(ctx, func() bool {
+			_, err := node.Clientset.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err)
+		}).WithTimeout(time.Minute).Should(BeTrue(), "export pod %s is not gone", pod.Name)
+	}()
+	var phase corev1.PodPhase
+	Eventually(ctx, func(g Gomega) {
+		p, err := node.Clientset.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		phase = p.Status.Phase
+		g.Expect(phase).To(BeElementOf(corev1.PodSucceeded, corev1.PodFailed), "%s", podEventsIn(ctx, pod.Namespace, pod.Name))
+	}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
+	logs, err := node.Kubectl(ctx, "-n", pod.Namespace, "logs", pod.Name)
+	Expect(err).NotTo(HaveOccurred())
+	return logs, phase == corev1.PodSucceeded
+}
+
+// docKubectl returns the kubectl commands (their arguments) of the sh blocks of
+// a document that mention what anywhere.
+func docKubectl(path, what string) [][]string {
+	GinkgoHelper()
+	md, err := os.ReadFile(path)
+	Expect(err).NotTo(HaveOccurred())
+	var out, block [][]string
+	in, mentions := false, false
+	for _, line := range strings.Split(string(md), "\n") {
+		t := strings.TrimSpace(line)
+		switch {
+		case t == "```sh":
+			in, mentions, block = true, false, nil
+		case in && t == "```":
+			in = false
+			if mentions {
+				out = append(out, block...)
+			}
+		case in:
+			mentions = mentions || strings.Contains(t, what)
+			if strings.HasPrefix(t, "kubectl ") {
+				block = append(block, strings.Fields(strings.TrimPrefix(t, "kubectl ")))
+			}
+		}
+	}
+	return out
+}
