@@ -138,6 +138,11 @@ type seenReport struct {
 	opaque string
 	bad    []string
 	seen   time.Time
+	// gone: when a pass first found the Node gone (zero while it is listed).
+	// Its grace period counts from then, not from seen: after a quiet spell
+	// seen is long past, and a Node deleted a moment ago would lose its
+	// report at once (issue 38).
+	gone time.Time
 	// live: the Node showed the report when last seen.
 	live bool
 	pass uint64 // the lastReports call that last found the Node
@@ -330,7 +335,8 @@ func (m *Memory) reportsFor(nodes []client.Object, now time.Time, grace time.Dur
 // annotations keeps the report last seen for as long as it exists, until its
 // daemon reports again: the daemon still holds what it reported, and if it is
 // down (killed, crash-looping) it cannot say otherwise, however long that takes.
-// A node whose Node object is gone keeps it for grace. With mu held.
+// A node whose Node object is gone keeps it for grace, counted from the first
+// call that found the Node gone. With mu held.
 func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Duration) {
 	m.now = now
 	// Reports of listed Nodes get this pass's number (no set of 5,000 names).
@@ -356,13 +362,18 @@ func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Du
 		default:
 			continue
 		}
-		rep.pass = m.pass
+		rep.pass, rep.gone = m.pass, time.Time{}
 		m.reports[name] = rep
 	}
 	for name, rep := range m.reports {
 		if rep.pass != m.pass {
-			// The Node is gone: its whole report is kept, for grace.
-			if now.Sub(rep.seen) >= grace {
+			// The Node is gone: its whole report is kept, for grace from
+			// the first pass that found it gone.
+			if rep.gone.IsZero() {
+				rep.gone = now
+				m.reports[name] = rep
+			}
+			if now.Sub(rep.gone) >= grace {
 				delete(m.reports, name)
 				delete(m.flags, name)
 				m.version++

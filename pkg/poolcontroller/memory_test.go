@@ -378,3 +378,52 @@ func TestReservationSavedBeforeTheStatus(t *testing.T) {
 		t.Errorf("the Lease keeps reservations %v (%v), want %v", reserved, err, want)
 	}
 }
+
+// A Node deleted and registered again within the grace period keeps its
+// daemon's report, however long the controller had been quiet before: found
+// by the whole-system test, seed 824446 (issue 38), where the grace period was
+// counted from the last reconcile that listed the Node, so that the report was
+// dropped at once, and a pool re-created gave another node the block that the
+// re-registered node's daemon (down, so it could not report again) still held
+// addresses in.
+func TestReportOfANodeAwayWithinGraceAfterAQuietSpell(t *testing.T) {
+	f := newFixture(t, 3*time.Second)
+	f.node("h", true, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"block":"10.94.0.1-10.94.0.4"}}`})
+	f.newIPPool("p", "10.94.0.0/24", 4, nil)
+	f.reconcile(f.ip, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"h=10.94.0.1-10.94.0.4"})
+
+	// Quiet for longer than the grace period; then h's Node is away a second.
+	f.clock.Advance(10 * time.Second)
+	f.deleteNode("h")
+	f.reconcile(f.ip, "p")
+	f.clock.Advance(time.Second)
+	f.node("h", true, nil)
+	f.reconcile(f.ip, "p")
+
+	// The pool is re-created; b, which sorts first, must not get h's block.
+	f.node("b", true, nil)
+	if err := f.c.Delete(t.Context(), f.ipPool("p")); err != nil {
+		t.Fatal(err)
+	}
+	f.newIPPool("p", "10.94.0.0/24", 4, nil)
+	f.reconcile(f.ip, "p")
+	if got := f.blocksOf(f.ipPool("p")); !slices.Contains(got, "b=10.94.0.5-10.94.0.8") {
+		t.Errorf("blocks of the re-created pool: %v, want b's clear of h's old block 10.94.0.1-10.94.0.4", got)
+	}
+
+	// Gone for the grace period, counted from when the controller found it
+	// gone, the report is dropped.
+	f.deleteNode("h")
+	f.reconcile(f.ip, "p")
+	f.clock.Advance(2 * time.Second)
+	f.reconcile(f.ip, "p")
+	if got := f.ip.Memory.Nodes(); !slices.Contains(got, f.nodeName("h")) {
+		t.Errorf("the report of h, gone for 2 s of a 3 s grace period, was dropped (reports of %v)", got)
+	}
+	f.clock.Advance(2 * time.Second)
+	f.reconcile(f.ip, "p")
+	if got := f.ip.Memory.Nodes(); slices.Contains(got, f.nodeName("h")) {
+		t.Errorf("the report of h, gone for 4 s of a 3 s grace period, is still kept (reports of %v)", got)
+	}
+}

@@ -229,11 +229,31 @@ func envInt(t *testing.T, name string, def int) int {
 }
 
 func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
+	w := newBareWorld(t, seed, bins, os.Getenv("HWIPAM_SYSTEM_DRA") != "off")
+	for i := range nodeCount {
+		w.addNode(i)
+	}
+	if err := w.c.Create(w.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: hostileNode,
+		Labels: map[string]string{groupLabel: []string{"a", "b"}[w.rng.IntN(2)]}}}); err != nil {
+		t.Fatalf("creating node %s: %v", hostileNode, err)
+	}
+	for _, p := range poolDefs {
+		w.createPool(p)
+	}
+	if w.dra {
+		w.draClusterSetup()
+	}
+	return w
+}
+
+// newBareWorld starts the API server, the proxy in front of it and
+// ipam-controller: no nodes, no pools.
+func newBareWorld(t *testing.T, seed uint64, bins map[string]string, dra bool) *world {
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	w := &world{t: t, ctx: t.Context(), seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5157)), cp: cp, c: cp.Client,
 		nodeBin: bins["ipam-node"], pluginBin: bins["nv-ipam"], live: map[string]attachment{}, uncertain: map[string]attachment{},
 		counts: map[string]int{}, hostileHad: map[string][]iprange.Range{},
-		dra: os.Getenv("HWIPAM_SYSTEM_DRA") != "off", claims: map[types.UID]*draClaim{}, collect: map[types.UID]*draGone{}}
+		dra: dra, claims: map[types.UID]*draClaim{}, collect: map[types.UID]*draGone{}}
 	w.proxy = harness.NewAPIProxy(t, cp.Config)
 	host := w.proxy.Target()
 	kc, err := cp.WriteKubeconfig(t.TempDir())
@@ -253,27 +273,24 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 	}
 	w.ctrlBin = bins["ipam-controller"]
 	w.startController()
-	for i := range nodeCount {
-		n := &simNode{name: fmt.Sprintf("sys-n%d", i), dir: t.TempDir(), group: []string{"a", "b"}[i%2]}
-		n.socket = filepath.Join(n.dir, "daemon.sock")
-		if w.dra {
-			w.draNodeSetup(n)
-		}
-		w.nodes = append(w.nodes, n)
-		w.createNode(i)
-		w.startDaemon(i)
-	}
-	if err := w.c.Create(w.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: hostileNode,
-		Labels: map[string]string{groupLabel: []string{"a", "b"}[w.rng.IntN(2)]}}}); err != nil {
-		t.Fatalf("creating node %s: %v", hostileNode, err)
-	}
-	for _, p := range poolDefs {
-		w.createPool(p)
-	}
-	if w.dra {
-		w.draClusterSetup()
-	}
 	return w
+}
+
+// addNode adds node i (named sys-n<i>, in group a or b by parity; i is the
+// number of nodes so far): its Node object and its running daemon.
+func (w *world) addNode(i int) {
+	w.t.Helper()
+	if i != len(w.nodes) {
+		w.t.Fatalf("adding node %d after %d nodes", i, len(w.nodes))
+	}
+	n := &simNode{name: fmt.Sprintf("sys-n%d", i), dir: w.t.TempDir(), group: []string{"a", "b"}[i%2]}
+	n.socket = filepath.Join(n.dir, "daemon.sock")
+	if w.dra {
+		w.draNodeSetup(n)
+	}
+	w.nodes = append(w.nodes, n)
+	w.createNode(i)
+	w.startDaemon(i)
 }
 
 func (w *world) startProcess(cmd *exec.Cmd, what string) chan struct{} {
@@ -472,6 +489,22 @@ func (w *world) fail(format string, args ...any) {
 			w.t.Logf("node %s (created %s): %s=%s", n.Name, n.CreationTimestamp.Format(time.TimeOnly),
 				v1alpha1.HeldAnnotation, n.Annotations[v1alpha1.HeldAnnotation])
 		}
+	}
+	for p, obj := range w.existingPools() {
+		var conds []string
+		var common v1alpha1.PoolStatusCommon
+		switch o := obj.(type) {
+		case *v1alpha1.IPPool:
+			common = o.Status.PoolStatusCommon
+		case *v1alpha1.CIDRPool:
+			common = o.Status.PoolStatusCommon
+		}
+		for _, c := range common.Conditions {
+			if c.Status == metav1.ConditionTrue {
+				conds = append(conds, c.Type+": "+c.Message)
+			}
+		}
+		w.t.Logf("pool %s (uid %s) conditions: %s", p.name, obj.GetUID(), strings.Join(conds, "; "))
 	}
 	for pool, bs := range w.blocks() {
 		var list []string
@@ -852,8 +885,11 @@ func (w *world) nodeRelabel() {
 
 // nodeRecreate deletes a Node object and registers it again at once, as a kubelet
 // does after its Node was deleted: labels come back, annotations do not.
-func (w *world) nodeRecreate() {
-	i := w.rng.IntN(nodeCount)
+func (w *world) nodeRecreate() { w.recreateNode(w.rng.IntN(nodeCount), 0) }
+
+// recreateNode deletes node i's Node object and registers it again away
+// after it is gone.
+func (w *world) recreateNode(i int, away time.Duration) {
 	n := w.nodes[i]
 	if err := w.c.Delete(w.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}); err != nil {
 		w.fail("deleting node %s: %v", n.name, err)
@@ -869,7 +905,12 @@ func (w *world) nodeRecreate() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	time.Sleep(away)
 	w.createNode(i)
+	if away > 0 {
+		w.tracef("re-create node %s, away %s", n.name, away)
+		return
+	}
 	w.tracef("re-create node %s", n.name)
 }
 
