@@ -78,6 +78,9 @@ type Memory struct {
 	Log    logr.Logger
 	// Interval is how often Start saves a change; 0 means one second.
 	Interval time.Duration
+	// MinGrantAge is how long a block taken from a node stays granted to it
+	// at least (see trust.go); 0 means minGrantAge. Tests shorten it.
+	MinGrantAge time.Duration
 
 	loadMu  sync.Mutex // one first read; the others wait for it
 	saveMu  sync.Mutex // one save at a time: a later payload is never overwritten by an older one
@@ -145,6 +148,11 @@ type seenReport struct {
 	gone time.Time
 	// live: the Node showed the report when last seen.
 	live bool
+	// kept: the report was read from the Lease, and the Node has not shown
+	// one since. The Lease keeps of a live report only what no status
+	// records: a block the status covered is missing from it, and taken
+	// from the node it is presumed reported (see presume).
+	kept bool
 	pass uint64 // the lastReports call that last found the Node
 }
 
@@ -214,6 +222,14 @@ func (m *Memory) load(ctx context.Context, now time.Time) error {
 	return nil
 }
 
+// grantAge is MinGrantAge, or minGrantAge when it is not set.
+func (m *Memory) grantAge() time.Duration {
+	if m.MinGrantAge > 0 {
+		return m.MinGrantAge
+	}
+	return minGrantAge
+}
+
 func (m *Memory) isLoaded() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -262,11 +278,13 @@ func (m *Memory) read(ctx context.Context, now time.Time) error {
 	m.init()
 	for node, raw := range kept.Reports {
 		if _, ok := m.reports[node]; !ok {
-			m.reports[node] = newReport(raw, now, false)
+			rep := newReport(raw, now, false)
+			rep.kept = true
+			m.reports[node] = rep
 			if m.atStart != nil {
 				// Read after the first reconcile (the Lease was forbidden
 				// then): what a controller kept is adopted with the rest.
-				m.atStart[node] = m.reports[node]
+				m.atStart[node] = rep
 			}
 		}
 	}

@@ -51,6 +51,16 @@ const (
 	// ever away in this test (deleted and re-registered at once), so that a block is
 	// never released under a node that is merely re-registering.
 	grace = "3s"
+	// grantAge is the controller's --min-grant-age: a block taken from a node
+	// counts for its daemon's report at least this long (a minute outside
+	// tests), short enough for a long outage to cross.
+	grantAge = "10s"
+	// longOutage is how long the rare long outage keeps the API server away,
+	// at least: past client-go's retries of one request (about 10 s), a
+	// restarted daemon's start-up pool listing (3 s) and its claim
+	// collection's first retries (5 s, then 10 s), the grace period and
+	// grantAge (see docs/development.md).
+	longOutage = 16 * time.Second
 )
 
 // poolDef is a pool the test may create: fixed name, kind and network, so that
@@ -163,8 +173,9 @@ type world struct {
 	// outages counts the API server's outages; draOutageTried is the last one
 	// in which a prepare was tried.
 	outages, draOutageTried int
-	// draRestartedAPIDown says that draRestartAPIDown has run.
-	draRestartedAPIDown bool
+	// draRestartedAPIDown says that draRestartAPIDown has run;
+	// longOutageDone that apiLongOutage has.
+	draRestartedAPIDown, longOutageDone bool
 	// nextPod numbers pod namespaces; draSlowDone says that draSlowPrepare
 	// has run (once a seed: it takes seconds).
 	nextPod     int
@@ -319,7 +330,8 @@ func (w *world) startProcess(cmd *exec.Cmd, what string) chan struct{} {
 func (w *world) startController() {
 	w.t.Helper()
 	w.ctrl = exec.Command(w.ctrlBin, "--kubeconfig", w.kubeconfig, "--ippools-namespace", namespace,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--release-grace-period", grace)
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--release-grace-period", grace,
+		"--min-grant-age", grantAge)
 	w.ctrlExited = w.startProcess(w.ctrl, "ipam-controller")
 }
 
@@ -555,6 +567,14 @@ func (w *world) run(steps int) {
 			}
 			return 0
 		}, w.apiStop},
+		// Once a seed at most, and in about half the seeds of 80 steps: it
+		// costs longOutage.
+		{"api-long-outage", func() int {
+			if w.proxy.Up() && !w.longOutageDone {
+				return 1
+			}
+			return 0
+		}, w.apiLongOutage},
 		{"api-start", func() int {
 			if !w.proxy.Up() {
 				return 15
@@ -937,6 +957,28 @@ func (w *world) apiStop() {
 	w.proxy.SetUp(false)
 	w.outages++
 	w.tracef("API server unreachable")
+}
+
+// apiLongOutage makes the API server unreachable for longOutage at least (it
+// stays so until api-start), and restarts a daemon at its start, one with a
+// prepared claim if there is one: its pool listing gives up and its stored
+// blocks serve; its claim collection cannot read the claims and must release
+// nothing (check). Every component's timeouts run out meanwhile.
+func (w *world) apiLongOutage() {
+	w.longOutageDone = true
+	w.apiStop()
+	i := w.rng.IntN(nodeCount)
+	if w.dra {
+		if c := w.pickClaim(func(c *draClaim) bool { return c.state == claimPrepared && w.nodes[c.node].cmd != nil }); c != nil {
+			i = c.node
+		}
+	}
+	if w.nodes[i].cmd != nil {
+		w.killDaemon(i)
+	}
+	w.startDaemon(i)
+	w.tracef("ipam-node on %s restarted; the API server stays away for %s", w.nodes[i].name, longOutage)
+	time.Sleep(longOutage)
 }
 
 func (w *world) apiStart() {

@@ -240,3 +240,44 @@ func TestPoolRecreatedDuringOutage(t *testing.T) {
 		w.fail("%s is not in sys-n1's block %s", a, got)
 	}
 }
+
+// TestNodeRecreatedWhileNoControllerRanThenPoolRecreated: a node's daemon is
+// down and its Node re-registered (its report gone with the annotations)
+// while no controller runs; the controller starts, then the pool is deleted
+// and created anew. The node that sorts first gets a block in the new pool:
+// it must not cover what the silent node holds.
+func TestNodeRecreatedWhileNoControllerRanThenPoolRecreated(t *testing.T) {
+	w := newBareWorld(t, 38, scenarioBins(t), false)
+	w.addNode(0)
+	w.addNode(1)
+	c0 := networks[3]
+	w.createCIDRPool("b")
+	held := w.waitBlock("c0", "sys-n1", 30*time.Second)
+	a := w.addOn(1, c0)
+	if !held.Contains(a.ip) {
+		w.fail("%s is not in sys-n1's block %s", a, held)
+	}
+	time.Sleep(3 * time.Second) // the controller keeps what it knows in its Lease
+	w.check()
+
+	_ = w.ctrl.Process.Kill()
+	<-w.ctrlExited
+	w.tracef("kill -9 ipam-controller")
+	w.killDaemon(1)
+	w.tracef("kill -9 ipam-node on sys-n1")
+	w.recreateNode(1, 0)
+	w.startController()
+	w.tracef("start ipam-controller")
+	time.Sleep(3 * time.Second)
+	w.check()
+
+	w.deletePool(c0.pool)
+	w.createCIDRPool("")
+	got := w.waitBlock("c0", "sys-n0", 30*time.Second)
+	w.tracef("sys-n0's block in the new c0: %s", got)
+	w.check()
+	w.startDaemon(1)
+	w.tracef("restart ipam-node on sys-n1")
+	time.Sleep(2 * time.Second)
+	w.check()
+}
