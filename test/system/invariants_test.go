@@ -151,6 +151,8 @@ type world struct {
 
 	// live: ADDs that succeeded and were neither DEL'd nor GC'd by their network.
 	live map[string]attachment
+	// pods: the UID of each attachment's pod, by container ID (see podUID).
+	pods map[string]string
 	// uncertain: ADDs that failed or DELs that failed; they may or may not hold an
 	// address, and are cleaned up by DEL later as a runtime would.
 	uncertain map[string]attachment
@@ -262,7 +264,7 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 func newBareWorld(t *testing.T, seed uint64, bins map[string]string, dra bool) *world {
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	w := &world{t: t, ctx: t.Context(), seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5157)), cp: cp, c: cp.Client,
-		nodeBin: bins["ipam-node"], pluginBin: bins["nv-ipam"], live: map[string]attachment{}, uncertain: map[string]attachment{},
+		nodeBin: bins["ipam-node"], pluginBin: bins["nv-ipam"], live: map[string]attachment{}, uncertain: map[string]attachment{}, pods: map[string]string{},
 		counts: map[string]int{}, hostileHad: map[string][]iprange.Range{},
 		dra: dra, claims: map[types.UID]*draClaim{}, collect: map[types.UID]*draGone{}}
 	w.proxy = harness.NewAPIProxy(t, cp.Config)
@@ -353,7 +355,7 @@ func (w *world) startDaemon(i int) {
 	n.fast = fast
 	cmd := exec.Command(w.nodeBin, "--node-name", n.name, "--kubeconfig", w.kubeconfig, "--ippools-namespace", namespace,
 		"--store-file", filepath.Join(n.dir, "store"), "--bind-address", "unix://"+n.socket,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0",
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "1s",
 		"--pools-in-use-interval", "200ms", "--nic-labels", "off", fmt.Sprintf("--fast-endpoint=%t", fast),
 		"--cni-skip-nv-ipam-binary-copy", "--cni-skip-nv-ipam-config-creation")
 	if w.dra {
@@ -675,8 +677,28 @@ func (w *world) call(cmd string, a attachment, extra map[string]any) ([]byte, er
 		w.t.Fatal(err)
 	}
 	return harness.CNICall{Plugin: w.pluginBin, Command: cmd, ContainerID: a.containerID, NetNS: "/var/run/netns/system-test",
-		IfName: "net1", Args: fmt.Sprintf("K8S_POD_NAME=pod-%s;K8S_POD_NAMESPACE=default;K8S_POD_UID=uid-%s", a.containerID, a.containerID),
+		IfName: "net1", Args: fmt.Sprintf("K8S_POD_NAME=pod-%s;K8S_POD_NAMESPACE=default;K8S_POD_UID=%s", a.containerID, w.podUID(cmd, a)),
 		Path: []string{filepath.Dir(w.pluginBin)}, Config: raw}.Run()
+}
+
+// podUID returns the UID of the attachment's pod, pod-<containerID> on its
+// node, created for its first ADD: every attachment's pod exists until the
+// end, so the daemons' stale-allocation cleaners (every second here) must
+// release nothing, also while the API server is away or just back.
+func (w *world) podUID(cmd string, a attachment) string {
+	if uid, ok := w.pods[a.containerID]; ok {
+		return uid
+	}
+	if cmd != "ADD" {
+		return "uid-" + a.containerID
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pod-" + a.containerID, Namespace: namespace},
+		Spec: corev1.PodSpec{NodeName: w.nodes[a.node].name, Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
+	if err := w.c.Create(w.ctx, pod); err != nil {
+		w.fail("creating the pod of %s: %v", a, err)
+	}
+	w.pods[a.containerID] = string(pod.UID)
+	return string(pod.UID)
 }
 
 func key(a attachment) string { return fmt.Sprintf("%d/%s/%s", a.node, a.net.name, a.containerID) }

@@ -281,3 +281,30 @@ func TestNodeRecreatedWhileNoControllerRanThenPoolRecreated(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	w.check()
 }
+
+// TestCleanerDuringLongOutage: an attachment made while the API server is
+// away has a pod the daemon's pod informer cannot see (its watch is broken),
+// so the stale-allocation cleaner counts it missing; before it releases, it
+// asks the API server, which does not answer, past client-go's retries. It
+// must release nothing: a cleaner that took the unreachable API server for
+// "pod gone" would release a running pod's address.
+func TestCleanerDuringLongOutage(t *testing.T) {
+	w := newBareWorld(t, 38, scenarioBins(t), false)
+	w.addNode(0)
+	w.addNode(1)
+	w.createCIDRPool("b")
+	w.waitBlock("c0", "sys-n1", 30*time.Second)
+	w.addOn(1, networks[3])
+	time.Sleep(2 * time.Second) // the cleaner's informer has the pod
+	w.apiStop()
+	w.addOn(1, networks[3])
+	w.tracef("the API server stays away for %s", longOutage)
+	time.Sleep(longOutage)
+	w.check()
+	w.apiStart()
+	time.Sleep(5 * time.Second)
+	w.check()
+	if got := len(w.allocations(1)); got != 2 {
+		w.fail("sys-n1 holds %d addresses, want the 2 attachments'", got)
+	}
+}
