@@ -230,10 +230,15 @@ func TestPoolRecreatedDuringOutage(t *testing.T) {
 	w.apiStop()
 	w.deletePool(poolDefs[2])
 	w.createCIDRPool("b")
-	time.Sleep(time.Second)
+	// Its daemon is down when the API server returns: its report, changing
+	// when it sees the new pool, would make the controller look again.
+	w.killDaemon(1)
+	w.tracef("kill -9 ipam-node on sys-n1")
 	w.apiStart()
 	got := w.waitBlock("c0", "sys-n1", 20*time.Second)
 	w.tracef("sys-n1's block in the new c0: %s (in the old one: %s)", got, old)
+	w.startDaemon(1)
+	w.tracef("restart ipam-node on sys-n1")
 	a := w.addOn(1, networks[3])
 	w.check()
 	if !got.Contains(a.ip) {
