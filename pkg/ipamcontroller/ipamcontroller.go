@@ -47,6 +47,10 @@ type Options struct {
 	PprofBindAddress       string
 	ReleaseGracePeriod     time.Duration
 	Workers                int
+	// MinGrantAge is how long a block taken from a node counts for its
+	// daemon's report at least (hidden flag --min-grant-age, for tests); 0 is
+	// the built-in minute.
+	MinGrantAge time.Duration
 
 	// RestConfig, when set, is used instead of Kubeconfig (tests).
 	RestConfig *rest.Config
@@ -83,6 +87,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ReleaseGracePeriod, "release-grace-period", o.ReleaseGracePeriod,
 		"How long the block of a node that is deleted or no longer selected stays reserved before another node may get it; 0 releases at once.")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Pools of each kind reconciled in parallel.")
+	fs.DurationVar(&o.MinGrantAge, "min-grant-age", o.MinGrantAge,
+		"How long a block taken from a node still counts for its daemon's held report at least (at least the grace period too); 0 is one minute. For tests.")
+	_ = fs.MarkHidden("min-grant-age")
 }
 
 // Validate checks the options.
@@ -96,6 +103,9 @@ func (o *Options) Validate() error {
 	}
 	if o.ReleaseGracePeriod < 0 {
 		errs = append(errs, fmt.Errorf("--release-grace-period %s must not be negative", o.ReleaseGracePeriod))
+	}
+	if o.MinGrantAge < 0 {
+		errs = append(errs, fmt.Errorf("--min-grant-age %s must not be negative", o.MinGrantAge))
 	}
 	if o.Workers < 1 {
 		errs = append(errs, fmt.Errorf("--workers %d must be at least 1", o.Workers))
@@ -169,7 +179,7 @@ func Run(ctx context.Context, o *Options) error {
 	// The daemons' held reports the Nodes may no longer show, kept in a Lease
 	// beside the leader election's across restarts (see poolcontroller.Memory).
 	memory := &poolcontroller.Memory{Lease: types.NamespacedName{Namespace: o.LeaderElectNamespace, Name: poolcontroller.MemoryLeaseName},
-		Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), Log: logger.WithName("held-reports")}
+		Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), Log: logger.WithName("held-reports"), MinGrantAge: o.MinGrantAge}
 	if err := mgr.Add(memory); err != nil {
 		return fmt.Errorf("adding the held reports' keeper: %w", err)
 	}

@@ -78,6 +78,9 @@ type Memory struct {
 	Log    logr.Logger
 	// Interval is how often Start saves a change; 0 means one second.
 	Interval time.Duration
+	// MinGrantAge is how long a block taken from a node stays granted to it
+	// at least (see trust.go); 0 means minGrantAge. Tests shorten it.
+	MinGrantAge time.Duration
 
 	loadMu  sync.Mutex // one first read; the others wait for it
 	saveMu  sync.Mutex // one save at a time: a later payload is never overwritten by an older one
@@ -138,8 +141,18 @@ type seenReport struct {
 	opaque string
 	bad    []string
 	seen   time.Time
+	// gone: when a pass first found the Node gone (zero while it is listed).
+	// Its grace period counts from then, not from seen: after a quiet spell
+	// seen is long past, and a Node deleted a moment ago would lose its
+	// report at once (issue 38).
+	gone time.Time
 	// live: the Node showed the report when last seen.
 	live bool
+	// kept: the report was read from the Lease, and the Node has not shown
+	// one since. The Lease keeps of a live report only what no status
+	// records: a block the status covered is missing from it, and taken
+	// from the node it is presumed reported (see presume).
+	kept bool
 	pass uint64 // the lastReports call that last found the Node
 }
 
@@ -209,6 +222,14 @@ func (m *Memory) load(ctx context.Context, now time.Time) error {
 	return nil
 }
 
+// grantAge is MinGrantAge, or minGrantAge when it is not set.
+func (m *Memory) grantAge() time.Duration {
+	if m.MinGrantAge > 0 {
+		return m.MinGrantAge
+	}
+	return minGrantAge
+}
+
 func (m *Memory) isLoaded() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -257,11 +278,13 @@ func (m *Memory) read(ctx context.Context, now time.Time) error {
 	m.init()
 	for node, raw := range kept.Reports {
 		if _, ok := m.reports[node]; !ok {
-			m.reports[node] = newReport(raw, now, false)
+			rep := newReport(raw, now, false)
+			rep.kept = true
+			m.reports[node] = rep
 			if m.atStart != nil {
 				// Read after the first reconcile (the Lease was forbidden
 				// then): what a controller kept is adopted with the rest.
-				m.atStart[node] = m.reports[node]
+				m.atStart[node] = rep
 			}
 		}
 	}
@@ -330,7 +353,8 @@ func (m *Memory) reportsFor(nodes []client.Object, now time.Time, grace time.Dur
 // annotations keeps the report last seen for as long as it exists, until its
 // daemon reports again: the daemon still holds what it reported, and if it is
 // down (killed, crash-looping) it cannot say otherwise, however long that takes.
-// A node whose Node object is gone keeps it for grace. With mu held.
+// A node whose Node object is gone keeps it for grace, counted from the first
+// call that found the Node gone. With mu held.
 func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Duration) {
 	m.now = now
 	// Reports of listed Nodes get this pass's number (no set of 5,000 names).
@@ -356,13 +380,18 @@ func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Du
 		default:
 			continue
 		}
-		rep.pass = m.pass
+		rep.pass, rep.gone = m.pass, time.Time{}
 		m.reports[name] = rep
 	}
 	for name, rep := range m.reports {
 		if rep.pass != m.pass {
-			// The Node is gone: its whole report is kept, for grace.
-			if now.Sub(rep.seen) >= grace {
+			// The Node is gone: its whole report is kept, for grace from
+			// the first pass that found it gone.
+			if rep.gone.IsZero() {
+				rep.gone = now
+				m.reports[name] = rep
+			}
+			if now.Sub(rep.gone) >= grace {
 				delete(m.reports, name)
 				delete(m.flags, name)
 				m.version++

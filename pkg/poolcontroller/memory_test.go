@@ -131,7 +131,8 @@ func TestHeldReportsOutliveARestart(t *testing.T) {
 	}
 
 	// a's daemon reports again (nothing outside its block), c and e are gone,
-	// and the grace period passes: the Lease keeps nothing.
+	// and the grace period passes: the Lease keeps only that a's daemon
+	// reports (an empty report, see TestNodeRecreatedWhileNoControllerRan).
 	f.report("a", map[string]v1alpha1.PoolHold{"x": {Block: "10.90.0.1-10.90.0.4"}})
 	f.deleteNode("c")
 	f.deleteNode("e")
@@ -139,8 +140,8 @@ func TestHeldReportsOutliveARestart(t *testing.T) {
 	f.clock.Advance(time.Minute)
 	f.reconcile(again, "p")
 	f.save(mem2)
-	if _, kept := f.lease(); len(kept) != 0 {
-		t.Errorf("the Lease keeps %v, want nothing", kept)
+	if _, kept := f.lease(); !maps.Equal(kept, map[string]string{f.nodeName("a"): "{}"}) {
+		t.Errorf("the Lease keeps %v, want a's empty report", kept)
 	}
 	if got := mem2.Nodes(); !slices.Equal(got, []string{f.nodeName("a")}) {
 		t.Errorf("the memory has reports of %v, want only a's", got)
@@ -376,5 +377,87 @@ func TestReservationSavedBeforeTheStatus(t *testing.T) {
 	if want := map[string][]string{f.ns + "/p": {f.nodeName("a") + " 10.89.0.1-10.89.0.10"}}; err != nil ||
 		!maps.EqualFunc(reserved, want, slices.Equal) {
 		t.Errorf("the Lease keeps reservations %v (%v), want %v", reserved, err, want)
+	}
+}
+
+// A Node deleted and registered again within the grace period keeps its
+// daemon's report, however long the controller had been quiet before: found
+// by the whole-system test, seed 824446 (issue 38), where the grace period was
+// counted from the last reconcile that listed the Node, so that the report was
+// dropped at once, and a pool re-created gave another node the block that the
+// re-registered node's daemon (down, so it could not report again) still held
+// addresses in.
+func TestReportOfANodeAwayWithinGraceAfterAQuietSpell(t *testing.T) {
+	f := newFixture(t, 3*time.Second)
+	f.node("h", true, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"block":"10.94.0.1-10.94.0.4"}}`})
+	f.newIPPool("p", "10.94.0.0/24", 4, nil)
+	f.reconcile(f.ip, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"h=10.94.0.1-10.94.0.4"})
+
+	// Quiet for longer than the grace period; then h's Node is away a second.
+	f.clock.Advance(10 * time.Second)
+	f.deleteNode("h")
+	f.reconcile(f.ip, "p")
+	f.clock.Advance(time.Second)
+	f.node("h", true, nil)
+	f.reconcile(f.ip, "p")
+
+	// The pool is re-created; b, which sorts first, must not get h's block.
+	f.node("b", true, nil)
+	if err := f.c.Delete(t.Context(), f.ipPool("p")); err != nil {
+		t.Fatal(err)
+	}
+	f.newIPPool("p", "10.94.0.0/24", 4, nil)
+	f.reconcile(f.ip, "p")
+	if got := f.blocksOf(f.ipPool("p")); !slices.Contains(got, "b=10.94.0.5-10.94.0.8") {
+		t.Errorf("blocks of the re-created pool: %v, want b's clear of h's old block 10.94.0.1-10.94.0.4", got)
+	}
+
+	// Gone for the grace period, counted from when the controller found it
+	// gone, the report is dropped.
+	f.deleteNode("h")
+	f.reconcile(f.ip, "p")
+	f.clock.Advance(2 * time.Second)
+	f.reconcile(f.ip, "p")
+	if got := f.ip.Memory.Nodes(); !slices.Contains(got, f.nodeName("h")) {
+		t.Errorf("the report of h, gone for 2 s of a 3 s grace period, was dropped (reports of %v)", got)
+	}
+	f.clock.Advance(2 * time.Second)
+	f.reconcile(f.ip, "p")
+	if got := f.ip.Memory.Nodes(); slices.Contains(got, f.nodeName("h")) {
+		t.Errorf("the report of h, gone for 4 s of a 3 s grace period, is still kept (reports of %v)", got)
+	}
+}
+
+// A node whose Node was re-registered while no controller ran, its daemon
+// down, keeps the block the status gave it when its pool is deleted and
+// created anew: the Lease keeps of a live report only what no status
+// records, so the restarted controller had no report of the node at all, and
+// gave another node the block its daemon still held addresses in (issue 38,
+// TestNodeRecreatedWhileNoControllerRanThenPoolRecreated in test/system).
+func TestNodeRecreatedWhileNoControllerRan(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.node("h", true, map[string]string{v1alpha1.HeldAnnotation: `{"p":{"block":"10.95.0.1-10.95.0.4"}}`})
+	f.newIPPool("p", "10.95.0.0/24", 4, nil)
+	first, mem := f.restarted(true)
+	f.reconcile(first, "p")
+	wantStrings(t, "blocks", f.blocksOf(f.ipPool("p")), []string{"h=10.95.0.1-10.95.0.4"})
+	f.save(mem)
+
+	// No controller runs: h's Node is re-registered, without its report.
+	f.deleteNode("h")
+	f.node("h", true, nil)
+	again, _ := f.restarted(true)
+	f.reconcile(again, "p")
+
+	// The pool is re-created; b, which sorts first, must not get h's block.
+	f.node("b", true, nil)
+	if err := f.c.Delete(t.Context(), f.ipPool("p")); err != nil {
+		t.Fatal(err)
+	}
+	f.newIPPool("p", "10.95.0.0/24", 4, nil)
+	f.reconcile(again, "p")
+	if got := f.blocksOf(f.ipPool("p")); !slices.Contains(got, "b=10.95.0.5-10.95.0.8") {
+		t.Errorf("blocks of the re-created pool: %v, want b's clear of h's block 10.95.0.1-10.95.0.4", got)
 	}
 }

@@ -29,7 +29,12 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, namespace string, maxCon
 		forObj = &v1alpha1.CIDRPool{}
 	}
 	inNamespace := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetNamespace() == namespace })
-	specChanged := predicate.GenerationChangedPredicate{}
+	// A spec change, or a pool replaced: deleted and created anew under its name
+	// while the watch was broken (an API server outage), which the relist
+	// reports as an update with the same generation (1) and another UID.
+	specChanged := predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool { return e.ObjectOld.GetUID() != e.ObjectNew.GetUID() },
+	})
 	// A pool created, deleted or re-specified in the namespace may end or start an
 	// overlap with pools of either kind: re-check those of this kind whose network
 	// overlaps its network before or after the change (the mapper sees both). No

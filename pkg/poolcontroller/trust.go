@@ -359,6 +359,7 @@ func (m *Memory) retireLocked(key string, taken []misfit, now time.Time) bool {
 		if !t.Range.Start.IsValid() {
 			continue
 		}
+		m.presume(t.Node, key, t.Range)
 		byNode := m.given[key]
 		if byNode == nil {
 			byNode = map[string][]grant{}
@@ -374,6 +375,26 @@ func (m *Memory) retireLocked(key string, taken []misfit, now time.Time) bool {
 		m.version++
 	}
 	return added
+}
+
+// presume records block, taken from node in the pool with key, as reported by
+// node when its report is one kept from before this process started that its
+// Node no longer shows (see seenReport.kept) and names nothing in that pool:
+// the daemon reported, but what the status covered is lost with its Node's
+// annotations (the Node re-registered while no controller ran), and its
+// daemon, down or cut off, cannot report it again. It counts until the
+// daemon reports again, or the Node is gone for the grace period. With mu
+// held.
+func (m *Memory) presume(node, key string, block iprange.Range) {
+	rep, ok := m.reports[node]
+	if !ok || !rep.kept || rep.parsed == nil {
+		return
+	}
+	if _, named := rep.parsed[key]; named {
+		return
+	}
+	rep.parsed[key] = parsedHold{block: block}
+	m.version++
 }
 
 // know records the pool with key as the controller sees it in a reconcile. A
@@ -574,7 +595,7 @@ func clipAll(rs []iprange.Range, network iprange.Range) []iprange.Range {
 // minGrantAge) in which the node's report holds nothing, and the pools gone
 // with no grants left; with mu held.
 func (m *Memory) pruneGrants(now time.Time, grace time.Duration) {
-	age := max(grace, minGrantAge)
+	age := max(grace, m.grantAge())
 	for key, byNode := range m.given {
 		for node, gs := range byNode {
 			rep, reported := m.reports[node]
@@ -635,9 +656,14 @@ func (m *Memory) flag(ig ignoredReport) bool {
 
 // keptReport is what the Lease keeps of node's report: per pool, what counts
 // (see count); of a live report only the pools with something no status
-// records. nil: nothing to keep. With mu held.
+// records, and at least an empty report, which tells a controller that
+// starts later that the node's daemon reports (see seenReport.kept). nil:
+// nothing to keep. With mu held.
 func (m *Memory) keptReport(node string, rep seenReport) map[string]v1alpha1.PoolHold {
 	var out map[string]v1alpha1.PoolHold
+	if rep.live || rep.kept {
+		out = map[string]v1alpha1.PoolHold{}
+	}
 	for _, key := range m.reportedKeys(node, rep) {
 		c, _ := m.count(node, rep, key)
 		var h v1alpha1.PoolHold

@@ -783,10 +783,10 @@ func (w *world) draWaitStatus(c *draClaim) {
 // draRestartAPIDown makes the API server unreachable (if it is not), kills -9
 // and restarts the daemon of a node with a prepared claim: the claim stays
 // held. (The collection the daemon starts with gives up only after client-go's
-// retries, about 10 s per request, which an outage here seldom lasts; keeping
-// the API server away that long would cost the run that much, and more: while
-// it is away, a restarted daemon's pool listing holds the lock that
-// ListAllocations needs for 3 s of every 5.)
+// retries, about 10 s per request, which an ordinary outage here seldom
+// lasts; apiLongOutage, rarer, does. While the API server is away, a
+// restarted daemon's pool listing holds the lock that ListAllocations needs
+// for 3 s of every 5.)
 func (w *world) draRestartAPIDown() {
 	c := w.pickClaim(func(c *draClaim) bool { return c.state == claimPrepared && w.nodes[c.node].cmd != nil })
 	if c == nil {

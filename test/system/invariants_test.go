@@ -51,6 +51,16 @@ const (
 	// ever away in this test (deleted and re-registered at once), so that a block is
 	// never released under a node that is merely re-registering.
 	grace = "3s"
+	// grantAge is the controller's --min-grant-age: a block taken from a node
+	// counts for its daemon's report at least this long (a minute outside
+	// tests), short enough for a long outage to cross.
+	grantAge = "10s"
+	// longOutage is how long the rare long outage keeps the API server away,
+	// at least: past client-go's retries of one request (about 10 s), a
+	// restarted daemon's start-up pool listing (3 s) and its claim
+	// collection's first retries (5 s, then 10 s), the grace period and
+	// grantAge (see docs/development.md).
+	longOutage = 16 * time.Second
 )
 
 // poolDef is a pool the test may create: fixed name, kind and network, so that
@@ -141,6 +151,8 @@ type world struct {
 
 	// live: ADDs that succeeded and were neither DEL'd nor GC'd by their network.
 	live map[string]attachment
+	// pods: the UID of each attachment's pod, by container ID (see podUID).
+	pods map[string]string
 	// uncertain: ADDs that failed or DELs that failed; they may or may not hold an
 	// address, and are cleaned up by DEL later as a runtime would.
 	uncertain map[string]attachment
@@ -163,8 +175,9 @@ type world struct {
 	// outages counts the API server's outages; draOutageTried is the last one
 	// in which a prepare was tried.
 	outages, draOutageTried int
-	// draRestartedAPIDown says that draRestartAPIDown has run.
-	draRestartedAPIDown bool
+	// draRestartedAPIDown says that draRestartAPIDown has run;
+	// longOutageDone that apiLongOutage has.
+	draRestartedAPIDown, longOutageDone bool
 	// nextPod numbers pod namespaces; draSlowDone says that draSlowPrepare
 	// has run (once a seed: it takes seconds).
 	nextPod     int
@@ -229,11 +242,31 @@ func envInt(t *testing.T, name string, def int) int {
 }
 
 func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
+	w := newBareWorld(t, seed, bins, os.Getenv("HWIPAM_SYSTEM_DRA") != "off")
+	for i := range nodeCount {
+		w.addNode(i)
+	}
+	if err := w.c.Create(w.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: hostileNode,
+		Labels: map[string]string{groupLabel: []string{"a", "b"}[w.rng.IntN(2)]}}}); err != nil {
+		t.Fatalf("creating node %s: %v", hostileNode, err)
+	}
+	for _, p := range poolDefs {
+		w.createPool(p)
+	}
+	if w.dra {
+		w.draClusterSetup()
+	}
+	return w
+}
+
+// newBareWorld starts the API server, the proxy in front of it and
+// ipam-controller: no nodes, no pools.
+func newBareWorld(t *testing.T, seed uint64, bins map[string]string, dra bool) *world {
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	w := &world{t: t, ctx: t.Context(), seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5157)), cp: cp, c: cp.Client,
-		nodeBin: bins["ipam-node"], pluginBin: bins["nv-ipam"], live: map[string]attachment{}, uncertain: map[string]attachment{},
+		nodeBin: bins["ipam-node"], pluginBin: bins["nv-ipam"], live: map[string]attachment{}, uncertain: map[string]attachment{}, pods: map[string]string{},
 		counts: map[string]int{}, hostileHad: map[string][]iprange.Range{},
-		dra: os.Getenv("HWIPAM_SYSTEM_DRA") != "off", claims: map[types.UID]*draClaim{}, collect: map[types.UID]*draGone{}}
+		dra: dra, claims: map[types.UID]*draClaim{}, collect: map[types.UID]*draGone{}}
 	w.proxy = harness.NewAPIProxy(t, cp.Config)
 	host := w.proxy.Target()
 	kc, err := cp.WriteKubeconfig(t.TempDir())
@@ -253,27 +286,24 @@ func newWorld(t *testing.T, seed uint64, bins map[string]string) *world {
 	}
 	w.ctrlBin = bins["ipam-controller"]
 	w.startController()
-	for i := range nodeCount {
-		n := &simNode{name: fmt.Sprintf("sys-n%d", i), dir: t.TempDir(), group: []string{"a", "b"}[i%2]}
-		n.socket = filepath.Join(n.dir, "daemon.sock")
-		if w.dra {
-			w.draNodeSetup(n)
-		}
-		w.nodes = append(w.nodes, n)
-		w.createNode(i)
-		w.startDaemon(i)
-	}
-	if err := w.c.Create(w.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: hostileNode,
-		Labels: map[string]string{groupLabel: []string{"a", "b"}[w.rng.IntN(2)]}}}); err != nil {
-		t.Fatalf("creating node %s: %v", hostileNode, err)
-	}
-	for _, p := range poolDefs {
-		w.createPool(p)
-	}
-	if w.dra {
-		w.draClusterSetup()
-	}
 	return w
+}
+
+// addNode adds node i (named sys-n<i>, in group a or b by parity; i is the
+// number of nodes so far): its Node object and its running daemon.
+func (w *world) addNode(i int) {
+	w.t.Helper()
+	if i != len(w.nodes) {
+		w.t.Fatalf("adding node %d after %d nodes", i, len(w.nodes))
+	}
+	n := &simNode{name: fmt.Sprintf("sys-n%d", i), dir: w.t.TempDir(), group: []string{"a", "b"}[i%2]}
+	n.socket = filepath.Join(n.dir, "daemon.sock")
+	if w.dra {
+		w.draNodeSetup(n)
+	}
+	w.nodes = append(w.nodes, n)
+	w.createNode(i)
+	w.startDaemon(i)
 }
 
 func (w *world) startProcess(cmd *exec.Cmd, what string) chan struct{} {
@@ -302,7 +332,8 @@ func (w *world) startProcess(cmd *exec.Cmd, what string) chan struct{} {
 func (w *world) startController() {
 	w.t.Helper()
 	w.ctrl = exec.Command(w.ctrlBin, "--kubeconfig", w.kubeconfig, "--ippools-namespace", namespace,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--release-grace-period", grace)
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--release-grace-period", grace,
+		"--min-grant-age", grantAge)
 	w.ctrlExited = w.startProcess(w.ctrl, "ipam-controller")
 }
 
@@ -324,7 +355,7 @@ func (w *world) startDaemon(i int) {
 	n.fast = fast
 	cmd := exec.Command(w.nodeBin, "--node-name", n.name, "--kubeconfig", w.kubeconfig, "--ippools-namespace", namespace,
 		"--store-file", filepath.Join(n.dir, "store"), "--bind-address", "unix://"+n.socket,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0",
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "1s",
 		"--pools-in-use-interval", "200ms", "--nic-labels", "off", fmt.Sprintf("--fast-endpoint=%t", fast),
 		"--cni-skip-nv-ipam-binary-copy", "--cni-skip-nv-ipam-config-creation")
 	if w.dra {
@@ -473,6 +504,22 @@ func (w *world) fail(format string, args ...any) {
 				v1alpha1.HeldAnnotation, n.Annotations[v1alpha1.HeldAnnotation])
 		}
 	}
+	for p, obj := range w.existingPools() {
+		var conds []string
+		var common v1alpha1.PoolStatusCommon
+		switch o := obj.(type) {
+		case *v1alpha1.IPPool:
+			common = o.Status.PoolStatusCommon
+		case *v1alpha1.CIDRPool:
+			common = o.Status.PoolStatusCommon
+		}
+		for _, c := range common.Conditions {
+			if c.Status == metav1.ConditionTrue {
+				conds = append(conds, c.Type+": "+c.Message)
+			}
+		}
+		w.t.Logf("pool %s (uid %s) conditions: %s", p.name, obj.GetUID(), strings.Join(conds, "; "))
+	}
 	for pool, bs := range w.blocks() {
 		var list []string
 		for _, b := range bs {
@@ -522,6 +569,14 @@ func (w *world) run(steps int) {
 			}
 			return 0
 		}, w.apiStop},
+		// Once a seed at most, and in about half the seeds of 80 steps: it
+		// costs longOutage.
+		{"api-long-outage", func() int {
+			if w.proxy.Up() && !w.longOutageDone {
+				return 1
+			}
+			return 0
+		}, w.apiLongOutage},
 		{"api-start", func() int {
 			if !w.proxy.Up() {
 				return 15
@@ -622,8 +677,28 @@ func (w *world) call(cmd string, a attachment, extra map[string]any) ([]byte, er
 		w.t.Fatal(err)
 	}
 	return harness.CNICall{Plugin: w.pluginBin, Command: cmd, ContainerID: a.containerID, NetNS: "/var/run/netns/system-test",
-		IfName: "net1", Args: fmt.Sprintf("K8S_POD_NAME=pod-%s;K8S_POD_NAMESPACE=default;K8S_POD_UID=uid-%s", a.containerID, a.containerID),
+		IfName: "net1", Args: fmt.Sprintf("K8S_POD_NAME=pod-%s;K8S_POD_NAMESPACE=default;K8S_POD_UID=%s", a.containerID, w.podUID(cmd, a)),
 		Path: []string{filepath.Dir(w.pluginBin)}, Config: raw}.Run()
+}
+
+// podUID returns the UID of the attachment's pod, pod-<containerID> on its
+// node, created for its first ADD: every attachment's pod exists until the
+// end, so the daemons' stale-allocation cleaners (every second here) must
+// release nothing, also while the API server is away or just back.
+func (w *world) podUID(cmd string, a attachment) string {
+	if uid, ok := w.pods[a.containerID]; ok {
+		return uid
+	}
+	if cmd != "ADD" {
+		return "uid-" + a.containerID
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pod-" + a.containerID, Namespace: namespace},
+		Spec: corev1.PodSpec{NodeName: w.nodes[a.node].name, Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
+	if err := w.c.Create(w.ctx, pod); err != nil {
+		w.fail("creating the pod of %s: %v", a, err)
+	}
+	w.pods[a.containerID] = string(pod.UID)
+	return string(pod.UID)
 }
 
 func key(a attachment) string { return fmt.Sprintf("%d/%s/%s", a.node, a.net.name, a.containerID) }
@@ -852,8 +927,11 @@ func (w *world) nodeRelabel() {
 
 // nodeRecreate deletes a Node object and registers it again at once, as a kubelet
 // does after its Node was deleted: labels come back, annotations do not.
-func (w *world) nodeRecreate() {
-	i := w.rng.IntN(nodeCount)
+func (w *world) nodeRecreate() { w.recreateNode(w.rng.IntN(nodeCount), 0) }
+
+// recreateNode deletes node i's Node object and registers it again away
+// after it is gone.
+func (w *world) recreateNode(i int, away time.Duration) {
 	n := w.nodes[i]
 	if err := w.c.Delete(w.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}); err != nil {
 		w.fail("deleting node %s: %v", n.name, err)
@@ -869,7 +947,12 @@ func (w *world) nodeRecreate() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	time.Sleep(away)
 	w.createNode(i)
+	if away > 0 {
+		w.tracef("re-create node %s, away %s", n.name, away)
+		return
+	}
 	w.tracef("re-create node %s", n.name)
 }
 
@@ -896,6 +979,28 @@ func (w *world) apiStop() {
 	w.proxy.SetUp(false)
 	w.outages++
 	w.tracef("API server unreachable")
+}
+
+// apiLongOutage makes the API server unreachable for longOutage at least (it
+// stays so until api-start), and restarts a daemon at its start, one with a
+// prepared claim if there is one: its pool listing gives up and its stored
+// blocks serve; its claim collection cannot read the claims and must release
+// nothing (check). Every component's timeouts run out meanwhile.
+func (w *world) apiLongOutage() {
+	w.longOutageDone = true
+	w.apiStop()
+	i := w.rng.IntN(nodeCount)
+	if w.dra {
+		if c := w.pickClaim(func(c *draClaim) bool { return c.state == claimPrepared && w.nodes[c.node].cmd != nil }); c != nil {
+			i = c.node
+		}
+	}
+	if w.nodes[i].cmd != nil {
+		w.killDaemon(i)
+	}
+	w.startDaemon(i)
+	w.tracef("ipam-node on %s restarted; the API server stays away for %s", w.nodes[i].name, longOutage)
+	time.Sleep(longOutage)
 }
 
 func (w *world) apiStart() {
