@@ -2,6 +2,8 @@ package poolcontroller
 
 import (
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"maps"
 	"slices"
 
@@ -59,4 +61,18 @@ func (m *Memory) Grants(key, node string) []string {
 		out = append(out, r.String())
 	}
 	return out
+}
+
+// AddLiveReports gives the memory n live empty reports of nodes with random
+// names, as that many daemons that report nothing outside their blocks.
+func (m *Memory) AddLiveReports(n int, seed uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	rng := rand.New(rand.NewPCG(seed, 1))
+	for range n {
+		name := fmt.Sprintf("node-%016x", rng.Uint64())
+		m.reports[name] = newReport("{}", m.now, true)
+	}
+	m.version++
 }

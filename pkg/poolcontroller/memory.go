@@ -130,6 +130,9 @@ type Memory struct {
 	savedAt uint64 // the version the Lease holds
 	saved   string // the payload the Lease holds (as far as this process knows)
 	warned  string // the last save error logged
+	// slimWarned: Save said once that the Lease is too small for the empty
+	// reports of every node.
+	slimWarned bool
 }
 
 // seenReport is a node's held report and when the controller last saw it.
@@ -431,10 +434,10 @@ func (m *Memory) blocksOf(key string, own map[string]iprange.Range, now time.Tim
 }
 
 // payload is what the Lease is to keep (see Memory), as JSON; with mu held.
-func (m *Memory) payload() string {
+func (m *Memory) payload(markers bool) string {
 	kept := make(map[string]string, len(m.reports))
 	for node, rep := range m.reports {
-		part := m.keptReport(node, rep)
+		part := m.keptReport(node, rep, markers)
 		if part == nil {
 			continue
 		}
@@ -539,10 +542,35 @@ func (m *Memory) Save(ctx context.Context) error {
 		m.mu.Unlock()
 		return nil
 	}
-	version, payload, saved := m.version, m.payload(), m.saved
+	version, payload, saved := m.version, m.payload(true), m.saved
 	m.mu.Unlock()
 	if payload != saved && (saved != "" || payload != emptyPayload) {
-		if err := m.write(ctx, payload); err != nil {
+		err := m.write(ctx, payload)
+		if errors.Is(err, errTooLarge) {
+			// The empty reports that say which daemons report grow with the
+			// node count (some 3.5 bytes a node, compressed): past some
+			// 50,000 nodes they go first, and the grants, reservations and
+			// reports with content are still kept.
+			m.mu.Lock()
+			slim := m.payload(false)
+			m.mu.Unlock()
+			switch {
+			case slim == payload:
+			case slim == saved:
+				err, payload = nil, slim
+			default:
+				if err = m.write(ctx, slim); err == nil {
+					if !m.slimWarned {
+						m.Log.Info("the Lease keeps no record of which daemons report: too many nodes for its annotation; "+
+							"a Node re-registered while no controller runs, its daemon silent, then keeps only what its "+
+							"report held outside its blocks", "lease", m.Lease.String())
+						m.slimWarned = true
+					}
+					payload = slim
+				}
+			}
+		}
+		if err != nil {
 			return err
 		}
 	}

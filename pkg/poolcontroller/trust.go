@@ -657,11 +657,11 @@ func (m *Memory) flag(ig ignoredReport) bool {
 // keptReport is what the Lease keeps of node's report: per pool, what counts
 // (see count); of a live report only the pools with something no status
 // records, and at least an empty report, which tells a controller that
-// starts later that the node's daemon reports (see seenReport.kept). nil:
-// nothing to keep. With mu held.
-func (m *Memory) keptReport(node string, rep seenReport) map[string]v1alpha1.PoolHold {
+// starts later that the node's daemon reports (see seenReport.kept; without
+// markers, not: see Save). nil: nothing to keep. With mu held.
+func (m *Memory) keptReport(node string, rep seenReport, markers bool) map[string]v1alpha1.PoolHold {
 	var out map[string]v1alpha1.PoolHold
-	if rep.live || rep.kept {
+	if markers && (rep.live || rep.kept) {
 		out = map[string]v1alpha1.PoolHold{}
 	}
 	for _, key := range m.reportedKeys(node, rep) {
