@@ -3,8 +3,8 @@ package poolcontroller
 import (
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"maps"
+	"math/rand/v2"
 	"slices"
 
 	"github.com/hwipam/hwipam/pkg/iprange"

@@ -130,9 +130,9 @@ type Memory struct {
 	savedAt uint64 // the version the Lease holds
 	saved   string // the payload the Lease holds (as far as this process knows)
 	warned  string // the last save error logged
-	// slimWarned: Save said once that the Lease is too small for the empty
-	// reports of every node.
-	slimWarned bool
+	// fellTo: 1 + the lowest keptReport level Save had to fall back to (and
+	// said so); 0 before any.
+	fellTo int
 }
 
 // seenReport is a node's held report and when the controller last saw it.
@@ -434,10 +434,10 @@ func (m *Memory) blocksOf(key string, own map[string]iprange.Range, now time.Tim
 }
 
 // payload is what the Lease is to keep (see Memory), as JSON; with mu held.
-func (m *Memory) payload(markers bool) string {
+func (m *Memory) payload(level int) string {
 	kept := make(map[string]string, len(m.reports))
 	for node, rep := range m.reports {
-		part := m.keptReport(node, rep, markers)
+		part := m.keptReport(node, rep, level)
 		if part == nil {
 			continue
 		}
@@ -542,32 +542,32 @@ func (m *Memory) Save(ctx context.Context) error {
 		m.mu.Unlock()
 		return nil
 	}
-	version, payload, saved := m.version, m.payload(true), m.saved
+	version, payload, saved := m.version, m.payload(keepAll), m.saved
 	m.mu.Unlock()
 	if payload != saved && (saved != "" || payload != emptyPayload) {
 		err := m.write(ctx, payload)
-		if errors.Is(err, errTooLarge) {
-			// The empty reports that say which daemons report grow with the
-			// node count (some 3.5 bytes a node, compressed): past some
-			// 50,000 nodes they go first, and the grants, reservations and
-			// reports with content are still kept.
+		// Too large: first the blocks the status covers go, then the empty
+		// reports that say which daemons report (they grow with the node
+		// count: some 3.5 bytes a node compressed, the blocks some 10 a node
+		// and pool); the grants, reservations and reports with content stay.
+		for level := keepAll - 1; errors.Is(err, errTooLarge) && level >= keepCounted; level-- {
 			m.mu.Lock()
-			slim := m.payload(false)
+			smaller := m.payload(level)
 			m.mu.Unlock()
 			switch {
-			case slim == payload:
-			case slim == saved:
-				err, payload = nil, slim
+			case smaller == payload:
+				continue
+			case smaller == saved:
+				err, payload = nil, smaller
 			default:
-				if err = m.write(ctx, slim); err == nil {
-					if !m.slimWarned {
-						m.Log.Info("the Lease keeps no record of which daemons report: too many nodes for its annotation; "+
-							"a Node re-registered while no controller runs, its daemon silent, then keeps only what its "+
-							"report held outside its blocks", "lease", m.Lease.String())
-						m.slimWarned = true
-					}
-					payload = slim
-				}
+				err = m.write(ctx, smaller)
+				payload = smaller
+			}
+			if err == nil && (m.fellTo == 0 || level+1 < m.fellTo) {
+				m.Log.Info("the Lease keeps less of the daemons' reports: too many nodes and pools for its annotation; a Node "+
+					"re-registered while no controller sees it, its daemon silent, keeps less of its blocks (docs/pools.md)",
+					"lease", m.Lease.String(), "coveredBlocks", level >= keepAll, "whichNodesReport", level >= keepMarkers)
+				m.fellTo = level + 1
 			}
 		}
 		if err != nil {

@@ -655,19 +655,22 @@ func (m *Memory) flag(ig ignoredReport) bool {
 }
 
 // keptReport is what the Lease keeps of node's report: per pool, what counts
-// (see count); of a live report only the pools with something no status
-// records, and at least an empty report, which tells a controller that
-// starts later that the node's daemon reports (see seenReport.kept; without
-// markers, not: see Save). nil: nothing to keep. With mu held.
-func (m *Memory) keptReport(node string, rep seenReport, markers bool) map[string]v1alpha1.PoolHold {
+// (see count). At keepAll, everything, the blocks the status covers included:
+// a controller that starts later knows each reporting node's blocks also of a
+// pool deleted meanwhile, and that the node reports (see seenReport.kept). At
+// keepMarkers, of a live report only the pools with something no status
+// records, and at least an empty report, which says that the node reports. At
+// keepCounted, without the empty reports. (Save goes down the levels while the
+// payload is too large for the Lease.) nil: nothing to keep. With mu held.
+func (m *Memory) keptReport(node string, rep seenReport, level int) map[string]v1alpha1.PoolHold {
 	var out map[string]v1alpha1.PoolHold
-	if markers && (rep.live || rep.kept) {
+	if level >= keepMarkers && (rep.live || rep.kept) {
 		out = map[string]v1alpha1.PoolHold{}
 	}
 	for _, key := range m.reportedKeys(node, rep) {
 		c, _ := m.count(node, rep, key)
 		var h v1alpha1.PoolHold
-		if c.block.Start.IsValid() && (!rep.live || !c.covered) {
+		if c.block.Start.IsValid() && (!rep.live || !c.covered || level >= keepAll) {
 			h.Block = c.block.String()
 		}
 		for _, r := range c.held {
@@ -683,6 +686,13 @@ func (m *Memory) keptReport(node string, rep seenReport, markers bool) map[strin
 	}
 	return out
 }
+
+// What the Lease keeps of the reports (see keptReport), most first.
+const (
+	keepCounted = iota
+	keepMarkers
+	keepAll
+)
 
 // keptGrants is what the Lease keeps of the grants; with mu held.
 func (m *Memory) keptGrants() map[string]map[string][]keptGrant {

@@ -186,8 +186,10 @@ func TestOversizedReportDoesNotFillTheMemory(t *testing.T) {
 	f.save(mem)
 	f.wantIgnoredEvent("h", "more than the 65536 the controller reads")
 	_, kept := f.lease()
-	if got := kept[f.nodeName("a")]; got != `{"p":{"held":["10.100.0.7"]}}` {
-		t.Errorf("the Lease keeps %q of a's report, want its orphan", got)
+	// Its block too (the Lease keeps the blocks the status covers while they
+	// fit: issue 38, seed 310242).
+	if got := kept[f.nodeName("a")]; got != `{"p":{"block":"10.100.0.1-10.100.0.4","held":["10.100.0.7"]}}` {
+		t.Errorf("the Lease keeps %q of a's report, want its block and orphan", got)
 	}
 
 	// a's Node re-registered while the controller is down: the restarted

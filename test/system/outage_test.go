@@ -313,3 +313,47 @@ func TestCleanerDuringLongOutage(t *testing.T) {
 		w.fail("sys-n1 holds %d addresses, want the 2 attachments'", got)
 	}
 }
+
+// TestPoolDeletedWhileNoControllerSawIt plays seed 310242 (issue 38): a node's
+// daemon holds an address in its block and is killed; the controller restarts
+// while the API server is away (it knows only its Lease); the node's Node is
+// registered again and the pool deleted meanwhile; the pool is created again.
+// The Lease kept of the node's live report only what no status records (an
+// empty report), the old status is gone, so the new pool gave the node's
+// block to the node that sorts first. Now the Lease keeps the covered blocks
+// too, while they fit.
+func TestPoolDeletedWhileNoControllerSawIt(t *testing.T) {
+	w := newBareWorld(t, 310242, scenarioBins(t), false)
+	w.addNode(0)
+	w.addNode(1)
+	c0 := networks[3]
+	w.createCIDRPool("b")
+	held := w.waitBlock("c0", "sys-n1", 30*time.Second)
+	a := w.addOn(1, c0)
+	if !held.Contains(a.ip) {
+		w.fail("%s is not in sys-n1's block %s", a, held)
+	}
+	time.Sleep(3 * time.Second) // the controller keeps what it knows in its Lease
+	w.check()
+
+	_ = w.ctrl.Process.Kill()
+	<-w.ctrlExited
+	w.tracef("kill -9 ipam-controller")
+	w.killDaemon(1)
+	w.tracef("kill -9 ipam-node on sys-n1")
+	w.recreateNode(1, 0)
+	w.deletePool(c0.pool)
+	w.startController()
+	w.tracef("start ipam-controller")
+	time.Sleep(3 * time.Second)
+	w.check()
+
+	w.createCIDRPool("")
+	got := w.waitBlock("c0", "sys-n0", 30*time.Second)
+	w.tracef("sys-n0's block in the new c0: %s", got)
+	w.check()
+	w.startDaemon(1)
+	w.tracef("restart ipam-node on sys-n1")
+	time.Sleep(2 * time.Second)
+	w.check()
+}
