@@ -548,7 +548,7 @@ func (m *Memory) Save(ctx context.Context) error {
 		err := m.write(ctx, payload)
 		// Too large: first the blocks the status covers go, then the empty
 		// reports that say which daemons report (they grow with the node
-		// count: some 3.5 bytes a node compressed, the blocks some 10 a node
+		// count: some 3.5 bytes a node compressed, the blocks some 8 a node
 		// and pool); the grants, reservations and reports with content stay.
 		for level := keepAll - 1; errors.Is(err, errTooLarge) && level >= keepCounted; level-- {
 			m.mu.Lock()
