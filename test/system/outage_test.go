@@ -252,39 +252,7 @@ func TestPoolRecreatedDuringOutage(t *testing.T) {
 // and created anew. The node that sorts first gets a block in the new pool:
 // it must not cover what the silent node holds.
 func TestNodeRecreatedWhileNoControllerRanThenPoolRecreated(t *testing.T) {
-	w := newBareWorld(t, 38, scenarioBins(t), false)
-	w.addNode(0)
-	w.addNode(1)
-	c0 := networks[3]
-	w.createCIDRPool("b")
-	held := w.waitBlock("c0", "sys-n1", 30*time.Second)
-	a := w.addOn(1, c0)
-	if !held.Contains(a.ip) {
-		w.fail("%s is not in sys-n1's block %s", a, held)
-	}
-	time.Sleep(3 * time.Second) // the controller keeps what it knows in its Lease
-	w.check()
-
-	_ = w.ctrl.Process.Kill()
-	<-w.ctrlExited
-	w.tracef("kill -9 ipam-controller")
-	w.killDaemon(1)
-	w.tracef("kill -9 ipam-node on sys-n1")
-	w.recreateNode(1, 0)
-	w.startController()
-	w.tracef("start ipam-controller")
-	time.Sleep(3 * time.Second)
-	w.check()
-
-	w.deletePool(c0.pool)
-	w.createCIDRPool("")
-	got := w.waitBlock("c0", "sys-n0", 30*time.Second)
-	w.tracef("sys-n0's block in the new c0: %s", got)
-	w.check()
-	w.startDaemon(1)
-	w.tracef("restart ipam-node on sys-n1")
-	time.Sleep(2 * time.Second)
-	w.check()
+	silentNodeAndPoolRecreated(t, 38, false)
 }
 
 // TestCleanerDuringLongOutage: an attachment made while the API server is
@@ -323,7 +291,16 @@ func TestCleanerDuringLongOutage(t *testing.T) {
 // block to the node that sorts first. Now the Lease keeps the covered blocks
 // too, while they fit.
 func TestPoolDeletedWhileNoControllerSawIt(t *testing.T) {
-	w := newBareWorld(t, 310242, scenarioBins(t), false)
+	silentNodeAndPoolRecreated(t, 310242, true)
+}
+
+// silentNodeAndPoolRecreated plays the two sequences above: sys-n1 holds an
+// address of CIDRPool c0; the controller and sys-n1's daemon are killed and
+// sys-n1's Node re-registered; the pool is deleted before the controller
+// starts again (deleteFirst) or after; the pool is created anew selecting
+// every node, and sys-n0's new block must not cover sys-n1's address.
+func silentNodeAndPoolRecreated(t *testing.T, seed uint64, deleteFirst bool) {
+	w := newBareWorld(t, seed, scenarioBins(t), false)
 	w.addNode(0)
 	w.addNode(1)
 	c0 := networks[3]
@@ -342,12 +319,17 @@ func TestPoolDeletedWhileNoControllerSawIt(t *testing.T) {
 	w.killDaemon(1)
 	w.tracef("kill -9 ipam-node on sys-n1")
 	w.recreateNode(1, 0)
-	w.deletePool(c0.pool)
+	if deleteFirst {
+		w.deletePool(c0.pool)
+	}
 	w.startController()
 	w.tracef("start ipam-controller")
 	time.Sleep(3 * time.Second)
 	w.check()
 
+	if !deleteFirst {
+		w.deletePool(c0.pool)
+	}
 	w.createCIDRPool("")
 	got := w.waitBlock("c0", "sys-n0", 30*time.Second)
 	w.tracef("sys-n0's block in the new c0: %s", got)
