@@ -92,6 +92,7 @@ type CIDRPoolStatus struct {
 // +kubebuilder:printcolumn:name="Per Node Prefix",type="integer",JSONPath=`.spec.perNodeNetworkPrefix`
 // +kubebuilder:printcolumn:name="Allocated",type="integer",JSONPath=`.status.allocatedNodes`
 // +kubebuilder:printcolumn:name="Selected",type="integer",JSONPath=`.status.selectedNodes`
+// +kubebuilder:printcolumn:name="Blocks In",type="string",JSONPath=`.status.blocksIn`
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=`.metadata.creationTimestamp`
 type CIDRPool struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -48,6 +48,10 @@ const (
 	// ConditionConflict is True when the pool's range overlaps an older pool in the
 	// same namespace; the pool then has no blocks until the overlap is removed.
 	ConditionConflict = "Conflict"
+	// ConditionListed is True while status.allocations lists every node's block,
+	// False above the controller's threshold (--status-allocations-max-nodes),
+	// where each node's block is in its NodeIPAM object only.
+	ConditionListed = "AllocationsListed"
 	// ConditionOrphans is True when node daemons report addresses of the pool held
 	// outside their current block (after a layout edit, or a block released while
 	// in use); those ranges are kept from every other node until released.
@@ -75,4 +79,17 @@ type PoolStatusCommon struct {
 	// kept through its release grace period.
 	// +optional
 	AllocatedNodes int32 `json:"allocatedNodes"`
+	// blocksIn says where the nodes' blocks are: "status" while
+	// status.allocations lists every one, "NodeIPAM" above the controller's
+	// threshold (status.allocations is then empty; each node's block is in the
+	// NodeIPAM object named after the node, in the pool's namespace). Empty when
+	// written by nv-ipam or an earlier hwipam: the list is complete.
+	// +optional
+	BlocksIn string `json:"blocksIn,omitempty"`
 }
+
+// Values of PoolStatusCommon.BlocksIn.
+const (
+	BlocksInStatus   = "status"
+	BlocksInNodeIPAM = "NodeIPAM"
+)

@@ -72,6 +72,7 @@ type IPPoolStatus struct {
 // +kubebuilder:printcolumn:name="Block Size",type="integer",JSONPath=`.spec.perNodeBlockSize`
 // +kubebuilder:printcolumn:name="Allocated",type="integer",JSONPath=`.status.allocatedNodes`
 // +kubebuilder:printcolumn:name="Selected",type="integer",JSONPath=`.status.selectedNodes`
+// +kubebuilder:printcolumn:name="Blocks In",type="string",JSONPath=`.status.blocksIn`
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=`.metadata.creationTimestamp`
 type IPPool struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -21,6 +21,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/daemon"
 	"github.com/hwipam/hwipam/pkg/poolcontroller"
@@ -51,6 +52,9 @@ type Options struct {
 	// daemon's report at least (hidden flag --min-grant-age, for tests); 0 is
 	// the built-in minute.
 	MinGrantAge time.Duration
+	// StatusAllocationsMaxNodes is how many blocks a pool's status lists at most
+	// while blocks are delivered through NodeIPAMs; 0 lists every block.
+	StatusAllocationsMaxNodes int
 
 	// RestConfig, when set, is used instead of Kubeconfig (tests).
 	RestConfig *rest.Config
@@ -68,6 +72,9 @@ func NewOptions() *Options {
 		HealthProbeBindAddress: ":8081",
 		ReleaseGracePeriod:     5 * time.Minute,
 		Workers:                4,
+		// Some 760 kB of status.allocations (76 bytes a node): half etcd's
+		// request limit, and a status every nv-ipam tool still reads.
+		StatusAllocationsMaxNodes: 10000,
 	}
 }
 
@@ -90,6 +97,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.MinGrantAge, "min-grant-age", o.MinGrantAge,
 		"How long a block taken from a node still counts for its daemon's held report at least (at least the grace period too); 0 is one minute. For tests.")
 	_ = fs.MarkHidden("min-grant-age")
+	fs.IntVar(&o.StatusAllocationsMaxNodes, "status-allocations-max-nodes", o.StatusAllocationsMaxNodes,
+		"How many nodes' blocks a pool's status.allocations lists at most while blocks are delivered through NodeIPAM objects "+
+			"(the NodeIPAM CRD is installed); above it the status lists none and each node's block is in its NodeIPAM only. 0 lists every block.")
 }
 
 // Validate checks the options.
@@ -106,6 +116,9 @@ func (o *Options) Validate() error {
 	}
 	if o.MinGrantAge < 0 {
 		errs = append(errs, fmt.Errorf("--min-grant-age %s must not be negative", o.MinGrantAge))
+	}
+	if o.StatusAllocationsMaxNodes < 0 {
+		errs = append(errs, fmt.Errorf("--status-allocations-max-nodes %d must not be negative", o.StatusAllocationsMaxNodes))
 	}
 	if o.Workers < 1 {
 		errs = append(errs, fmt.Errorf("--workers %d must be at least 1", o.Workers))
@@ -153,6 +166,10 @@ func Run(ctx context.Context, o *Options) error {
 	// status fields) of every cached node's metadata. A status update sent from a
 	// cached pool without them leaves them as stored.
 	cacheOpts.DefaultTransform = cache.TransformStripManagedFields()
+	cacheOpts.ByObject[&nodeipamv1.NodeIPAM{}] = poolcontroller.NodeIPAMCacheOptions(o.PoolsNamespace)
+	if err := nodeipamv1.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("registering %s: %w", nodeipamv1.GroupVersion, err)
+	}
 	mopts := ctrl.Options{
 		Scheme:                        scheme,
 		Cache:                         cacheOpts,
@@ -183,8 +200,16 @@ func Run(ctx context.Context, o *Options) error {
 	if err := mgr.Add(memory); err != nil {
 		return fmt.Errorf("adding the held reports' keeper: %w", err)
 	}
+	// Each node's blocks, in its NodeIPAM (when the CRD is installed).
+	delivery := &poolcontroller.Delivery{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(),
+		Namespace: o.PoolsNamespace, Log: logger.WithName("nodeipam")}
+	if err := mgr.Add(delivery); err != nil {
+		return fmt.Errorf("adding the NodeIPAM writer: %w", err)
+	}
 	for _, kind := range []string{v1alpha1.KindIPPool, v1alpha1.KindCIDRPool} {
 		r := &poolcontroller.Reconciler{
+			Delivery:           delivery,
+			MaxListed:          o.StatusAllocationsMaxNodes,
 			Memory:             memory,
 			Client:             mgr.GetClient(),
 			Reader:             mgr.GetAPIReader(),

@@ -16,10 +16,10 @@ import (
 
 // The DRA driver's rights (deploy/overlays/dra): its node's ResourceSlices, the
 // claims it prepares (read; listed for the garbage collection by claim UID),
-// and their status.devices entries of driver nic.hwipam.io.
-// +kubebuilder:rbac:groups=resource.k8s.io,resources=resourceslices,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=resource.k8s.io,resources=resourceclaims,verbs=get;list;watch
-// +kubebuilder:rbac:groups=resource.k8s.io,resources=resourceclaims/status,verbs=patch
+// and their status.devices entries of driver nic.hwipam.io. They are written by
+// hand in deploy/dra/rbac.yaml, not generated: the base role (generated from the
+// markers of this package) must not grant them to a daemon that runs without
+// --dra.
 
 // draCheckpoint is the DRA checkpoint's file, beside the store.
 func draCheckpoint(storeFile string) string {

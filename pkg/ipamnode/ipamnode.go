@@ -59,8 +59,11 @@ import (
 // deploy/policy's ValidatingAdmissionPolicy narrows patch to the daemon's own Node and
 // its own keys. NodeFeatures (--nic-labels=nodefeature: get, create and patch by
 // server-side apply, delete when no NIC is left) are granted in the DaemonSet's
-// namespace only, where the daemon writes them.
+// namespace only, where the daemon writes them. NodeIPAMs (get: the start-up read;
+// list, watch: of its own, by name) are how the controller delivers its blocks; without
+// them (network-operator's role) it reads the pools' status as nv-ipam does.
 // +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools;cidrpools,verbs=list;watch
+// +kubebuilder:rbac:groups=ipam.hwipam.io,resources=nodeipams,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;patch
 // +kubebuilder:rbac:groups=nfd.k8s-sigs.io,namespace=kube-system,resources=nodefeatures,verbs=get;create;patch;delete

@@ -1,6 +1,7 @@
 package poolcontroller
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -8,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/blocks"
 	"github.com/hwipam/hwipam/pkg/iprange"
@@ -43,6 +45,13 @@ type pool interface {
 	allocatedRanges() []iprange.Range
 	// storeKey is the pool's key in the node daemon's store and annotation.
 	storeKey() string
+	// blocksOf returns the blocks status lists, by node; withBlocks a copy whose
+	// status lists bs; omitted a copy whose status lists none (see Delivery).
+	blocksOf() map[string]blockVal
+	withBlocks(bs map[string]blockVal) pool
+	omitted() pool
+	// template is the pool's part of the NodeBlocks it delivers.
+	template() nodeipamv1.NodeBlock
 }
 
 type ipPool struct{ p *v1alpha1.IPPool }
@@ -258,4 +267,73 @@ func sameSet[T comparable](a, b []T, key func(T) string) bool {
 	slices.SortStableFunc(sa, cmp)
 	slices.SortStableFunc(sb, cmp)
 	return slices.Equal(sa, sb)
+}
+
+// blockVal is one node's block as status lists it: an IPPool's start and end, a
+// CIDRPool's prefix and gateway.
+type blockVal struct{ start, end, prefix, gateway string }
+
+// blocksOf returns the blocks status lists, by node.
+func (a ipPool) blocksOf() map[string]blockVal {
+	out := make(map[string]blockVal, len(a.p.Status.Allocations))
+	for _, al := range a.p.Status.Allocations {
+		out[al.NodeName] = blockVal{start: al.StartIP, end: al.EndIP}
+	}
+	return out
+}
+
+func (a cidrPool) blocksOf() map[string]blockVal {
+	out := make(map[string]blockVal, len(a.p.Status.Allocations))
+	for _, al := range a.p.Status.Allocations {
+		out[al.NodeName] = blockVal{prefix: al.Prefix, gateway: al.Gateway}
+	}
+	return out
+}
+
+// withBlocks returns a copy of the pool whose status lists bs (sorted by node).
+func (a ipPool) withBlocks(bs map[string]blockVal) pool {
+	p := a.p.DeepCopy()
+	p.Status.Allocations = make([]v1alpha1.Allocation, 0, len(bs))
+	for _, n := range slices.Sorted(maps.Keys(bs)) {
+		p.Status.Allocations = append(p.Status.Allocations, v1alpha1.Allocation{NodeName: n, StartIP: bs[n].start, EndIP: bs[n].end})
+	}
+	return ipPool{p}
+}
+
+func (a cidrPool) withBlocks(bs map[string]blockVal) pool {
+	p := a.p.DeepCopy()
+	p.Status.Allocations = make([]v1alpha1.CIDRPoolAllocation, 0, len(bs))
+	for _, n := range slices.Sorted(maps.Keys(bs)) {
+		p.Status.Allocations = append(p.Status.Allocations, v1alpha1.CIDRPoolAllocation{NodeName: n, Prefix: bs[n].prefix, Gateway: bs[n].gateway})
+	}
+	return cidrPool{p}
+}
+
+// template returns the pool's part of every NodeBlock it delivers: its name,
+// UID, rail and spec (without what concerns other nodes).
+func (a ipPool) template() nodeipamv1.NodeBlock {
+	spec := a.p.Spec.DeepCopy()
+	spec.NodeSelector = nil
+	return nodeipamv1.NodeBlock{Kind: v1alpha1.KindIPPool, Pool: a.p.Name, PoolUID: a.p.UID,
+		Rail: a.p.Labels[v1alpha1.LabelRail], IPPool: spec}
+}
+
+func (a cidrPool) template() nodeipamv1.NodeBlock {
+	spec := a.p.Spec.DeepCopy()
+	spec.NodeSelector, spec.StaticAllocations = nil, nil
+	return nodeipamv1.NodeBlock{Kind: v1alpha1.KindCIDRPool, Pool: a.p.Name, PoolUID: a.p.UID,
+		Rail: a.p.Labels[v1alpha1.LabelRail], CIDRPool: spec}
+}
+
+// omitted returns a copy of the pool whose status lists no allocation.
+func (a ipPool) omitted() pool {
+	p := *a.p
+	p.Status.Allocations = []v1alpha1.Allocation{}
+	return ipPool{&p}
+}
+
+func (a cidrPool) omitted() pool {
+	p := *a.p
+	p.Status.Allocations = []v1alpha1.CIDRPoolAllocation{}
+	return cidrPool{&p}
 }

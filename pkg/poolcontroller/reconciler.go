@@ -56,7 +56,14 @@ type Reconciler struct {
 	// Memory keeps the daemons' held reports the Nodes may no longer show; nil: a
 	// memory of this reconciler's own, in this process only.
 	Memory *Memory
-	writes atomic.Uint64
+	// Delivery, when set and enabled, gives each node its blocks through its
+	// NodeIPAM; nil: the status lists every block, and is the only record.
+	Delivery *Delivery
+	// MaxListed is how many blocks a pool's status lists at most while Delivery
+	// is enabled: above it, status.allocations is empty and the blocks are in the
+	// NodeIPAMs only (status.blocksIn says so). 0 lists every block.
+	MaxListed int
+	writes    atomic.Uint64
 }
 
 // reservationKey names a pool's reservations in the memory: its namespace and
@@ -158,6 +165,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		if apierrors.IsNotFound(err) {
 			forgetMetrics(r.Kind, req.Namespace, req.Name)
 			r.forget(req.NamespacedName)
+			r.Delivery.Remove(r.Kind, req.Name)
 			mem := r.memory()
 			mem.forgetPool(v1alpha1.PoolKey(r.Kind, req.Name), r.now())
 			mem.keepReservations(r.reservationKey(req.NamespacedName), "", nil)
@@ -181,6 +189,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	st := r.poolState(p.object(), mem)
 	p = st.caughtUp(p)
+	delivering := r.Delivery.Enabled(ctx)
+	if ctx.Err() != nil {
+		return ctrl.Result{}, ctx.Err()
+	}
+	// The pool whose status lists the blocks the plan starts from: above the
+	// threshold the status lists none, and the NodeIPAMs hold them.
+	planned, err := r.plannedFrom(ctx, p, delivering)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	c := p.common()
 	c.ObservedGeneration = p.object().GetGeneration()
 	c.Conditions = slices.Clone(c.Conditions)
@@ -220,7 +238,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	setCondition(&c, v1alpha1.ConditionConflict, false, "NoOverlap", "the pool overlaps no other pool")
 
-	in, orphans, reservedUntil, err := r.planInput(ctx, p, layout, st)
+	in, orphans, reservedUntil, err := r.planInput(ctx, planned, layout, st)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -271,7 +289,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	st.exhausted = len(out.Unassigned)
 	updateMetrics(r.Kind, p.object(), layout, len(out.Assignments), len(out.Unassigned))
 
-	if err := r.writeStatus(ctx, st, p, p.withStatus(layout, out.Assignments, false, c)); err != nil {
+	omit := delivering && r.MaxListed > 0 && len(out.Assignments) > r.MaxListed
+	r.setListed(p, &c, omit, len(out.Assignments), delivering)
+	desired := p.withStatus(layout, out.Assignments, false, c)
+	if delivering {
+		// The NodeIPAMs are written before the status: a status that lists no
+		// block must not be stored before the objects that do.
+		r.Delivery.Set(p, desired.blocksOf())
+	}
+	if omit {
+		desired = desired.omitted()
+	}
+	if err := r.writeStatus(ctx, st, p, desired); err != nil {
 		return ctrl.Result{}, err
 	}
 	// The blocks now given are the nodes' grants (see trust.go), whatever
@@ -282,6 +311,61 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	mem.blocksOf(p.storeKey(), given, in.Now)
 	return ctrl.Result{RequeueAfter: out.RequeueAfter}, nil
+}
+
+// plannedFrom returns p, or, when its status lists no block while the
+// NodeIPAMs give some to nodes (above the threshold, or after a restart), a copy of
+// p whose status lists those. With delivery off, a status that says its blocks are
+// in NodeIPAMs cannot be planned from: an error says so, and nothing is written.
+func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (pool, error) {
+	c := p.common()
+	if !delivering {
+		if c.BlocksIn == v1alpha1.BlocksInNodeIPAM && p.allocationCount() == 0 {
+			return nil, fmt.Errorf("%s %s: its status says its blocks are in NodeIPAM objects, which this controller cannot read "+
+				"(the NodeIPAM CRD or the controller's RBAC on nodeipams is missing); nothing is assigned until it can: "+
+				"install deploy/crds and deploy/rbac/controller", r.Kind, p.object().GetName())
+		}
+		return p, nil
+	}
+	if c.BlocksIn != v1alpha1.BlocksInNodeIPAM && p.allocationCount() > 0 {
+		return p, nil
+	}
+	bs, err := r.Delivery.Existing(ctx, r.Kind, p.object().GetName(), p.object().GetUID())
+	if err != nil {
+		return nil, err
+	}
+	if len(bs) == 0 {
+		return p, nil
+	}
+	return p.withBlocks(bs), nil
+}
+
+// setListed sets status.blocksIn and the AllocationsListed condition, and tells
+// the operator when the status stops or starts listing the blocks.
+func (r *Reconciler) setListed(p pool, c *v1alpha1.PoolStatusCommon, omit bool, n int, delivering bool) {
+	was := c.BlocksIn
+	if omit {
+		c.BlocksIn = v1alpha1.BlocksInNodeIPAM
+		msg := fmt.Sprintf("%d nodes have a block, more than the %d status.allocations lists at most "+
+			"(ipam-controller --status-allocations-max-nodes): each node's block is in the NodeIPAM object named after it "+
+			"in namespace %s (kubectl get nodeipams -n %s); nv-ipam daemons and hwipam daemons before 0.9 cannot read them",
+			n, r.MaxListed, p.object().GetNamespace(), p.object().GetNamespace())
+		setCondition(c, v1alpha1.ConditionListed, false, "AboveThreshold", msg)
+		if was != v1alpha1.BlocksInNodeIPAM {
+			r.event(p, corev1.EventTypeNormal, "AllocationsOmitted", "Assign", "%s", msg)
+		}
+		return
+	}
+	c.BlocksIn = v1alpha1.BlocksInStatus
+	msg := "status.allocations lists every node's block"
+	if delivering {
+		msg += "; each node's block is also in its NodeIPAM object"
+	}
+	setCondition(c, v1alpha1.ConditionListed, true, "Listed", msg)
+	if was == v1alpha1.BlocksInNodeIPAM {
+		r.event(p, corev1.EventTypeNormal, "AllocationsListed", "Assign",
+			"%d nodes have a block, at most the %d status.allocations lists: it lists them again", n, r.MaxListed)
+	}
 }
 
 // setAssignedConditions sets the allocated-node count and the Exhausted and Ready
@@ -522,6 +606,14 @@ func (r *Reconciler) overlaps(ctx context.Context, p pool, mine iprange.Range) (
 		theirs, ok := o.network()
 		if !ok || !theirs.Overlaps(mine) {
 			continue
+		}
+		if o.common().BlocksIn == v1alpha1.BlocksInNodeIPAM && o.allocationCount() == 0 && r.Delivery.on() {
+			// Its status lists no block: they are in the NodeIPAMs.
+			bs, err := r.Delivery.Existing(ctx, o.kind(), obj.GetName(), obj.GetUID())
+			if err != nil {
+				return "", nil, err
+			}
+			o = o.withBlocks(bs)
 		}
 		foreign = append(foreign, o.allocatedRanges()...)
 		if olderThan(obj, o.kind(), me, p.kind()) {

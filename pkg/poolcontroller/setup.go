@@ -32,7 +32,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, namespace string, maxCon
 	// A spec change, or a pool replaced: deleted and created anew under its name
 	// while the watch was broken (an API server outage), which the relist
 	// reports as an update with the same generation (1) and another UID.
-	specChanged := predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.Funcs{
+	// Labels too: a pool's rail label is delivered in its nodes' NodeIPAMs.
+	specChanged := predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}, predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool { return e.ObjectOld.GetUID() != e.ObjectNew.GetUID() },
 	})
 	// A pool created, deleted or re-specified in the namespace may end or start an
@@ -150,7 +151,7 @@ func (r *Reconciler) concerns(p pool, nodes ...client.Object) bool {
 		return true
 	}
 	for _, n := range nodes {
-		if sel.match(n) || p.hasNode(n.GetName()) {
+		if sel.match(n) || p.hasNode(n.GetName()) || r.Delivery.Has(r.Kind, p.object().GetName(), n.GetName()) {
 			return true
 		}
 	}

@@ -1,0 +1,89 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	poolv1 "github.com/hwipam/hwipam/api/v1alpha1"
+)
+
+// Kind is NodeIPAM's kind.
+const Kind = "NodeIPAM"
+
+// FieldManager is the field manager the ipam-controller writes NodeIPAMs with. A
+// node daemon uses a NodeIPAM only while every field of its spec is managed by it:
+// a block edited in by hand is not allocated from (the controller restores the
+// object at once).
+const FieldManager = "hwipam-controller"
+
+// NodeIPAM holds one node's blocks of every pool. The ipam-controller is its only
+// writer; the node's ipam-node watches it by name, so a block given to or taken
+// from another node sends it nothing.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced,shortName=nipam
+// +kubebuilder:printcolumn:name="Pools",type=string,JSONPath=`.spec.blocks[*].pool`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type NodeIPAM struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is what the controller gave the node.
+	// +required
+	Spec NodeIPAMSpec `json:"spec"`
+}
+
+// NodeIPAMSpec lists a node's blocks.
+type NodeIPAMSpec struct {
+	// blocks are the node's blocks, at most one per pool, sorted by kind and pool.
+	// A pool that gives the node no block is not listed: the daemon allocates
+	// nothing new from it.
+	// +optional
+	// +listType=atomic
+	Blocks []NodeBlock `json:"blocks,omitempty"`
+}
+
+// NodeBlock is the node's block of one pool, with what of the pool's spec the
+// daemon needs to allocate from it.
+type NodeBlock struct {
+	// kind is IPPool or CIDRPool.
+	// +required
+	// +kubebuilder:validation:Enum=IPPool;CIDRPool
+	Kind string `json:"kind"`
+	// pool is the pool's name (in the same namespace).
+	// +required
+	Pool string `json:"pool"`
+	// poolUID is the pool's UID: a block of a pool deleted and created again
+	// under its name is not the new pool's.
+	// +required
+	PoolUID types.UID `json:"poolUID"`
+	// rail is the pool's nic.hwipam.io/rail label, when it has one.
+	// +optional
+	Rail string `json:"rail,omitempty"`
+	// startIP and endIP are an IPPool's block, as in its status.allocations.
+	// +optional
+	StartIP string `json:"startIP,omitempty"`
+	// +optional
+	EndIP string `json:"endIP,omitempty"`
+	// prefix and gateway are a CIDRPool's block, as in its status.allocations.
+	// +optional
+	Prefix string `json:"prefix,omitempty"`
+	// +optional
+	Gateway string `json:"gateway,omitempty"`
+	// ipPool is the IPPool's spec without its nodeSelector.
+	// +optional
+	IPPool *poolv1.IPPoolSpec `json:"ipPool,omitempty"`
+	// cidrPool is the CIDRPool's spec without its nodeSelector and
+	// staticAllocations.
+	// +optional
+	CIDRPool *poolv1.CIDRPoolSpec `json:"cidrPool,omitempty"`
+}
+
+// NodeIPAMList is a list of NodeIPAMs.
+//
+// +kubebuilder:object:root=true
+type NodeIPAMList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NodeIPAM `json:"items"`
+}

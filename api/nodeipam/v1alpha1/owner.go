@@ -1,0 +1,30 @@
+package v1alpha1
+
+import (
+	"encoding/json"
+)
+
+// OwnedByController reports whether the object's spec is the controller's alone:
+// its managedFields have an entry of FieldManager, and no other manager owns a
+// field under spec. An object written by anyone else (kubectl edit, apply, a
+// script) is not, until the controller has written it again.
+func OwnedByController(o *NodeIPAM) bool {
+	mine := false
+	for _, e := range o.ManagedFields {
+		if e.Manager == FieldManager && e.Subresource == "" {
+			mine = true
+			continue
+		}
+		if e.FieldsV1 == nil {
+			continue
+		}
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal(e.FieldsV1.Raw, &top); err != nil {
+			return false
+		}
+		if _, ok := top["f:spec"]; ok {
+			return false
+		}
+	}
+	return mine
+}

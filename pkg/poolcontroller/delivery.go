@@ -1,0 +1,538 @@
+package poolcontroller
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
+	"github.com/hwipam/hwipam/api/v1alpha1"
+)
+
+// Delivery gives each node its blocks through one NodeIPAM object, named after the
+// node in the pools' namespace, which the node's daemon watches by name: a block
+// given to or taken from another node sends a daemon nothing, and a pool's status
+// need not list every block (see Reconciler.MaxListed).
+//
+// The pool reconcilers tell it each pool's blocks (Set) and deleted pools
+// (Remove); workers write the NodeIPAMs whose blocks differ from what they say,
+// one write per node for any number of pools changed together. A NodeIPAM edited
+// or deleted by someone else is written back. A pool no reconcile has set since
+// the start keeps the blocks its NodeIPAMs show (a restarted controller does not
+// take blocks away while its pools are reconciled one after another), unless the
+// pool is gone.
+//
+// Without the NodeIPAM CRD, or without the right to write NodeIPAMs, Delivery is
+// off (Enabled is false): the pools' status lists every block, as nv-ipam's does.
+type Delivery struct {
+	// Client writes NodeIPAMs and reads NodeIPAMs, pools and Node metadata from the
+	// manager's cache; Reader probes the API server for the CRD at start.
+	Client client.Client
+	Reader client.Reader
+	Cache  cache.Cache
+	// Namespace is the pools' namespace, where the NodeIPAMs are.
+	Namespace string
+	// Workers write NodeIPAMs in parallel; 0 means 16.
+	Workers int
+	Log     logr.Logger
+
+	mu    sync.Mutex
+	pools map[poolRef]*poolBlocks // set by the reconcilers
+	gone  map[poolRef]bool        // removed: dropped from every NodeIPAM
+	queue workqueue.TypedRateLimitingInterface[string]
+
+	decided chan struct{} // closed once enabled is known
+	enabled bool
+	writes  uint64
+}
+
+// poolRef names a pool of the namespace.
+type poolRef struct{ kind, name string }
+
+// poolBlocks are one pool's blocks as its last reconcile left them.
+type poolBlocks struct {
+	template nodeipamv1.NodeBlock
+	blocks   map[string]blockVal
+}
+
+// NeedLeaderElection implements manager.LeaderElectionRunnable: only the leader
+// writes.
+func (*Delivery) NeedLeaderElection() bool { return true }
+
+func (d *Delivery) init() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.decided == nil {
+		d.decided = make(chan struct{})
+		d.pools = map[poolRef]*poolBlocks{}
+		d.gone = map[poolRef]bool{}
+		d.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodeipam"})
+	}
+}
+
+// Enabled waits until Start has found whether NodeIPAMs can be written, and
+// reports it; false when ctx ends first. A nil Delivery is off.
+func (d *Delivery) Enabled(ctx context.Context) bool {
+	if d == nil {
+		return false
+	}
+	d.init()
+	select {
+	case <-d.decided:
+		return d.enabled
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// on reports whether delivery runs, without waiting.
+func (d *Delivery) on() bool {
+	if d == nil {
+		return false
+	}
+	d.init()
+	select {
+	case <-d.decided:
+		return d.enabled
+	default:
+		return false
+	}
+}
+
+// Start implements manager.Runnable.
+func (d *Delivery) Start(ctx context.Context) error {
+	d.init()
+	defer d.queue.ShutDown()
+	var probe nodeipamv1.NodeIPAMList
+	err := d.Reader.List(ctx, &probe, client.InNamespace(d.Namespace), client.Limit(1))
+	switch {
+	case err == nil:
+	case meta.IsNoMatchError(err) || apierrors.IsNotFound(err):
+		d.Log.Info("the NodeIPAM CRD is not installed: every pool's status lists every block (as nv-ipam's does), " +
+			"and daemons read their blocks there; install deploy/crds to deliver blocks per node")
+		d.decide(false)
+		<-ctx.Done()
+		return nil
+	case apierrors.IsForbidden(err):
+		d.Log.Info("WARNING: not allowed to list NodeIPAMs: every pool's status lists every block; grant the "+
+			"controller deploy/rbac/controller's rules on nodeipams to deliver blocks per node", "error", err.Error())
+		d.decide(false)
+		<-ctx.Done()
+		return nil
+	default:
+		// The API server does not answer yet: the informers would not sync
+		// either. Tried again until it does.
+		for err != nil && !meta.IsNoMatchError(err) && !apierrors.IsNotFound(err) && !apierrors.IsForbidden(err) {
+			d.Log.V(1).Info("probing for NodeIPAMs failed; will retry", "error", err.Error())
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(2 * time.Second):
+			}
+			err = d.Reader.List(ctx, &probe, client.InNamespace(d.Namespace), client.Limit(1))
+		}
+		if err != nil {
+			d.decide(false)
+			d.Log.Info("NodeIPAMs cannot be listed: every pool's status lists every block", "error", err.Error())
+			<-ctx.Done()
+			return nil
+		}
+	}
+	enqueue := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { d.enqueueObject(o) },
+		UpdateFunc: func(_, o any) { d.enqueueObject(o) },
+		DeleteFunc: func(o any) { d.enqueueObject(o) },
+	}
+	inf, err := d.Cache.GetInformer(ctx, &nodeipamv1.NodeIPAM{})
+	if err != nil {
+		return fmt.Errorf("watching NodeIPAMs: %w", err)
+	}
+	if _, err := inf.AddEventHandler(enqueue); err != nil {
+		return fmt.Errorf("watching NodeIPAMs: %w", err)
+	}
+	var node metav1.PartialObjectMetadata
+	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	ninf, err := d.Cache.GetInformer(ctx, &node)
+	if err != nil {
+		return fmt.Errorf("watching nodes: %w", err)
+	}
+	// A Node created gets its object (empty when no pool selects it), one
+	// deleted loses it once no pool keeps a block for it.
+	if _, err := ninf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { d.enqueueObject(o) },
+		DeleteFunc: func(o any) { d.enqueueObject(o) },
+	}); err != nil {
+		return fmt.Errorf("watching nodes: %w", err)
+	}
+	if !d.Cache.WaitForCacheSync(ctx) {
+		return nil
+	}
+	d.decide(true)
+	d.Log.Info("delivering blocks per node through NodeIPAM objects", "namespace", d.Namespace)
+	workers := cmp.Or(d.Workers, 16)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for d.processNext(ctx) {
+			}
+		})
+	}
+	<-ctx.Done()
+	d.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+func (d *Delivery) decide(enabled bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.enabled = enabled
+	close(d.decided)
+}
+
+func (d *Delivery) enqueueObject(o any) {
+	if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+		o = t.Obj
+	}
+	if m, err := meta.Accessor(o); err == nil {
+		d.queue.Add(m.GetName())
+	}
+}
+
+// Set records a pool's blocks, by node, as its reconcile decided them, and
+// queues the nodes whose NodeIPAM they change.
+func (d *Delivery) Set(p pool, bs map[string]blockVal) {
+	if !d.on() {
+		return
+	}
+	ref := poolRef{p.kind(), p.object().GetName()}
+	tmpl := p.template()
+	d.mu.Lock()
+	old := d.pools[ref]
+	d.pools[ref] = &poolBlocks{template: tmpl, blocks: bs}
+	delete(d.gone, ref)
+	d.mu.Unlock()
+	if old == nil || !reflect.DeepEqual(old.template, tmpl) {
+		// Every node of the pool's, old and new: a spec change reaches each.
+		for n := range bs {
+			d.queue.Add(n)
+		}
+		if old != nil {
+			for n := range old.blocks {
+				d.queue.Add(n)
+			}
+		} else {
+			d.queueObserved(ref)
+		}
+		return
+	}
+	for n, b := range bs {
+		if ob, ok := old.blocks[n]; !ok || ob != b {
+			d.queue.Add(n)
+		}
+	}
+	for n := range old.blocks {
+		if _, ok := bs[n]; !ok {
+			d.queue.Add(n)
+		}
+	}
+}
+
+// queueObserved queues every node whose NodeIPAM lists a block of ref.
+func (d *Delivery) queueObserved(ref poolRef) {
+	var list nodeipamv1.NodeIPAMList
+	if err := d.Client.List(context.Background(), &list, client.InNamespace(d.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+		return
+	}
+	for i := range list.Items {
+		for _, b := range list.Items[i].Spec.Blocks {
+			if b.Kind == ref.kind && b.Pool == ref.name {
+				d.queue.Add(list.Items[i].Name)
+				break
+			}
+		}
+	}
+}
+
+// Remove drops a deleted pool's blocks from every NodeIPAM.
+func (d *Delivery) Remove(kind, name string) {
+	if !d.on() {
+		return
+	}
+	ref := poolRef{kind, name}
+	d.mu.Lock()
+	old := d.pools[ref]
+	delete(d.pools, ref)
+	d.gone[ref] = true
+	d.mu.Unlock()
+	if old != nil {
+		for n := range old.blocks {
+			d.queue.Add(n)
+		}
+	}
+	d.queueObserved(ref)
+}
+
+// Existing returns the blocks the NodeIPAMs give a pool of UID uid, by node: as
+// its last reconcile in this process set them, or, before that, as the objects
+// show them (a controller restarted while the pool's status lists no blocks).
+func (d *Delivery) Existing(ctx context.Context, kind, name string, uid types.UID) (map[string]blockVal, error) {
+	ref := poolRef{kind, name}
+	d.mu.Lock()
+	if pb := d.pools[ref]; pb != nil && pb.template.PoolUID == uid {
+		out := maps.Clone(pb.blocks)
+		d.mu.Unlock()
+		return out, nil
+	}
+	d.mu.Unlock()
+	var list nodeipamv1.NodeIPAMList
+	if err := d.Client.List(ctx, &list, client.InNamespace(d.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("listing NodeIPAMs: %w", err)
+	}
+	out := map[string]blockVal{}
+	for i := range list.Items {
+		for _, b := range list.Items[i].Spec.Blocks {
+			if b.Kind == kind && b.Pool == name && b.PoolUID == uid {
+				out[list.Items[i].Name] = blockVal{start: b.StartIP, end: b.EndIP, prefix: b.Prefix, gateway: b.Gateway}
+			}
+		}
+	}
+	return out, nil
+}
+
+// Has reports whether a pool's NodeIPAM blocks include one for node.
+func (d *Delivery) Has(kind, name, node string) bool {
+	if !d.on() {
+		return false
+	}
+	d.mu.Lock()
+	if pb := d.pools[poolRef{kind, name}]; pb != nil {
+		_, ok := pb.blocks[node]
+		d.mu.Unlock()
+		return ok
+	}
+	d.mu.Unlock()
+	var obj nodeipamv1.NodeIPAM
+	if err := d.Client.Get(context.Background(), client.ObjectKey{Namespace: d.Namespace, Name: node}, &obj); err != nil {
+		return false
+	}
+	return slices.ContainsFunc(obj.Spec.Blocks, func(b nodeipamv1.NodeBlock) bool { return b.Kind == kind && b.Pool == name })
+}
+
+// Writes is how many NodeIPAM writes (creates, updates, deletes) were sent.
+func (d *Delivery) Writes() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.writes
+}
+
+func (d *Delivery) processNext(ctx context.Context) bool {
+	node, shutdown := d.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer d.queue.Done(node)
+	if err := d.sync(ctx, node); err != nil {
+		if ctx.Err() == nil {
+			if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+				d.Log.Error(err, "writing a node's NodeIPAM; will retry", "node", node)
+			}
+			d.queue.AddRateLimited(node)
+		}
+		return true
+	}
+	d.queue.Forget(node)
+	return true
+}
+
+// want returns the blocks node's NodeIPAM should list, given what it lists now
+// (nil when there is none).
+func (d *Delivery) want(ctx context.Context, node string, cur *nodeipamv1.NodeIPAM) []nodeipamv1.NodeBlock {
+	d.mu.Lock()
+	var out []nodeipamv1.NodeBlock
+	for _, pb := range d.pools {
+		if b, ok := pb.blocks[node]; ok {
+			nb := pb.template
+			nb.StartIP, nb.EndIP, nb.Prefix, nb.Gateway = b.start, b.end, b.prefix, b.gateway
+			out = append(out, nb)
+		}
+	}
+	var kept []nodeipamv1.NodeBlock
+	if cur != nil {
+		for _, b := range cur.Spec.Blocks {
+			ref := poolRef{b.Kind, b.Pool}
+			if d.pools[ref] == nil && !d.gone[ref] {
+				kept = append(kept, b)
+			}
+		}
+	}
+	d.mu.Unlock()
+	// A pool not yet reconciled keeps its blocks while it exists with that UID.
+	for _, b := range kept {
+		if d.poolExists(ctx, b.Kind, b.Pool, b.PoolUID) {
+			out = append(out, b)
+		}
+	}
+	slices.SortFunc(out, func(a, b nodeipamv1.NodeBlock) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Pool, b.Pool))
+	})
+	return out
+}
+
+func (d *Delivery) poolExists(ctx context.Context, kind, name string, uid types.UID) bool {
+	var obj client.Object = &v1alpha1.IPPool{}
+	if kind == v1alpha1.KindCIDRPool {
+		obj = &v1alpha1.CIDRPool{}
+	}
+	err := d.Client.Get(ctx, client.ObjectKey{Namespace: d.Namespace, Name: name}, obj)
+	return err == nil && obj.GetUID() == uid
+}
+
+// sync writes node's NodeIPAM when it differs from what the pools give it.
+func (d *Delivery) sync(ctx context.Context, node string) error {
+	key := client.ObjectKey{Namespace: d.Namespace, Name: node}
+	var cur nodeipamv1.NodeIPAM
+	exists := true
+	if err := d.Client.Get(ctx, key, &cur); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return err
+		}
+		exists = false
+	}
+	var curp *nodeipamv1.NodeIPAM
+	if exists {
+		curp = &cur
+	}
+	want := d.want(ctx, node, curp)
+	var n metav1.PartialObjectMetadata
+	n.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	nodeErr := d.Client.Get(ctx, client.ObjectKey{Name: node}, &n)
+	if nodeErr != nil && !apierrors.IsNotFound(nodeErr) {
+		return nodeErr
+	}
+	nodeExists := nodeErr == nil
+	switch {
+	case !exists && len(want) == 0 && !nodeExists:
+		return nil
+	case !exists:
+		obj := &nodeipamv1.NodeIPAM{ObjectMeta: metav1.ObjectMeta{Namespace: d.Namespace, Name: node},
+			Spec: nodeipamv1.NodeIPAMSpec{Blocks: want}}
+		if err := d.Client.Create(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+			return err
+		}
+	case len(want) == 0 && !nodeExists:
+		if err := d.Client.Delete(ctx, &cur, client.Preconditions{ResourceVersion: &cur.ResourceVersion}); err != nil &&
+			!apierrors.IsNotFound(err) {
+			return err
+		}
+	case editedByOthers(&cur):
+		// Written by someone else: deleted and created again, which leaves the
+		// spec's fields the controller's alone (an update that sets what they
+		// already hold would not take them back).
+		d.Log.Info("a node's NodeIPAM was written by someone other than the controller; writing it again", "node", node)
+		if err := d.Client.Delete(ctx, &cur, client.Preconditions{ResourceVersion: &cur.ResourceVersion}); err != nil &&
+			!apierrors.IsNotFound(err) {
+			return err
+		}
+		d.queue.AddAfter(node, 100*time.Millisecond)
+	case blocksEqual(cur.Spec.Blocks, want):
+		return nil
+	default:
+		obj := cur.DeepCopy()
+		obj.ManagedFields = nil // as stored
+		obj.Spec.Blocks = want
+		if err := d.Client.Update(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+			if apierrors.IsNotFound(err) {
+				d.queue.AddAfter(node, 100*time.Millisecond) // deleted meanwhile: created again
+				return nil
+			}
+			return err
+		}
+	}
+	d.mu.Lock()
+	d.writes++
+	d.mu.Unlock()
+	return nil
+}
+
+func blocksEqual(a, b []nodeipamv1.NodeBlock) bool {
+	return len(a) == len(b) && (len(a) == 0 || reflect.DeepEqual(a, b))
+}
+
+// editedByOthers reports whether a manager other than the controller's owns a
+// field of the object's spec (the daemon then ignores the object: see
+// nodeipamv1.FieldManager), so that the controller writes it again (which
+// takes the fields back).
+func editedByOthers(o *nodeipamv1.NodeIPAM) bool {
+	return !nodeipamv1.OwnedByController(o)
+}
+
+// internSpecs is the cache transform of NodeIPAMs: the specs of a pool, the same
+// in every node's object, are kept once, and managedFields are kept only as far
+// as OwnedByController needs them.
+func internSpecs() toolscache.TransformFunc {
+	var mu sync.Mutex
+	specs := map[string]any{}
+	intern := func(v any) any {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return v
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if s, ok := specs[string(b)]; ok {
+			return s
+		}
+		if len(specs) > 4096 { // specs of edited pools accumulate: start over
+			clear(specs)
+		}
+		specs[string(b)] = v
+		return v
+	}
+	return func(o any) (any, error) {
+		obj, ok := o.(*nodeipamv1.NodeIPAM)
+		if !ok {
+			return o, nil
+		}
+		owned := nodeipamv1.OwnedByController(obj)
+		obj.ManagedFields = nil
+		if !owned {
+			obj.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "other"}}
+		}
+		for i := range obj.Spec.Blocks {
+			b := &obj.Spec.Blocks[i]
+			if b.IPPool != nil {
+				b.IPPool = intern(b.IPPool).(*v1alpha1.IPPoolSpec)
+			}
+			if b.CIDRPool != nil {
+				b.CIDRPool = intern(b.CIDRPool).(*v1alpha1.CIDRPoolSpec)
+			}
+		}
+		return obj, nil
+	}
+}
+
+// NodeIPAMCacheOptions returns the cache options for NodeIPAMs of namespace:
+// only that namespace, specs interned.
+func NodeIPAMCacheOptions(namespace string) cache.ByObject {
+	return cache.ByObject{Namespaces: map[string]cache.Config{namespace: {}}, Transform: internSpecs()}
+}
