@@ -32,11 +32,13 @@ import (
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/pkg/daemon"
@@ -44,7 +46,6 @@ import (
 	"github.com/hwipam/hwipam/pkg/nicdra"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 	"github.com/hwipam/hwipam/pkg/nodeservice"
-	"github.com/hwipam/hwipam/pkg/poolwatch"
 	"github.com/hwipam/hwipam/pkg/store"
 	"github.com/hwipam/hwipam/pkg/version"
 )
@@ -155,16 +156,11 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return err
 	}
-	// Pools are cached in their namespace and watched with a decoder that reads
-	// each event in one pass: every status write of every pool reaches every node,
-	// some 400 kB for a 5,000-node pool.
-	cacheOpts, err := poolwatch.CacheOptions(cfg, scheme, o.PoolsNamespace)
-	if err != nil {
-		return err
+	if err := nodeipamv1.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("registering %s: %w", nodeipamv1.GroupVersion, err)
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
-		Cache:                  cacheOpts,
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsBindAddress},
 		HealthProbeBindAddress: o.HealthProbeBindAddress,
 		Logger:                 logger,
@@ -178,11 +174,17 @@ func Run(ctx context.Context, o *Options) error {
 	// The pool sync kicks the annotator when a block changes, so that the controller
 	// learns soon that this node stopped allocating from a block it took away.
 	blocksChanged := make(chan struct{}, 1)
-	pools := &poolSync{client: mgr.GetClient(), reader: mgr.GetAPIReader(), manager: mgrState, node: o.NodeName,
-		namespace: o.PoolsNamespace, changed: blocksChanged}
-	if err := pools.setup(mgr); err != nil {
-		return err
+	// The node's blocks come from its NodeIPAM, watched by name; where there is
+	// none, from the pools, cached in their namespace and watched with a decoder
+	// that reads each event in one pass (every status write of every pool then
+	// reaches every node, some 400 kB for a 5,000-node pool).
+	watcher, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme, Mapper: mgr.GetRESTMapper(), HTTPClient: mgr.GetHTTPClient()})
+	if err != nil {
+		return fmt.Errorf("creating the NodeIPAM watch client: %w", err)
 	}
+	pools := &poolSync{reader: mgr.GetAPIReader(), watcher: watcher, manager: mgrState, node: o.NodeName,
+		legacy: newLegacyCache(cfg, scheme, mgr.GetRESTMapper(), o.PoolsNamespace), log: logger.WithName("poolsync"),
+		namespace: o.PoolsNamespace, changed: blocksChanged}
 	railSel := newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails, scan)
 	svc.Rails = railSel
 	// Every CNI allocation that names a device records its port, with or
@@ -278,7 +280,7 @@ func Run(ctx context.Context, o *Options) error {
 		})
 	}
 	g.Go(func() error {
-		pools.startup(gctx, logger.WithName("poolsync"))
+		pools.run(gctx)
 		return nil
 	})
 	if dra != nil {
@@ -354,6 +356,9 @@ func restMapper() meta.RESTMapper {
 	m := meta.NewDefaultRESTMapper(nil)
 	for _, k := range []string{"IPPool", "IPPoolList", "CIDRPool", "CIDRPoolList"} {
 		m.Add(v1alpha1.GroupVersion.WithKind(k), meta.RESTScopeNamespace)
+	}
+	for _, k := range []string{"NodeIPAM", "NodeIPAMList"} {
+		m.Add(nodeipamv1.GroupVersion.WithKind(k), meta.RESTScopeNamespace)
 	}
 	m.Add(corev1.SchemeGroupVersion.WithKind("Pod"), meta.RESTScopeNamespace)
 	m.Add(corev1.SchemeGroupVersion.WithKind("Node"), meta.RESTScopeRoot)

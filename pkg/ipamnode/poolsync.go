@@ -9,31 +9,31 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	ctrl "sigs.k8s.io/controller-runtime"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/nodealloc"
 )
 
-// poolSync turns the pools' status into this node's allocatable blocks. Every
-// pool event recomputes the whole set (pools are few), so a pool whose block for
-// this node disappears is deactivated: it keeps its allocations and hands out no
-// new ones.
+// poolSync turns what the controller gave this node into its allocatable blocks:
+// its NodeIPAM (watched by name, see run), or, where there is none (nv-ipam's CRDs
+// and RBAC, a controller that has not written it yet), the pools' status. Every
+// change recomputes the whole set (pools are few), so a pool whose block for this
+// node disappears is deactivated: it keeps its allocations and hands out no new
+// ones.
 //
 // At start the blocks kept in the store are provisional (nodealloc.New). The
-// start-up sync asks the API server directly: when it answers, its listing
-// replaces the stored blocks before any of them hands out an address; when it
-// does not, the stored blocks serve until a listing succeeds.
+// start-up sync asks the API server directly: when it answers, its NodeIPAM (or
+// listing) replaces the stored blocks before any of them hands out an address;
+// when it does not, the stored blocks serve until it does.
 type poolSync struct {
-	client    client.Client // the manager's cache, fed by the watch
-	reader    client.Reader // the API server itself, for the start-up sync
+	reader    client.Reader // the API server itself
+	watcher   client.WithWatch
+	legacy    legacyCache // starts a cache of the pools, for the pools' status
+	log       logr.Logger
 	manager   *nodealloc.Manager
 	node      string
 	namespace string
@@ -54,6 +54,10 @@ type poolSync struct {
 	// the last listing.
 	railPools map[railKey][]string
 	poolRail  map[railKey]string // kind and pool name → rail
+	problems  problems
+	// delivered is set while the node's NodeIPAM is the source: a listing of the
+	// pools is then not applied. Guarded by mu.
+	delivered bool
 }
 
 // railKey is a pool kind and a rail.
@@ -78,9 +82,6 @@ func (s *poolSync) poolsOfRail(kind, rail string) ([]string, bool) {
 }
 
 const (
-	// waitForever is the cache sync timeout: with the API server unreachable the
-	// watch waits for it, while the gRPC API goes on serving.
-	waitForever = 100 * 365 * 24 * time.Hour
 	// startupSyncTimeout bounds the first listing; it is shorter than the CNI
 	// plugin's default call timeout (5 s), since a request that needs a stored
 	// block waits for it.
@@ -91,80 +92,34 @@ const (
 	startupRetryInterval = 2 * time.Second
 )
 
-func (s *poolSync) setup(mgr ctrl.Manager) error {
-	all := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: s.namespace, Name: "all-pools"}}}
-	})
-	// One event that is there from the start: the controller reconciles once its
-	// cache has synced even when no pool exists (an empty listing deactivates
-	// every stored block; no pool event would ever say so).
-	initial := make(chan event.GenericEvent, 1)
-	initial <- event.GenericEvent{Object: &v1alpha1.IPPool{}}
-	err := ctrl.NewControllerManagedBy(mgr).
-		Named("poolsync").
-		Watches(&v1alpha1.IPPool{}, all).
-		Watches(&v1alpha1.CIDRPool{}, all).
-		WatchesRawSource(source.Channel(initial, all)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1, CacheSyncTimeout: waitForever, NeedLeaderElection: new(false),
-			SkipNameValidation: new(true)}). // one daemon per process, but tests run several in turn
-		Complete(s)
-	if err != nil {
-		return fmt.Errorf("setting up the pool sync: %w", err)
-	}
-	return nil
+// syncResult is what one listing found: this node's blocks, the pools bound to
+// rails, and the pools that exist (for ForgetGone).
+type syncResult struct {
+	cfgs      []*nodealloc.PoolConfig
+	railPools map[railKey][]string
+	poolRail  map[railKey]string
+	existing  map[string]bool
 }
 
-// Reconcile implements reconcile.Reconciler.
-func (s *poolSync) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
-	n, err := s.sync(ctx, s.client)
-	if err != nil {
-		return reconcile.Result{}, err
-	}
-	log.FromContext(ctx).V(1).Info("pools synced", "blocks", n)
-	return reconcile.Result{}, nil
+func newSyncResult() syncResult {
+	return syncResult{railPools: map[railKey][]string{}, poolRail: map[railKey]string{}, existing: map[string]bool{}}
 }
 
-// startup lists the pools from the API server itself, bounded by
-// startupSyncTimeout. If that fails, the stored blocks serve
-// (UseStoredBlocks) and the listing is retried every startupRetryInterval until
-// it, or the watch, has synced once.
-func (s *poolSync) startup(ctx context.Context, logger logr.Logger) {
-	for first := true; ; first = false {
-		lctx, cancel := context.WithTimeout(ctx, startupSyncTimeout)
-		n, err := s.sync(lctx, s.reader)
-		cancel()
-		switch {
-		case err == nil:
-			logger.Info("pools synced from the API server", "blocks", n)
-			return
-		case ctx.Err() != nil:
-			return
-		case first:
-			logger.Info("the API server did not answer: allocating from the blocks kept in the store until it does",
-				"storedBlocks", s.manager.UseStoredBlocks(), "error", err.Error())
-		default:
-			logger.V(1).Info("the API server still does not answer", "error", err.Error())
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(startupRetryInterval):
-		}
-		if s.hasSynced() {
-			return
-		}
+func (res *syncResult) bind(kind, name, rail string) {
+	if rail == "" {
+		return
 	}
-}
-
-func (s *poolSync) hasSynced() bool {
-	s.rmu.Lock()
-	defer s.rmu.Unlock()
-	return s.synced
+	k := railKey{kind, rail}
+	res.railPools[k] = append(res.railPools[k], name)
+	res.poolRail[railKey{kind, name}] = rail
 }
 
 // sync lists the pools from r and makes this node's blocks in them the
-// allocatable set; it returns how many blocks that is.
+// allocatable set; it returns how many blocks that is. It is the way blocks
+// arrive without NodeIPAMs (nv-ipam's): legacy says it is, and a listing that
+// finds the node's NodeIPAM delivering meanwhile is not applied.
 func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
+	// Held across the listing, so that two listings are not applied out of order.
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	logger := log.FromContext(ctx)
@@ -176,7 +131,7 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 	if err := r.List(ctx, &cidrs, client.InNamespace(s.namespace)); err != nil {
 		return 0, fmt.Errorf("listing CIDRPools: %w", err)
 	}
-	var cfgs []*nodealloc.PoolConfig
+	res := newSyncResult()
 	for i := range ips.Items {
 		c, err := nodealloc.FromIPPool(&ips.Items[i], s.node)
 		if err != nil {
@@ -184,7 +139,7 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 			continue
 		}
 		if c != nil {
-			cfgs = append(cfgs, c)
+			res.cfgs = append(res.cfgs, c)
 		}
 	}
 	for i := range cidrs.Items {
@@ -194,44 +149,77 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 			continue
 		}
 		if c != nil {
-			cfgs = append(cfgs, c)
+			res.cfgs = append(res.cfgs, c)
 		}
 	}
 	// Both lists succeeded: this is the complete set, also when it is empty.
-	railPools, poolRail := map[railKey][]string{}, map[railKey]string{}
-	bind := func(kind, name, rail string) {
-		if rail == "" {
-			return
-		}
-		k := railKey{kind, rail}
-		railPools[k] = append(railPools[k], name)
-		poolRail[railKey{kind, name}] = rail
-	}
 	for i := range ips.Items {
-		bind(v1alpha1.KindIPPool, ips.Items[i].Name, ips.Items[i].Labels[LabelRail])
+		res.bind(v1alpha1.KindIPPool, ips.Items[i].Name, ips.Items[i].Labels[LabelRail])
+		res.existing[v1alpha1.PoolKey(v1alpha1.KindIPPool, ips.Items[i].Name)] = true
 	}
 	for i := range cidrs.Items {
-		bind(v1alpha1.KindCIDRPool, cidrs.Items[i].Name, cidrs.Items[i].Labels[LabelRail])
+		res.bind(v1alpha1.KindCIDRPool, cidrs.Items[i].Name, cidrs.Items[i].Labels[LabelRail])
+		res.existing[v1alpha1.PoolKey(v1alpha1.KindCIDRPool, cidrs.Items[i].Name)] = true
 	}
-	for _, names := range railPools {
+	if s.delivered {
+		return len(res.cfgs), nil
+	}
+	return len(res.cfgs), s.apply(ctx, res)
+}
+
+// syncNodeIPAM makes the blocks of this node's NodeIPAM the allocatable set. A
+// pool it does not list gives this node no block; one that holds nothing here is
+// forgotten.
+func (s *poolSync) syncNodeIPAM(ctx context.Context, obj *nodeipamv1.NodeIPAM) (int, error) {
+	logger := log.FromContext(ctx)
+	res := newSyncResult()
+	for _, b := range obj.Spec.Blocks {
+		var c *nodealloc.PoolConfig
+		var err error
+		switch {
+		case b.Kind == v1alpha1.KindIPPool && b.IPPool != nil:
+			p := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: b.Pool, Namespace: s.namespace, UID: b.PoolUID},
+				Spec: *b.IPPool, Status: v1alpha1.IPPoolStatus{Allocations: []v1alpha1.Allocation{
+					{NodeName: s.node, StartIP: b.StartIP, EndIP: b.EndIP}}}}
+			c, err = nodealloc.FromIPPool(p, s.node)
+		case b.Kind == v1alpha1.KindCIDRPool && b.CIDRPool != nil:
+			p := &v1alpha1.CIDRPool{ObjectMeta: metav1.ObjectMeta{Name: b.Pool, Namespace: s.namespace, UID: b.PoolUID},
+				Spec: *b.CIDRPool, Status: v1alpha1.CIDRPoolStatus{Allocations: []v1alpha1.CIDRPoolAllocation{
+					{NodeName: s.node, Prefix: b.Prefix, Gateway: b.Gateway}}}}
+			c, err = nodealloc.FromCIDRPool(p, s.node)
+		default:
+			err = fmt.Errorf("%s %s: the NodeIPAM's block has no spec of its kind", b.Kind, b.Pool)
+		}
+		if err != nil {
+			logger.Error(err, "ignoring a block of this node's NodeIPAM that does not parse", "pool", b.Pool)
+			continue
+		}
+		res.cfgs = append(res.cfgs, c)
+		res.bind(b.Kind, b.Pool, b.Rail)
+		res.existing[v1alpha1.PoolKey(b.Kind, b.Pool)] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delivered = true
+	return len(res.cfgs), s.apply(ctx, res)
+}
+
+// apply makes res the allocatable set; s.mu is held.
+func (s *poolSync) apply(ctx context.Context, res syncResult) error {
+	logger := log.FromContext(ctx)
+	for _, names := range res.railPools {
 		slices.Sort(names)
 	}
 	before := s.manager.Holds()
-	err := s.manager.SyncPools(cfgs)
+	err := s.manager.SyncPools(res.cfgs)
 	// A pool deleted from the API server is forgotten once it holds nothing
 	// (now, or when its last allocation is released), so that it does not
 	// linger in ipamctl pools and check. A pool that exists but gives this
 	// node no block is kept.
-	existing := make(map[string]bool, len(ips.Items)+len(cidrs.Items))
-	for i := range ips.Items {
-		existing[v1alpha1.PoolKey(v1alpha1.KindIPPool, ips.Items[i].Name)] = true
-	}
-	for i := range cidrs.Items {
-		existing[v1alpha1.PoolKey(v1alpha1.KindCIDRPool, cidrs.Items[i].Name)] = true
-	}
-	forgotten, ferr := s.manager.ForgetGone(existing)
+	forgotten, ferr := s.manager.ForgetGone(res.existing)
 	if len(forgotten) > 0 {
-		logger.Info("forgot pools deleted from the API server that hold nothing on this node", "pools", forgotten)
+		logger.Info("forgot pools that hold nothing on this node and are deleted (or, through its NodeIPAM, give it no block)",
+			"pools", forgotten)
 	}
 	if ferr != nil {
 		logger.Error(ferr, "forgetting pools deleted from the API server; tried again at the next pool sync")
@@ -240,9 +228,9 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 	// pool is not handed out before this node's block in it is there.
 	s.rmu.Lock()
 	railsBefore := s.railPools
-	s.synced, s.railPools, s.poolRail = true, railPools, poolRail
+	s.synced, s.railPools, s.poolRail = true, res.railPools, res.poolRail
 	s.rmu.Unlock()
-	if s.railsChanged != nil && !maps.EqualFunc(railsBefore, railPools, slices.Equal[[]string]) {
+	if s.railsChanged != nil && !maps.EqualFunc(railsBefore, res.railPools, slices.Equal[[]string]) {
 		select {
 		case s.railsChanged <- struct{}{}:
 		default:
@@ -255,9 +243,9 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 		}
 	}
 	if err != nil {
-		return len(cfgs), fmt.Errorf("applying pool blocks: %w", err)
+		return fmt.Errorf("applying pool blocks: %w", err)
 	}
-	return len(cfgs), nil
+	return nil
 }
 
 // railPoolsAll returns, for each rail, its IPPools (its CIDRPools when it has
