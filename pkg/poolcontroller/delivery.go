@@ -513,10 +513,12 @@ func internSpecs() toolscache.TransformFunc {
 		if !ok {
 			return o, nil
 		}
+		// What OwnedByController tells of the cached copy: an entry of the
+		// controller's alone, or none.
 		owned := nodeipamv1.OwnedByController(obj)
 		obj.ManagedFields = nil
-		if !owned {
-			obj.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "other"}}
+		if owned {
+			obj.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: nodeipamv1.FieldManager}}
 		}
 		for i := range obj.Spec.Blocks {
 			b := &obj.Spec.Blocks[i]
@@ -534,5 +536,7 @@ func internSpecs() toolscache.TransformFunc {
 // NodeIPAMCacheOptions returns the cache options for NodeIPAMs of namespace:
 // only that namespace, specs interned.
 func NodeIPAMCacheOptions(namespace string) cache.ByObject {
-	return cache.ByObject{Namespaces: map[string]cache.Config{namespace: {}}, Transform: internSpecs()}
+	// The transform is the namespace's: a namespace's own settings are not
+	// defaulted from the object's.
+	return cache.ByObject{Namespaces: map[string]cache.Config{namespace: {Transform: internSpecs()}}}
 }

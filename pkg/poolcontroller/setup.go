@@ -50,7 +50,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, namespace string, maxCon
 		Watches(&v1alpha1.IPPool{}, overlapping, builder.WithPredicates(inNamespace, specChanged)).
 		Watches(&v1alpha1.CIDRPool{}, overlapping, builder.WithPredicates(inNamespace, specChanged)).
 		WatchesMetadata(&corev1.Node{}, r.nodeHandler(namespace)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: maxConcurrent}).
+		// One controller per kind and process, but tests run several in turn.
+		WithOptions(controller.Options{MaxConcurrentReconciles: maxConcurrent, SkipNameValidation: new(true)}).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("setting up the %s controller: %w", r.Kind, err)

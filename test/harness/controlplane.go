@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 )
 
@@ -116,6 +117,8 @@ func NewControlPlane(opts ControlPlaneOptions) (*ControlPlane, error) {
 	if opts.ClientOptions != nil {
 		clientOpts = *opts.ClientOptions
 	} else if clientOpts.Scheme, err = v1alpha1.NewScheme(); err != nil {
+		return nil, errors.Join(err, cp.Stop())
+	} else if err = nodeipamv1.AddToScheme(clientOpts.Scheme); err != nil {
 		return nil, errors.Join(err, cp.Stop())
 	}
 	if cp.Client, err = client.New(cfg, clientOpts); err != nil {
