@@ -1,0 +1,120 @@
+package ipamnode_test
+
+import (
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/test/harness"
+)
+
+// inRange reports whether the address of an allocation (with its prefix length)
+// is within start-end.
+func inBlock(t *testing.T, ip, start, end string) bool {
+	t.Helper()
+	p, err := netip.ParsePrefix(ip)
+	if err != nil {
+		t.Fatalf("allocated %q: %v", ip, err)
+	}
+	return netip.MustParseAddr(start).Compare(p.Addr()) <= 0 && p.Addr().Compare(netip.MustParseAddr(end)) <= 0
+}
+
+// TestDaemonAllocatesFromItsNodeIPAM: the daemon reads the pools' status while
+// its node has no NodeIPAM, switches to the NodeIPAM once the controller writes
+// it (and then ignores the pools' status), never uses a NodeIPAM someone else
+// wrote, keeps its blocks while the object is deleted, and stops allocating from
+// a pool its NodeIPAM no longer lists.
+func TestDaemonAllocatesFromItsNodeIPAM(t *testing.T) {
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
+	c := cp.Client
+	ctx := t.Context()
+	poolWithBlock(t, c, "p", "10.6.0.0/24", "10.6.0.1", "10.6.0.8")
+	var pool v1alpha1.IPPool
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "p"}, &pool); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, cp.Config, t.TempDir(), nil)
+	n := 0
+	allocate := func() (string, codes.Code) {
+		n++
+		resp, err := d.ipam.Allocate(ctx, &nodev1.AllocateRequest{Parameters: params(fmt.Sprintf("c%d", n), "p")})
+		if err != nil {
+			return "", code(err)
+		}
+		return resp.Allocations[0].Ip, codes.OK
+	}
+	// allocatesIn waits until an allocation lands in start-end, and then checks
+	// that the next ones do too.
+	allocatesIn := func(what, start, end string) {
+		t.Helper()
+		waitFor(t, what, func() bool {
+			ip, c := allocate()
+			return c == codes.OK && inBlock(t, ip, start, end)
+		})
+		for range 2 {
+			if ip, c := allocate(); c != codes.OK || !inBlock(t, ip, start, end) {
+				t.Fatalf("%s: then allocated %q (%v), outside %s-%s", what, ip, c, start, end)
+			}
+		}
+	}
+	allocatesIn("an allocation from the pool's status", "10.6.0.1", "10.6.0.8")
+
+	block := func(start, end string) nodeipamv1.NodeBlock {
+		spec := pool.Spec.DeepCopy()
+		return nodeipamv1.NodeBlock{Kind: v1alpha1.KindIPPool, Pool: "p", PoolUID: pool.UID, StartIP: start, EndIP: end, IPPool: spec}
+	}
+	obj := &nodeipamv1.NodeIPAM{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: node},
+		Spec: nodeipamv1.NodeIPAMSpec{Blocks: []nodeipamv1.NodeBlock{block("10.6.0.33", "10.6.0.62")}}}
+	if err := c.Create(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		t.Fatal(err)
+	}
+	allocatesIn("an allocation from the NodeIPAM's block", "10.6.0.33", "10.6.0.62")
+
+	// The pools' status is no longer read.
+	pool.Status.Allocations = []v1alpha1.Allocation{{NodeName: node, StartIP: "10.6.0.65", EndIP: "10.6.0.72"}}
+	if err := c.Status().Update(ctx, &pool); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	allocatesIn("allocations from the NodeIPAM after a pool status change", "10.6.0.33", "10.6.0.62")
+
+	// Written by someone else: not used.
+	edited := obj.DeepCopy()
+	edited.Spec.Blocks[0].StartIP, edited.Spec.Blocks[0].EndIP = "10.6.0.97", "10.6.0.104"
+	if err := c.Update(ctx, edited, client.FieldOwner("kubectl-edit")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	allocatesIn("allocations from the controller's block after a hand edit", "10.6.0.33", "10.6.0.62")
+
+	// Deleted: the blocks stay; created again by the controller: its block.
+	if err := c.Delete(ctx, edited); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	allocatesIn("allocations while the NodeIPAM is deleted", "10.6.0.33", "10.6.0.62")
+	obj = &nodeipamv1.NodeIPAM{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: node},
+		Spec: nodeipamv1.NodeIPAMSpec{Blocks: []nodeipamv1.NodeBlock{block("10.6.0.129", "10.6.0.158")}}}
+	if err := c.Create(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		t.Fatal(err)
+	}
+	allocatesIn("an allocation from the re-created NodeIPAM", "10.6.0.129", "10.6.0.158")
+
+	// The pool no longer listed: no new allocation from it.
+	obj.Spec.Blocks = nil
+	if err := c.Update(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the pool to go inactive", func() bool {
+		_, c := allocate()
+		return c == codes.NotFound
+	})
+}
