@@ -63,6 +63,14 @@ type Delivery struct {
 	writes  uint64
 }
 
+const (
+	// newNodeDelay is how long after a Node is created its NodeIPAM is
+	// written when no pool has given it a block by then; startSweepDelay, for
+	// the Nodes there at the start.
+	newNodeDelay    = 5 * time.Second
+	startSweepDelay = 30 * time.Second
+)
+
 // poolRef names a pool of the namespace.
 type poolRef struct{ kind, name string }
 
@@ -176,9 +184,20 @@ func (d *Delivery) Start(ctx context.Context) error {
 		return fmt.Errorf("watching nodes: %w", err)
 	}
 	// A Node created gets its object (empty when no pool selects it), one
-	// deleted loses it once no pool keeps a block for it.
-	if _, err := ninf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { d.enqueueObject(o) },
+	// deleted loses it once no pool keeps a block for it. Not at once: the
+	// pools' reconciles usually give it its blocks first, so that it is
+	// written once; the Nodes there at the start, later still (a controller
+	// that starts with its pools reconciles them all first).
+	if _, err := ninf.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(o any, initial bool) {
+			delay := newNodeDelay
+			if initial {
+				delay = startSweepDelay
+			}
+			if m, err := meta.Accessor(o); err == nil {
+				d.queue.AddAfter(m.GetName(), delay)
+			}
+		},
 		DeleteFunc: func(o any) { d.enqueueObject(o) },
 	}); err != nil {
 		return fmt.Errorf("watching nodes: %w", err)
