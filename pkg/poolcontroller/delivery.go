@@ -3,7 +3,6 @@ package poolcontroller
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"reflect"
@@ -49,7 +48,7 @@ type Delivery struct {
 	Cache  cache.Cache
 	// Namespace is the pools' namespace, where the NodeIPAMs are.
 	Namespace string
-	// Workers write NodeIPAMs in parallel; 0 means 16.
+	// Workers write NodeIPAMs in parallel; 0 means 32.
 	Workers int
 	Log     logr.Logger
 
@@ -207,7 +206,7 @@ func (d *Delivery) Start(ctx context.Context) error {
 	}
 	d.decide(true)
 	d.Log.Info("delivering blocks per node through NodeIPAM objects", "namespace", d.Namespace)
-	workers := cmp.Or(d.Workers, 16)
+	workers := cmp.Or(d.Workers, 32)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
@@ -506,27 +505,17 @@ func editedByOthers(o *nodeipamv1.NodeIPAM) bool {
 }
 
 // internSpecs is the cache transform of NodeIPAMs: the specs of a pool, the same
-// in every node's object, are kept once, and managedFields are kept only as far
-// as OwnedByController needs them.
+// in every node's object, are kept once (by the pool's UID and generation: an
+// object whose spec someone else edited is not the controller's, see
+// OwnedByController, and is written again whatever it holds), and managedFields
+// are kept only as far as OwnedByController needs them.
 func internSpecs() toolscache.TransformFunc {
-	var mu sync.Mutex
-	specs := map[string]any{}
-	intern := func(v any) any {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return v
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if s, ok := specs[string(b)]; ok {
-			return s
-		}
-		if len(specs) > 4096 { // specs of edited pools accumulate: start over
-			clear(specs)
-		}
-		specs[string(b)] = v
-		return v
+	type specKey struct {
+		uid types.UID
+		gen int64
 	}
+	var mu sync.Mutex
+	ips, cidrs := map[specKey]*v1alpha1.IPPoolSpec{}, map[specKey]*v1alpha1.CIDRPoolSpec{}
 	return func(o any) (any, error) {
 		obj, ok := o.(*nodeipamv1.NodeIPAM)
 		if !ok {
@@ -539,13 +528,28 @@ func internSpecs() toolscache.TransformFunc {
 		if owned {
 			obj.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: nodeipamv1.FieldManager}}
 		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(ips)+len(cidrs) > 4096 { // specs of edited pools accumulate: start over
+			clear(ips)
+			clear(cidrs)
+		}
 		for i := range obj.Spec.Blocks {
 			b := &obj.Spec.Blocks[i]
+			k := specKey{b.PoolUID, b.PoolGeneration}
 			if b.IPPool != nil {
-				b.IPPool = intern(b.IPPool).(*v1alpha1.IPPoolSpec)
+				if s, ok := ips[k]; ok && reflect.DeepEqual(s, b.IPPool) {
+					b.IPPool = s
+				} else {
+					ips[k] = b.IPPool
+				}
 			}
 			if b.CIDRPool != nil {
-				b.CIDRPool = intern(b.CIDRPool).(*v1alpha1.CIDRPoolSpec)
+				if s, ok := cidrs[k]; ok && reflect.DeepEqual(s, b.CIDRPool) {
+					b.CIDRPool = s
+				} else {
+					cidrs[k] = b.CIDRPool
+				}
 			}
 		}
 		return obj, nil

@@ -314,14 +314,14 @@ func (a cidrPool) withBlocks(bs map[string]blockVal) pool {
 func (a ipPool) template() nodeipamv1.NodeBlock {
 	spec := a.p.Spec.DeepCopy()
 	spec.NodeSelector = nil
-	return nodeipamv1.NodeBlock{Kind: v1alpha1.KindIPPool, Pool: a.p.Name, PoolUID: a.p.UID,
+	return nodeipamv1.NodeBlock{Kind: v1alpha1.KindIPPool, Pool: a.p.Name, PoolUID: a.p.UID, PoolGeneration: a.p.Generation,
 		Rail: a.p.Labels[v1alpha1.LabelRail], IPPool: spec}
 }
 
 func (a cidrPool) template() nodeipamv1.NodeBlock {
 	spec := a.p.Spec.DeepCopy()
 	spec.NodeSelector, spec.StaticAllocations = nil, nil
-	return nodeipamv1.NodeBlock{Kind: v1alpha1.KindCIDRPool, Pool: a.p.Name, PoolUID: a.p.UID,
+	return nodeipamv1.NodeBlock{Kind: v1alpha1.KindCIDRPool, Pool: a.p.Name, PoolUID: a.p.UID, PoolGeneration: a.p.Generation,
 		Rail: a.p.Labels[v1alpha1.LabelRail], CIDRPool: spec}
 }
 

@@ -57,6 +57,9 @@ type NodeBlock struct {
 	// under its name is not the new pool's.
 	// +required
 	PoolUID types.UID `json:"poolUID"`
+	// poolGeneration is the pool's metadata.generation the spec below is of.
+	// +optional
+	PoolGeneration int64 `json:"poolGeneration,omitempty"`
 	// rail is the pool's nic.hwipam.io/rail label, when it has one.
 	// +optional
 	Rail string `json:"rail,omitempty"`
