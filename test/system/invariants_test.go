@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/blocks"
@@ -188,6 +189,13 @@ type world struct {
 	// violations counts issue 36's broken invariants by kind, with
 	// HWIPAM_SYSTEM_REPORT=1 (see violation).
 	violations map[string]int
+	// maxListed is the controller's --status-allocations-max-nodes for the
+	// seed: pools above it list no blocks in their status, and cross it both
+	// ways as nodes are relabelled and re-registered (issue 37).
+	maxListed int
+	// blocksIn is each pool's status.blocksIn as last seen (changes are
+	// counted as "blocksIn-change").
+	blocksIn map[string]string
 }
 
 // namedLog is the output of one process the test started.
@@ -285,6 +293,8 @@ func newBareWorld(t *testing.T, seed uint64, bins map[string]string, dra bool) *
 		t.Fatal(err)
 	}
 	w.ctrlBin = bins["ipam-controller"]
+	w.maxListed = []int{0, 2, 3, 4}[w.rng.IntN(4)]
+	t.Logf("ipam-controller --status-allocations-max-nodes %d", w.maxListed)
 	w.startController()
 	return w
 }
@@ -334,6 +344,9 @@ func (w *world) startController() {
 	w.ctrl = exec.Command(w.ctrlBin, "--kubeconfig", w.kubeconfig, "--ippools-namespace", namespace,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--release-grace-period", grace,
 		"--min-grant-age", grantAge)
+	if w.maxListed >= 0 { // -1: a controller before the flag
+		w.ctrl.Args = append(w.ctrl.Args, "--status-allocations-max-nodes", strconv.Itoa(w.maxListed))
+	}
 	w.ctrlExited = w.startProcess(w.ctrl, "ipam-controller")
 }
 
@@ -553,6 +566,9 @@ func (w *world) run(steps int) {
 		{"node-recreate", func() int { return 3 }, w.nodeRecreate},
 		{"daemon-kill", func() int { return 3 }, w.daemonKill},
 		{"hostile-report", func() int { return 4 }, w.hostileReport},
+		// A NodeIPAM edited or deleted by hand: the controller writes it
+		// back, and no daemon allocates from what it did not give.
+		{"nodeipam-tamper", func() int { return 3 }, w.nodeIPAMTamper},
 		// At any moment, also while a re-registered Node's daemon is down: the
 		// controller keeps the reports the Nodes no longer show in a Lease (seed
 		// 411767 failed before it did).
@@ -1077,6 +1093,52 @@ func (w *world) writeHostileReport(kind int) {
 
 // recreatePools deletes every pool and creates each again, with a new random
 // spec: every block is assigned anew.
+// nodeIPAMTamper edits a node's NodeIPAM as someone other than the controller
+// would (a block moved onto another node's, or anywhere in its pool), or
+// deletes it.
+func (w *world) nodeIPAMTamper() {
+	if !w.proxy.Up() {
+		return
+	}
+	var objs nodeipamv1.NodeIPAMList
+	if err := w.c.List(w.ctx, &objs, client.InNamespace(namespace)); err != nil || len(objs.Items) == 0 {
+		return
+	}
+	o := &objs.Items[w.rng.IntN(len(objs.Items))]
+	if len(o.Spec.Blocks) == 0 || w.rng.IntN(3) == 0 {
+		if err := w.c.Delete(w.ctx, o); err == nil {
+			w.tracef("NodeIPAM %s deleted by hand", o.Name)
+		}
+		return
+	}
+	b := &o.Spec.Blocks[w.rng.IntN(len(o.Spec.Blocks))]
+	// Another object's block of the same pool, or the one after it.
+	other := &objs.Items[w.rng.IntN(len(objs.Items))]
+	moved := false
+	for _, x := range other.Spec.Blocks {
+		if x.Pool == b.Pool && x.Kind == b.Kind && other.Name != o.Name {
+			b.StartIP, b.EndIP, b.Prefix, b.Gateway = x.StartIP, x.EndIP, x.Prefix, x.Gateway
+			moved = true
+		}
+	}
+	if !moved && b.Kind == v1alpha1.KindIPPool {
+		if s, err := netip.ParseAddr(b.StartIP); err == nil {
+			e, _ := netip.ParseAddr(b.EndIP)
+			n := 0
+			for a := s; a.Compare(e) <= 0; a = a.Next() {
+				n++
+			}
+			for range n {
+				s, e = s.Next(), e.Next()
+			}
+			b.StartIP, b.EndIP = s.String(), e.String()
+		}
+	}
+	if err := w.c.Update(w.ctx, o, client.FieldOwner("kubectl-edit")); err == nil {
+		w.tracef("NodeIPAM %s edited by hand: %s %s now %s-%s%s", o.Name, b.Kind, b.Pool, b.StartIP, b.EndIP, b.Prefix)
+	}
+}
+
 func (w *world) recreatePools() {
 	for _, p := range poolDefs {
 		obj, err := w.getPool(p)
@@ -1250,15 +1312,28 @@ func (w *world) existingPools() iter.Seq2[poolDef, client.Object] {
 	}
 }
 
-// blocks returns every node's block in every pool's status, as ranges.
+// blocks returns every node's block in every pool, as ranges: those its
+// status lists and those the NodeIPAMs the controller wrote give (a node's
+// daemon allocates from the latter; the two may differ for a moment while one
+// is written after the other).
 func (w *world) blocks() map[string][]struct {
 	node string
 	r    iprange.Range
 } {
-	out := map[string][]struct {
+	type nb = struct {
 		node string
 		r    iprange.Range
-	}{}
+	}
+	out := map[string][]nb{}
+	add := func(pool string, b nb) {
+		if !slices.Contains(out[pool], b) {
+			out[pool] = append(out[pool], b)
+		}
+	}
+	var objs nodeipamv1.NodeIPAMList
+	if err := w.c.List(w.ctx, &objs, client.InNamespace(namespace)); err != nil {
+		w.fail("listing NodeIPAMs: %v", err)
+	}
 	for p, obj := range w.existingPools() {
 		switch o := obj.(type) {
 		case *v1alpha1.IPPool:
@@ -1267,10 +1342,7 @@ func (w *world) blocks() map[string][]struct {
 				if err != nil {
 					w.fail("IPPool %s status: %v", p.name, err)
 				}
-				out[p.name] = append(out[p.name], struct {
-					node string
-					r    iprange.Range
-				}{a.NodeName, r})
+				add(p.name, nb{a.NodeName, r})
 			}
 		case *v1alpha1.CIDRPool:
 			for _, a := range o.Status.Allocations {
@@ -1278,10 +1350,31 @@ func (w *world) blocks() map[string][]struct {
 				if err != nil {
 					w.fail("CIDRPool %s status: %v", p.name, err)
 				}
-				out[p.name] = append(out[p.name], struct {
-					node string
-					r    iprange.Range
-				}{a.NodeName, iprange.PrefixRange(pfx)})
+				add(p.name, nb{a.NodeName, iprange.PrefixRange(pfx)})
+			}
+		}
+		for _, n := range objs.Items {
+			if !nodeipamv1.OwnedByController(&n) {
+				continue // edited by hand: no daemon uses it
+			}
+			for _, b := range n.Spec.Blocks {
+				if b.Pool != p.name || b.PoolUID != obj.GetUID() {
+					continue
+				}
+				var r iprange.Range
+				var err error
+				if b.Kind == v1alpha1.KindCIDRPool {
+					var pfx netip.Prefix
+					if pfx, err = netip.ParsePrefix(b.Prefix); err == nil {
+						r = iprange.PrefixRange(pfx)
+					}
+				} else {
+					r, err = iprange.ParseRange(b.StartIP + "-" + b.EndIP)
+				}
+				if err != nil {
+					w.fail("NodeIPAM %s, pool %s: %v", n.Name, p.name, err)
+				}
+				add(p.name, nb{n.Name, r})
 			}
 		}
 	}
@@ -1311,6 +1404,23 @@ func (w *world) check() {
 		if !ok || h.node != a.node || h.rec != a.containerID+"/net1" {
 			w.fail("%s succeeded and was neither deleted nor collected by its network, but the node holds %+v", a, h)
 		}
+	}
+	for p, obj := range w.existingPools() {
+		in := ""
+		switch o := obj.(type) {
+		case *v1alpha1.IPPool:
+			in = o.Status.BlocksIn
+		case *v1alpha1.CIDRPool:
+			in = o.Status.BlocksIn
+		}
+		if w.blocksIn == nil {
+			w.blocksIn = map[string]string{}
+		}
+		if prev, ok := w.blocksIn[p.name]; ok && prev != in && prev != "" && in != "" {
+			w.counts["blocksIn-change"]++
+			w.tracef("pool %s: blocks now in %s", p.name, in)
+		}
+		w.blocksIn[p.name] = in
 	}
 	for pool, bs := range w.blocks() {
 		for _, b := range bs {
