@@ -606,6 +606,9 @@ func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, v
 		c.apiError(ns, err, fmt.Sprintf("listing CIDRPools: %v", err), "")
 		return
 	}
+	// This node's blocks of pools above ipam-controller's threshold are in its
+	// NodeIPAM only.
+	fillFromNodeIPAMs(ctx, cl, ns, c.r.Node, ipPools.Items, cidrPools.Items)
 	served := map[string]*infov1.PoolInfo{}
 	if d != nil {
 		for _, p := range d.pools {

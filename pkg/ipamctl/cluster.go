@@ -17,10 +17,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/pkg/blocks"
@@ -53,6 +53,11 @@ type ClusterPool struct {
 	Claims []string `json:"claims,omitempty"`
 	// Ready is the pool's Ready condition message.
 	Ready string `json:"ready,omitempty"`
+	// BlocksIn is where the blocks are listed (status.blocksIn): "status", or
+	// "NodeIPAM" above ipam-controller's --status-allocations-max-nodes, where
+	// Blocks are read from the nodes' NodeIPAM objects; "" from a controller
+	// that does not say (nv-ipam's, an earlier hwipam's): the status.
+	BlocksIn string `json:"blocksIn,omitempty"`
 }
 
 // ClusterReport is `ipamctl pools --cluster`.
@@ -194,6 +199,9 @@ func newClusterClient(kubeconfig string, timeout time.Duration) (client.Client, 
 	if err := resourceapi.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
+	if err := nodeipamv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
 	cl, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, &ConnectionError{fmt.Errorf("API server %s: %w", cfg.Host, err)}
@@ -218,6 +226,9 @@ func readCluster(ctx context.Context, cl client.Client, ns string) (*clusterStat
 		return nil, &ConnectionError{fmt.Errorf("listing CIDRPools in %s: %w", ns, err)}
 	}
 	s.cidrPools = cidrPools.Items
+	// Pools above ipam-controller's threshold list their blocks in the
+	// nodes' NodeIPAMs only.
+	fillFromNodeIPAMs(ctx, cl, ns, "", s.ipPools, s.cidrPools)
 	var nads nadv1.NetworkAttachmentDefinitionList
 	switch err := cl.List(ctx, &nads); {
 	case meta.IsNoMatchError(err):
@@ -354,9 +365,10 @@ func (s *clusterState) report() *ClusterReport {
 		}
 	}
 	add := func(kind, name, rng, rail string, sel *corev1.NodeSelector, blocksOf map[string]string, layout blocks.Layout,
-		conds []metav1.Condition) {
+		st v1alpha1.PoolStatusCommon) {
+		conds := st.Conditions
 		p := ClusterPool{Kind: kind, Name: name, Range: rng, Rail: rail, Blocks: blocksOf, NADs: nadsOf[kind+"/"+name],
-			Claims: claimsOf[kind+"/"+name]}
+			Claims: claimsOf[kind+"/"+name], BlocksIn: st.BlocksIn}
 		for _, n := range s.selected(sel) {
 			p.Selected++
 			if _, ok := blocksOf[n]; !ok {
@@ -386,7 +398,7 @@ func (s *clusterState) report() *ClusterReport {
 		if l, err := blocks.NewIPPool(&p.Spec); err == nil {
 			layout = l
 		}
-		add(v1alpha1.KindIPPool, p.Name, p.Spec.Subnet, p.Labels[labelRail], p.Spec.NodeSelector, b, layout, p.Status.Conditions)
+		add(v1alpha1.KindIPPool, p.Name, p.Spec.Subnet, p.Labels[labelRail], p.Spec.NodeSelector, b, layout, p.Status.PoolStatusCommon)
 	}
 	for i := range s.cidrPools {
 		p := &s.cidrPools[i]
@@ -398,7 +410,7 @@ func (s *clusterState) report() *ClusterReport {
 		if l, err := blocks.NewCIDRPool(&p.Spec); err == nil {
 			layout = l
 		}
-		add(v1alpha1.KindCIDRPool, p.Name, p.Spec.CIDR, p.Labels[labelRail], p.Spec.NodeSelector, b, layout, p.Status.Conditions)
+		add(v1alpha1.KindCIDRPool, p.Name, p.Spec.CIDR, p.Labels[labelRail], p.Spec.NodeSelector, b, layout, p.Status.PoolStatusCommon)
 	}
 	return r
 }
@@ -533,18 +545,30 @@ func clusterTable(w io.Writer, v any) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	// Nodes (selected, with a block, selected without one), then blocks: those
 	// assigned of those the layout has, as a share.
-	fmt.Fprintln(tw, "POOL\tKIND\tRAIL\tRANGE\tNODES SELECTED\tNODES WITH BLOCK\tWITHOUT BLOCK\tBLOCKS USED\tNADS\tDRA CLAIMS")
+	fmt.Fprintln(tw, "POOL\tKIND\tRAIL\tRANGE\tNODES SELECTED\tNODES WITH BLOCK\tWITHOUT BLOCK\tBLOCKS USED\tNADS\tDRA CLAIMS\tBLOCKS IN")
+	omitted := false
 	for _, p := range r.Pools {
+		in := p.BlocksIn
+		if in == "" {
+			in = v1alpha1.BlocksInStatus
+		}
+		omitted = omitted || in == v1alpha1.BlocksInNodeIPAM
 		selected := strconv.Itoa(p.Selected)
 		if p.Selected == 0 {
 			selected = "0 (selects no node)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d/%d (%.1f%%)\t%s\t%s\n", p.Name, p.Kind, dash(p.Rail), p.Range, selected, len(p.Blocks),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d/%d (%.1f%%)\t%s\t%s\t%s\n", p.Name, p.Kind, dash(p.Rail), p.Range, selected, len(p.Blocks),
 			dash(strings.Join(p.WithoutBlock, ",")), len(p.Blocks), p.UsableBlocks, p.Utilisation, dash(strings.Join(p.NADs, ",")),
-			dash(strings.Join(p.Claims, ",")))
+			dash(strings.Join(p.Claims, ",")), in)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if omitted {
+		if _, err := fmt.Fprintln(w, "note: a pool whose BLOCKS IN is NodeIPAM has more nodes than ipam-controller lists in its status "+
+			"(--status-allocations-max-nodes): its blocks were read from the nodes' NodeIPAM objects"); err != nil {
+			return err
+		}
 	}
 	for _, n := range r.NADsWithoutPool {
 		if _, err := fmt.Fprintf(w, "NAD without pool: %s\n", n); err != nil {

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/allocator"
 	"github.com/hwipam/hwipam/pkg/iprange"
@@ -74,6 +75,14 @@ type PlanReport struct {
 	RequestLimitBytes          int  `json:"requestLimitBytes"`
 	MaxNodesWithinRequestLimit int  `json:"maxNodesWithinRequestLimit"`
 	MaxNodesCapped             bool `json:"maxNodesCapped,omitempty"`
+	// StatusAllocationsMaxNodes is ipam-controller's --status-allocations-max-nodes
+	// (0: no limit); StatusListsBlocks whether the status lists the Assigned
+	// nodes' blocks (else StatusBytes is the object without them, and each
+	// node's block is in its NodeIPAM only). NodeIPAMBlockBytes is what the
+	// pool's block adds to each node's NodeIPAM.
+	StatusAllocationsMaxNodes int  `json:"statusAllocationsMaxNodes"`
+	StatusListsBlocks         bool `json:"statusListsBlocks"`
+	NodeIPAMBlockBytes        int  `json:"nodeIPAMBlockBytes"`
 	// Assignments, with --list, is every planned node's block (none when the pool
 	// is exhausted for it) and its usable addresses.
 	Assignments []PlanBlock `json:"assignments,omitempty"`
@@ -95,6 +104,7 @@ type planFlags struct {
 	excludes, perNode     []string
 	nameLength            int
 	requestLimit          int
+	maxListed             int
 	output                string
 	list                  bool
 }
@@ -133,6 +143,8 @@ func planCommand() *cobra.Command {
 	fl.StringArrayVar(&f.perNode, "per-node-exclude", nil, "per-node exclusion by index, START-END or one index (repeatable)")
 	fl.IntVar(&f.nameLength, "node-name-length", 32, "length of node names, for the object's size")
 	fl.IntVar(&f.requestLimit, "max-request-bytes", etcdRequestLimit, "etcd's --max-request-bytes")
+	fl.IntVar(&f.maxListed, "status-allocations-max-nodes", 10000,
+		"ipam-controller's --status-allocations-max-nodes: above it the status lists no block (0: no limit)")
 	fl.StringVarP(&f.output, "output", "o", "table", "output format: table, json or yaml")
 	fl.BoolVar(&f.list, "list", false, "also list every planned node's block")
 	return cmd
@@ -172,7 +184,58 @@ func (f *planFlags) plan(cmd *cobra.Command) (*PlanReport, error) {
 		}
 		p = &cidrPoolPlanner{pool: &v1alpha1.CIDRPool{ObjectMeta: meta, Spec: spec}}
 	}
-	return makeReport(p, f.nodes, f.nameLength, f.requestLimit, f.list)
+	if f.maxListed < 0 {
+		return nil, usageErrorf("--status-allocations-max-nodes %d: want 0 or more", f.maxListed)
+	}
+	r, err := makeReport(p, f.nodes, f.nameLength, f.requestLimit, f.list)
+	if err != nil {
+		return nil, err
+	}
+	r.StatusAllocationsMaxNodes = f.maxListed
+	r.StatusListsBlocks = f.maxListed == 0 || r.Assigned <= f.maxListed
+	if !r.StatusListsBlocks {
+		base, _, err := p.sizes(&poolcontroller.Preview{IPPool: ipOf(p), CIDRPool: cidrOf(p)})
+		if err != nil {
+			return nil, err
+		}
+		r.StatusBytes = base + metadataAllowance
+	}
+	r.NodeIPAMBlockBytes = p.nodeIPAMBlockBytes(r.FirstBlock)
+	return r, nil
+}
+
+func ipOf(p planner) *v1alpha1.IPPool {
+	if ip, ok := p.(*ipPoolPlanner); ok {
+		return ip.pool
+	}
+	return nil
+}
+
+func cidrOf(p planner) *v1alpha1.CIDRPool {
+	if c, ok := p.(*cidrPoolPlanner); ok {
+		return c.pool
+	}
+	return nil
+}
+
+// planUID stands for a pool's UID in a NodeIPAM block's size.
+const planUID = "00000000-0000-0000-0000-000000000000"
+
+func (p *ipPoolPlanner) nodeIPAMBlockBytes(first string) int {
+	spec := p.pool.Spec.DeepCopy()
+	spec.NodeSelector = nil
+	start, end, _ := strings.Cut(first, "-")
+	b, _ := json.Marshal(nodeipamv1.NodeBlock{Kind: v1alpha1.KindIPPool, Pool: p.pool.Name, PoolUID: planUID, PoolGeneration: 1,
+		StartIP: start, EndIP: end, IPPool: spec})
+	return len(b) + 1
+}
+
+func (p *cidrPoolPlanner) nodeIPAMBlockBytes(first string) int {
+	spec := p.pool.Spec.DeepCopy()
+	spec.NodeSelector, spec.StaticAllocations = nil, nil
+	b, _ := json.Marshal(nodeipamv1.NodeBlock{Kind: v1alpha1.KindCIDRPool, Pool: p.pool.Name, PoolUID: planUID, PoolGeneration: 1,
+		Prefix: first, Gateway: first, CIDRPool: spec})
+	return len(b) + 1
 }
 
 // planner previews one kind of pool.
@@ -187,6 +250,9 @@ type planner interface {
 	// sizes is the JSON size of the previewed pool without its allocations, and
 	// of each allocation.
 	sizes(p *poolcontroller.Preview) (int, []int, error)
+	// nodeIPAMBlockBytes is the JSON size of the pool's entry in a NodeIPAM,
+	// given a block as FirstBlock has it.
+	nodeIPAMBlockBytes(first string) int
 }
 
 // nodeBlock is a planned node's block as its daemon configures it.
@@ -459,9 +525,11 @@ func planTable(w io.Writer, v any) error {
 		{"lost to the gateway", r.LostToGateway},
 		{"lost to exclusions", r.LostToExclusions},
 		{"lost to network/broadcast", r.LostToNetworkAndBroadcast},
+		{"status lists blocks", listed(r)},
 		{"pool object", fmt.Sprintf("%d bytes (node names of %d characters)", r.StatusBytes, r.NodeNameLength)},
-		{"nodes within etcd's limit", fmt.Sprintf("%d%s (--max-request-bytes %d)", r.MaxNodesWithinRequestLimit,
+		{"nodes the status can list within etcd's limit", fmt.Sprintf("%d%s (--max-request-bytes %d)", r.MaxNodesWithinRequestLimit,
 			capped(r.MaxNodesCapped), r.RequestLimitBytes)},
+		{"NodeIPAM of each node", fmt.Sprintf("%d bytes for this pool's block", r.NodeIPAMBlockBytes)},
 	}
 	for _, row := range rows {
 		fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
@@ -473,6 +541,19 @@ func planTable(w io.Writer, v any) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// listed says whether and up to which count the pool's status lists the blocks.
+func listed(r *PlanReport) string {
+	switch {
+	case r.StatusAllocationsMaxNodes == 0:
+		return "yes, every block (--status-allocations-max-nodes 0)"
+	case r.StatusListsBlocks:
+		return fmt.Sprintf("yes, up to %d nodes (ipam-controller --status-allocations-max-nodes)", r.StatusAllocationsMaxNodes)
+	default:
+		return fmt.Sprintf("no: more than %d nodes; each node's block is in its NodeIPAM only (status.blocksIn NodeIPAM)",
+			r.StatusAllocationsMaxNodes)
+	}
 }
 
 func usableRange(lo, hi string) string {

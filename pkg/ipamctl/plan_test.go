@@ -52,11 +52,22 @@ func TestPlanFigures(t *testing.T) {
 		Nodes: 3, Assigned: 3, FirstBlock: "10.0.0.1-10.0.0.10", LastBlock: "10.0.0.21-10.0.0.30",
 		UsablePerNodeMin: "7", UsablePerNodeMax: "10", UsableTotal: "27", LostToGateway: "1", LostToExclusions: "2",
 		LostToNetworkAndBroadcast: "2", NodeNameLength: 8, StatusBytes: r.StatusBytes, RequestLimitBytes: 1572864,
-		MaxNodesWithinRequestLimit: 25,
+		MaxNodesWithinRequestLimit: 25, StatusAllocationsMaxNodes: 10000, StatusListsBlocks: true, NodeIPAMBlockBytes: r.NodeIPAMBlockBytes,
 		Assignments: []ipamctl.PlanBlock{{"node-xx0", "10.0.0.1-10.0.0.10", "7"}, {"node-xx1", "10.0.0.11-10.0.0.20", "10"},
 			{"node-xx2", "10.0.0.21-10.0.0.30", "10"}}}
 	if !reflect.DeepEqual(r, want) {
 		t.Errorf("plan\n got %+v\nwant %+v", r, want)
+	}
+	if r.NodeIPAMBlockBytes < 150 || r.NodeIPAMBlockBytes > 400 {
+		t.Errorf("a NodeIPAM block of this pool takes %d bytes, want some 150-400", r.NodeIPAMBlockBytes)
+	}
+	// Above the controller's threshold the status lists no block: the object
+	// is the pool without them.
+	above := planReport(t, "--subnet", "10.0.0.0/24", "--block-size", "10", "--gateway", "10.0.0.1",
+		"--exclude", "10.0.0.5-10.0.0.6", "--nodes", "3", "--node-name-length", "8", "--status-allocations-max-nodes", "2")
+	if above.StatusListsBlocks || above.StatusAllocationsMaxNodes != 2 || above.StatusBytes >= r.StatusBytes-3*40 {
+		t.Errorf("above the threshold: lists %v (max %d), %d bytes, want no list and %d bytes less 3 entries",
+			above.StatusListsBlocks, above.StatusAllocationsMaxNodes, above.StatusBytes, r.StatusBytes)
 	}
 	if r.StatusBytes < 1500 || r.StatusBytes > 4000 {
 		t.Errorf("a 3-node pool object of %d bytes", r.StatusBytes)

@@ -16,6 +16,13 @@ func DecodeMemory(value string) (map[string]string, error) {
 	return kept.Reports, err
 }
 
+// DecodeParts returns how many more Leases the memory a MemoryAnnotation value
+// names is spread over.
+func DecodeParts(value string) (int, error) {
+	_, kept, err := decodeMemory(value)
+	return kept.Parts, err
+}
+
 // DecodeReserved returns the ranges a MemoryAnnotation value keeps reserved,
 // by pool (namespace/name), as "node range".
 func DecodeReserved(value string) (map[string][]string, error) {

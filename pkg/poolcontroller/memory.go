@@ -133,6 +133,14 @@ type Memory struct {
 	// fellTo: 1 + the lowest keptReport level Save had to fall back to (and
 	// said so); 0 before any.
 	fellTo int
+	// MaxParts bounds the Leases the per-node parts are spread over (see
+	// writeParts); 0 means maxMemoryParts.
+	MaxParts int
+	// parts: the value each part Lease holds, as this process wrote or read
+	// it (an unchanged part is not written again); partsOf the part count the
+	// Lease names.
+	parts   map[string]string
+	partsOf int
 }
 
 // seenReport is a node's held report and when the controller last saw it.
@@ -180,6 +188,10 @@ type memoryPayload struct {
 	// were kept.
 	Given map[string]map[string][]keptGrant `json:"given,omitempty"`
 	Pools map[string]knownPool              `json:"pools"`
+	// Parts, in the Lease itself, says that the per-node parts (Reports,
+	// Given) are spread over Parts more Leases (see partName), by a hash of
+	// the node's name; 0: all here.
+	Parts int `json:"parts,omitempty"`
 }
 
 func newReport(raw string, seen time.Time, live bool) seenReport {
@@ -276,9 +288,20 @@ func (m *Memory) read(ctx context.Context, now time.Time) error {
 			payload = ""
 		}
 	}
+	parts, err := m.readParts(ctx, &kept)
+	if err != nil {
+		return err
+	}
+	if kept.Parts > 0 {
+		full := kept
+		full.Parts = 0
+		b, _ := json.Marshal(full)
+		payload = string(b)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.init()
+	m.parts, m.partsOf = parts, kept.Parts
 	for node, raw := range kept.Reports {
 		if _, ok := m.reports[node]; !ok {
 			rep := newReport(raw, now, false)
@@ -435,6 +458,12 @@ func (m *Memory) blocksOf(key string, own map[string]iprange.Range, now time.Tim
 
 // payload is what the Lease is to keep (see Memory), as JSON; with mu held.
 func (m *Memory) payload(level int) string {
+	b, _ := json.Marshal(m.payloadOf(level)) // maps: sorted keys
+	return string(b)
+}
+
+// payloadOf is what the Lease is to keep; with mu held.
+func (m *Memory) payloadOf(level int) memoryPayload {
 	kept := make(map[string]string, len(m.reports))
 	for node, rep := range m.reports {
 		part := m.keptReport(node, rep, level)
@@ -454,8 +483,7 @@ func (m *Memory) payload(level int) string {
 			reserved[pool] = keptReservations{UID: rs.UID, Ranges: live}
 		}
 	}
-	b, _ := json.Marshal(memoryPayload{Reports: kept, Reserved: reserved, Given: m.keptGrants(), Pools: m.pools}) // maps: sorted keys
-	return string(b)
+	return memoryPayload{Reports: kept, Reserved: reserved, Given: m.keptGrants(), Pools: maps.Clone(m.pools)}
 }
 
 // emptyPayload is the payload of a memory that keeps nothing: no Lease is
@@ -542,25 +570,29 @@ func (m *Memory) Save(ctx context.Context) error {
 		m.mu.Unlock()
 		return nil
 	}
-	version, payload, saved := m.version, m.payload(keepAll), m.saved
+	version, full, saved := m.version, m.payloadOf(keepAll), m.saved
 	m.mu.Unlock()
+	pb, _ := json.Marshal(full)
+	payload := string(pb)
 	if payload != saved && (saved != "" || payload != emptyPayload) {
-		err := m.write(ctx, payload)
+		err := m.writeParts(ctx, full)
 		// Too large: first the blocks the status covers go, then the empty
 		// reports that say which daemons report (they grow with the node
 		// count: some 3.5 bytes a node compressed, the blocks some 8 a node
 		// and pool); the grants, reservations and reports with content stay.
 		for level := keepAll - 1; errors.Is(err, errTooLarge) && level >= keepCounted; level-- {
 			m.mu.Lock()
-			smaller := m.payload(level)
+			less := m.payloadOf(level)
 			m.mu.Unlock()
+			sb, _ := json.Marshal(less)
+			smaller := string(sb)
 			switch {
 			case smaller == payload:
 				continue
 			case smaller == saved:
 				err, payload = nil, smaller
 			default:
-				err = m.write(ctx, smaller)
+				err = m.writeParts(ctx, less)
 				payload = smaller
 			}
 			if err == nil && (m.fellTo == 0 || level+1 < m.fellTo) {
@@ -580,22 +612,23 @@ func (m *Memory) Save(ctx context.Context) error {
 	return nil
 }
 
-// write stores payload in the Lease, creating it if missing.
-func (m *Memory) write(ctx context.Context, payload string) error {
+// write stores an encoded payload in the Lease, creating it if missing.
+func (m *Memory) write(ctx context.Context, value string) error {
+	return m.writeLease(ctx, m.Lease, value)
+}
+
+// writeLease stores an encoded payload (or part) in the Lease named key.
+func (m *Memory) writeLease(ctx context.Context, key types.NamespacedName, value string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	value, err := encodeMemory(payload)
-	if err != nil {
-		return err
-	}
 	if len(value) > maxMemoryBytes {
 		return errTooLarge
 	}
 	var lease coordinationv1.Lease
-	err = m.Reader.Get(ctx, m.Lease, &lease)
+	err := m.Reader.Get(ctx, key, &lease)
 	switch {
 	case apierrors.IsNotFound(err):
-		lease = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.Lease.Namespace, Name: m.Lease.Name,
+		lease = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name,
 			Annotations: map[string]string{MemoryAnnotation: value}}}
 		err = m.Client.Create(ctx, &lease)
 	case err == nil:
@@ -606,7 +639,7 @@ func (m *Memory) write(ctx context.Context, payload string) error {
 		err = m.Client.Update(ctx, &lease)
 	}
 	if err != nil {
-		return fmt.Errorf("writing Lease %s (the daemons' held reports): %w", m.Lease, err)
+		return fmt.Errorf("writing Lease %s (the daemons' held reports): %w", key, err)
 	}
 	return nil
 }

@@ -3,8 +3,10 @@ package poolcontroller_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -465,38 +467,114 @@ func TestNodeRecreatedWhileNoControllerRan(t *testing.T) {
 // The Lease keeps an empty report of each daemon that reports, some 3.5 bytes a
 // node compressed: at tens of thousands of nodes with random names that alone
 // went over the annotation's bound, and then nothing was saved at all (grants,
-// reservations, reports). Now the empty reports go first, the rest is kept.
-func TestLeaseTooSmallForEveryNodeKeepsWhatCounts(t *testing.T) {
-	f := newFixture(t, time.Minute)
-	f.node("a", true, nil)
-	first, mem := f.restarted(true)
-	f.newIPPool("p", "10.108.0.0/24", 8, nil)
-	f.reconcile(first, "p")
-	f.report("a", map[string]v1alpha1.PoolHold{"p": {Block: "10.108.0.1-10.108.0.8"}})
-	f.updateIPPool("p", func(s *v1alpha1.IPPoolSpec) { s.PerNodeBlockSize = 4 })
-	f.reconcile(first, "p")
-	f.report("a", map[string]v1alpha1.PoolHold{"p": {Block: "10.108.0.1-10.108.0.4", Held: []string{"10.108.0.7"}}})
-	f.reconcile(first, "p")
-	mem.AddLiveReports(60000, 38)
-	f.save(mem)
-	l, kept := f.lease()
-	if l == nil {
-		t.Fatal("no Lease written")
-	}
-	if got := kept[f.nodeName("a")]; got != `{"p":{"held":["10.108.0.7"]}}` {
-		t.Errorf("the Lease keeps %q of a's report, want its orphan", got)
-	}
-	if len(kept) != 1 {
-		t.Errorf("the Lease keeps %d reports, want only a's (the empty ones go first)", len(kept))
-	}
-	t.Logf("annotation: %d bytes", len(l.Annotations[poolcontroller.MemoryAnnotation]))
-	// A restarted controller still keeps a's orphan from a new node.
-	again, _ := f.restarted(true)
-	f.node("b", true, nil)
-	f.reconcile(again, "p")
-	for _, b := range f.ipPool("p").Status.Allocations {
-		if b.NodeName == f.nodeName("b") && b.StartIP == "10.108.0.5" {
-			t.Errorf("b got a's orphan's block: %+v", b)
-		}
+// reservations, reports). Now what does not fit in one Lease is spread over
+// more (issue 37), each within the bound, and a restarted controller reads them
+// all; only past MaxParts do the empty reports go first, the rest being kept.
+func TestLeaseSpreadsOverPartsPastItsSize(t *testing.T) {
+	for _, maxParts := range []int{0, 2} {
+		t.Run(fmt.Sprintf("max-%d", maxParts), func(t *testing.T) {
+			f := newFixture(t, time.Minute)
+			f.node("a", true, nil)
+			first, mem := f.restarted(true)
+			mem.MaxParts = maxParts
+			f.newIPPool("p", "10.108.0.0/24", 8, nil)
+			f.reconcile(first, "p")
+			f.report("a", map[string]v1alpha1.PoolHold{"p": {Block: "10.108.0.1-10.108.0.8"}})
+			f.updateIPPool("p", func(s *v1alpha1.IPPoolSpec) { s.PerNodeBlockSize = 4 })
+			f.reconcile(first, "p")
+			f.report("a", map[string]v1alpha1.PoolHold{"p": {Block: "10.108.0.1-10.108.0.4", Held: []string{"10.108.0.7"}}})
+			f.reconcile(first, "p")
+			mem.AddLiveReports(60000, 38)
+			f.save(mem)
+			l, kept := f.lease()
+			if l == nil {
+				t.Fatal("no Lease written")
+			}
+			parts, err := poolcontroller.DecodeParts(l.Annotations[poolcontroller.MemoryAnnotation])
+			if err != nil {
+				t.Fatal(err)
+			}
+			all := maps.Clone(kept)
+			var leases coordinationv1.LeaseList
+			if err := f.c.List(t.Context(), &leases, client.InNamespace(f.ns)); err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range leases.Items {
+				v := x.Annotations[poolcontroller.MemoryAnnotation]
+				if len(v) > 200<<10 {
+					t.Errorf("Lease %s holds %d bytes, over the annotation's bound", x.Name, len(v))
+				}
+				if strings.HasPrefix(x.Name, fmt.Sprintf("%s-%d-", poolcontroller.MemoryLeaseName, parts)) && parts > 0 {
+					r, err := poolcontroller.DecodeMemory(v)
+					if err != nil {
+						t.Fatalf("Lease %s: %v", x.Name, err)
+					}
+					maps.Copy(all, r)
+				}
+			}
+			want := 60001
+			if maxParts == 2 {
+				want = 1 // past MaxParts: the empty reports go
+			}
+			if len(all) != want {
+				t.Errorf("the Leases (%d parts) keep %d reports, want %d", parts, len(all), want)
+			}
+			// All of it in parts (its covered block too); past MaxParts, what counts.
+			wantA := `{"p":{"block":"10.108.0.1-10.108.0.4","held":["10.108.0.7"]}}`
+			if maxParts == 2 {
+				wantA = `{"p":{"held":["10.108.0.7"]}}`
+			}
+			if got := all[f.nodeName("a")]; got != wantA {
+				t.Errorf("the Lease keeps %q of a's report, want %q", got, wantA)
+			}
+			if (parts > 0) != (maxParts == 0) {
+				t.Errorf("the Lease names %d parts", parts)
+			}
+			t.Logf("%d parts; the Lease's annotation: %d bytes", parts, len(l.Annotations[poolcontroller.MemoryAnnotation]))
+			// A restarted controller reads every part and still keeps a's orphan
+			// from a new node.
+			again, mem2 := f.restarted(true)
+			f.node("b", true, nil)
+			f.reconcile(again, "p")
+			if maxParts == 0 && len(mem2.Nodes()) < 60001 {
+				t.Errorf("the restarted controller knows %d reports, want every one of the 60,001 kept", len(mem2.Nodes()))
+			}
+			for _, b := range f.ipPool("p").Status.Allocations {
+				if b.NodeName == f.nodeName("b") && b.StartIP == "10.108.0.5" {
+					t.Errorf("b got a's orphan's block: %+v", b)
+				}
+			}
+			if maxParts == 0 {
+				// One node's report changes: one part is written again, not all.
+				versions := func() map[string]string {
+					var ls coordinationv1.LeaseList
+					if err := f.c.List(t.Context(), &ls, client.InNamespace(f.ns)); err != nil {
+						t.Fatal(err)
+					}
+					out := map[string]string{}
+					for _, x := range ls.Items {
+						if strings.HasPrefix(x.Name, fmt.Sprintf("%s-%d-", poolcontroller.MemoryLeaseName, parts)) {
+							out[x.Name] = x.ResourceVersion
+						}
+					}
+					return out
+				}
+				f.reconcile(first, "p") // the made-up nodes are not Nodes: seen gone once
+				f.save(mem)
+				before := versions()
+				f.report("a", map[string]v1alpha1.PoolHold{"p": {Block: "10.108.0.1-10.108.0.4", Held: []string{"10.108.0.7", "10.108.0.8"}}})
+				f.reconcile(first, "p")
+				f.save(mem)
+				changed := 0
+				for name, rv := range versions() {
+					if before[name] != rv {
+						changed++
+					}
+				}
+				if len(before) != parts || changed != 1 {
+					t.Errorf("%d of %d parts written again for one node's report, want 1", changed, len(before))
+				}
+			}
+		})
 	}
 }

@@ -73,6 +73,7 @@ func preview(p pool, nodes []string) (previewed, error) {
 	setCondition(&c, v1alpha1.ConditionConflict, false, "NoOverlap", "the pool overlaps no other pool")
 	setCondition(&c, v1alpha1.ConditionOrphans, false, "NoneHeld", "no node holds addresses outside its block")
 	setAssignedConditions(&c, layout, out)
+	setListedTrue(&c)
 	return previewed{Preview: Preview{Layout: layout, Unassigned: out.Unassigned},
 		pool: p.withStatus(layout, out.Assignments, false, c)}, nil
 }

@@ -290,7 +290,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	updateMetrics(r.Kind, p.object(), layout, len(out.Assignments), len(out.Unassigned))
 
 	omit := delivering && r.MaxListed > 0 && len(out.Assignments) > r.MaxListed
-	r.setListed(p, &c, omit, len(out.Assignments), delivering)
+	r.setListed(p, &c, omit, len(out.Assignments))
 	desired := p.withStatus(layout, out.Assignments, false, c)
 	if delivering {
 		// The NodeIPAMs are written before the status: a status that lists no
@@ -342,7 +342,7 @@ func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (
 
 // setListed sets status.blocksIn and the AllocationsListed condition, and tells
 // the operator when the status stops or starts listing the blocks.
-func (r *Reconciler) setListed(p pool, c *v1alpha1.PoolStatusCommon, omit bool, n int, delivering bool) {
+func (r *Reconciler) setListed(p pool, c *v1alpha1.PoolStatusCommon, omit bool, n int) {
 	was := c.BlocksIn
 	if omit {
 		c.BlocksIn = v1alpha1.BlocksInNodeIPAM
@@ -356,16 +356,17 @@ func (r *Reconciler) setListed(p pool, c *v1alpha1.PoolStatusCommon, omit bool, 
 		}
 		return
 	}
-	c.BlocksIn = v1alpha1.BlocksInStatus
-	msg := "status.allocations lists every node's block"
-	if delivering {
-		msg += "; each node's block is also in its NodeIPAM object"
-	}
-	setCondition(c, v1alpha1.ConditionListed, true, "Listed", msg)
+	setListedTrue(c)
 	if was == v1alpha1.BlocksInNodeIPAM {
 		r.event(p, corev1.EventTypeNormal, "AllocationsListed", "Assign",
 			"%d nodes have a block, at most the %d status.allocations lists: it lists them again", n, r.MaxListed)
 	}
+}
+
+// setListedTrue says that status.allocations lists every block.
+func setListedTrue(c *v1alpha1.PoolStatusCommon) {
+	c.BlocksIn = v1alpha1.BlocksInStatus
+	setCondition(c, v1alpha1.ConditionListed, true, "Listed", "status.allocations lists every node's block")
 }
 
 // setAssignedConditions sets the allocated-node count and the Exhausted and Ready
