@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/test/harness"
@@ -211,5 +212,27 @@ func TestRailsDocIPoIB(t *testing.T) {
 	}
 	if example := strings.Join(lines, ""); doc != example {
 		t.Errorf("docs/rails.md's IPoIB block\n%s\ndiffers from deploy/examples/nad-ipoib.yaml\n%s", doc, example)
+	}
+}
+
+// TestScaleDocNodeIPAM takes docs/scale.md's NodeIPAM as the API server does: it
+// decodes strictly into the Go type, the API server accepts it against the CRD's
+// schema, and it gives two blocks, each with its
+// pool's spec.
+func TestScaleDocNodeIPAM(t *testing.T) {
+	blocks := docYAMLBlocks(t, "docs/scale.md")
+	if len(blocks) != 1 {
+		t.Fatalf("docs/scale.md has %d yaml blocks, want the NodeIPAM", len(blocks))
+	}
+	var obj nodeipamv1.NodeIPAM
+	if err := yaml.UnmarshalStrict([]byte(blocks[0]), &obj); err != nil {
+		t.Fatalf("docs/scale.md's NodeIPAM: %v", err)
+	}
+	if len(obj.Spec.Blocks) != 2 || obj.Spec.Blocks[0].IPPool == nil || obj.Spec.Blocks[1].CIDRPool == nil {
+		t.Fatalf("docs/scale.md's NodeIPAM: %+v", obj.Spec)
+	}
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
+	if err := cp.Client.Create(t.Context(), &obj); err != nil {
+		t.Fatalf("the API server refuses docs/scale.md's NodeIPAM: %v", err)
 	}
 }
