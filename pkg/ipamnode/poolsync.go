@@ -200,6 +200,9 @@ func (s *poolSync) syncNodeIPAM(ctx context.Context, obj *nodeipamv1.NodeIPAM) (
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.delivered {
+		logger.Info("reading this node's blocks from its NodeIPAM", "nodeipam", obj.Namespace+"/"+obj.Name, "blocks", len(res.cfgs))
+	}
 	s.delivered = true
 	return len(res.cfgs), s.apply(ctx, res)
 }

@@ -6,6 +6,7 @@ import (
 	nadclient "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/client/clientset/versioned"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 )
 
@@ -18,10 +19,13 @@ func (c *Cluster) NADClient() (nadclient.Interface, error) {
 	return cs, nil
 }
 
-// Client is a controller-runtime client that knows the core types and IPPool/CIDRPool.
+// Client is a controller-runtime client that knows the core types, IPPool/CIDRPool and NodeIPAM.
 func (c *Cluster) Client() (client.Client, error) {
 	scheme, err := v1alpha1.NewScheme()
 	if err != nil {
+		return nil, err
+	}
+	if err := nodeipamv1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
 	cl, err := client.New(c.Config, client.Options{Scheme: scheme})

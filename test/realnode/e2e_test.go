@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/test/harness"
@@ -320,6 +321,35 @@ var _ = Describe("deploy/base on a real node", Label("deploy"), func() {
 		}
 		// The liveness endpoint answers (ipam-node is on the host network).
 		Expect(ipamNodePod(ctx).Spec.Containers[0].LivenessProbe.HTTPGet).NotTo(BeNil())
+	})
+
+	It("delivers the node's blocks through its NodeIPAM, which the daemon reads instead of the pools", func(ctx SpecContext) {
+		// The pools' status lists the blocks too (under the threshold): each
+		// of the node's blocks is in its NodeIPAM, the controller's alone.
+		var obj nodeipamv1.NodeIPAM
+		Eventually(func(g Gomega) {
+			g.Expect(cl.Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: node.NodeName}, &obj)).To(Succeed())
+			g.Expect(nodeipamv1.OwnedByController(&obj)).To(BeTrue(), "%+v", obj.ManagedFields)
+			var pools v1alpha1.IPPoolList
+			g.Expect(cl.List(ctx, &pools, client.InNamespace("kube-system"))).To(Succeed())
+			g.Expect(pools.Items).NotTo(BeEmpty())
+			for _, p := range pools.Items {
+				for _, a := range p.Status.Allocations {
+					if a.NodeName != node.NodeName {
+						continue
+					}
+					g.Expect(obj.Spec.Blocks).To(ContainElement(And(HaveField("Pool", p.Name), HaveField("PoolUID", p.UID),
+						HaveField("StartIP", a.StartIP), HaveField("EndIP", a.EndIP))), "pool %s", p.Name)
+				}
+			}
+		}).WithContext(ctx).WithTimeout(time.Minute).Should(Succeed())
+		logs, err := node.Kubectl(ctx, "-n", "kube-system", "logs", "daemonset/hwipam-node")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(logs).To(ContainSubstring("reading this node's blocks from its NodeIPAM"))
+		// The daemon may not write it: the controller's answer.
+		out, err := node.Kubectl(ctx, "auth", "can-i", "update", "nodeipams.ipam.hwipam.io",
+			"--as=system:serviceaccount:kube-system:hwipam-node", "-n", "kube-system")
+		Expect(out).To(ContainSubstring("no"), "%v", err)
 	})
 
 	It("grants the binaries every API call they make (no RBAC refusal in their logs)", func(ctx SpecContext) {
