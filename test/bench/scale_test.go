@@ -60,7 +60,7 @@ import (
 //     apiserver-cpu-s, etcd-cpu-s, controller-cpu-s and bench-cpu-s are the CPU
 //     time of kube-apiserver, etcd, the controller and the benchmark itself over
 //     that time; nodeipam-writes/node (new) the NodeIPAM versions the watch
-//     saw, by node.
+//     saw, by node, and nodeipam-bytes the size of one (JSON, as stored).
 //   - s-join-median and -max: over 3 joins, each one Node created (labelled like
 //     the others) after convergence, from its create's return until (new) its
 //     NodeIPAM lists 8 blocks, (old) all 8 pools' status list it.
@@ -282,10 +282,15 @@ func (w *scaleWorld) run(b *testing.B, d scaleDesign, nodes int) map[string]floa
 	for i := range scaleJoins {
 		node := fmt.Sprintf("join-%s-%d-%d", d.name, nodes, i)
 		joined = append(joined, node)
-		took, bytes, ok := w.join(b, d, ns, node)
-		if !ok {
-			b.Errorf("nodes=%d %s: node %s had not its %d blocks within %s of joining; the controller's log ends:\n%s",
-				nodes, d.name, node, railPools, joinTimeout, ctl.tail())
+		took, bytes, err := w.join(b, d, ns, node, metricsURL)
+		if errors.Is(err, errStatusTooLarge) {
+			out["status-too-large"] = 1
+			b.Logf("nodes=%d %s: the API server refused a pool's status as too large (StatusTooLarge) when %s joined: "+
+				"this design cannot serve %d nodes", nodes, d.name, node, nodes+i+1)
+			return out
+		}
+		if err != nil {
+			b.Errorf("nodes=%d %s: %v; the controller's log ends:\n%s", nodes, d.name, err, ctl.tail())
 			return out
 		}
 		served = append(served, took)
@@ -358,10 +363,16 @@ func (w *scaleWorld) converge(b *testing.B, d scaleDesign, ns string, nodes int,
 			out["bench-cpu-s"] = cpu[3] - before[3]
 			if d.nodeIPAM {
 				out["nodeipam-writes/node"] = float64(writes.Load()) / float64(nodes)
+				// One node's object as stored: what each write carries.
+				raw, err := w.cp.Clientset.CoreV1().RESTClient().Get().AbsPath(nodeIPAMPath(ns), createdNodeName(0)).DoRaw(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out["nodeipam-bytes"] = float64(len(raw))
 			}
 			return true
 		case <-tick.C:
-			if d.nodeIPAM || scrapeSum(b, metricsURL, "hwipam_pool_status_too_large") == 0 {
+			if !statusTooLarge(b, d, metricsURL) {
 				continue
 			}
 			out["status-too-large"] = 1
@@ -376,12 +387,17 @@ func (w *scaleWorld) converge(b *testing.B, d scaleDesign, ns string, nodes int,
 	}
 }
 
+// errStatusTooLarge says the old design's controller reports a pool whose status
+// the API server refused as too large.
+var errStatusTooLarge = errors.New("a pool's status is too large to store")
+
 // join creates node, labelled for the rail pools, and returns how long after
 // its create returned it had its block of every pool, and how many bytes a watch
 // opened as another node's daemon watches read from just before the create
-// until wireSettle after that; false when it did not get its blocks within
-// joinTimeout.
-func (w *scaleWorld) join(b *testing.B, d scaleDesign, ns, node string) (time.Duration, int64, bool) {
+// until wireSettle after that. It fails when the node did not get its blocks
+// within joinTimeout, and with errStatusTooLarge when the controller (its
+// metrics at metricsURL) reports a pool's status refused as too large.
+func (w *scaleWorld) join(b *testing.B, d scaleDesign, ns, node, metricsURL string) (time.Duration, int64, error) {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -415,16 +431,32 @@ func (w *scaleWorld) join(b *testing.B, d scaleDesign, ns, node string) (time.Du
 		b.Fatal(err)
 	}
 	created := time.Now()
-	select {
-	case r := <-done:
-		if r.err != nil {
-			b.Fatalf("waiting for %s's blocks: %v", node, r.err)
+	timeout := time.After(joinTimeout)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-done:
+			if r.err != nil {
+				b.Fatalf("waiting for %s's blocks: %v", node, r.err)
+			}
+			time.Sleep(time.Until(r.at.Add(wireSettle)))
+			return r.at.Sub(created), wire.bytes() - before, nil
+		case <-tick.C:
+			if statusTooLarge(b, d, metricsURL) {
+				return 0, 0, errStatusTooLarge
+			}
+		case <-timeout:
+			return 0, 0, fmt.Errorf("node %s had not its %d blocks within %s of joining", node, railPools, joinTimeout)
 		}
-		time.Sleep(time.Until(r.at.Add(wireSettle)))
-		return r.at.Sub(created), wire.bytes() - before, true
-	case <-time.After(joinTimeout):
-		return 0, 0, false
 	}
+}
+
+// statusTooLarge reports whether the old design's controller (its metrics at
+// metricsURL) has a pool whose status the API server refuses as too large.
+func statusTooLarge(b *testing.B, d scaleDesign, metricsURL string) bool {
+	b.Helper()
+	return !d.nodeIPAM && scrapeSum(b, metricsURL, "hwipam_pool_status_too_large") > 0
 }
 
 // daemonStart starts ipam-node as node for the pools of ns and returns the time
@@ -584,16 +616,17 @@ func logProblems(log string) (int, []string) {
 // describeScaleRun says a run's figures in a line.
 func describeScaleRun(out map[string]float64) string {
 	var parts []string
-	if out["status-too-large"] == 1 {
-		parts = append(parts, "pool status refused as too large (StatusTooLarge): no convergence")
-	} else if v, ok := out["s-converge"]; ok {
+	if v, ok := out["s-converge"]; ok {
 		parts = append(parts, fmt.Sprintf("converged in %.2fs (CPU: kube-apiserver %.1fs, etcd %.1fs, controller %.1fs, benchmark %.1fs)",
 			v, out["apiserver-cpu-s"], out["etcd-cpu-s"], out["controller-cpu-s"], out["bench-cpu-s"]))
 	} else {
 		parts = append(parts, "did not converge")
 	}
+	if out["status-too-large"] == 1 {
+		parts = append(parts, "a pool's status was refused as too large (StatusTooLarge)")
+	}
 	if v, ok := out["nodeipam-writes/node"]; ok {
-		parts = append(parts, fmt.Sprintf("%.2f NodeIPAM writes a node", v))
+		parts = append(parts, fmt.Sprintf("%.2f NodeIPAM writes a node, %.0f bytes each", v, out["nodeipam-bytes"]))
 	}
 	if v, ok := out["s-join-median"]; ok {
 		parts = append(parts, fmt.Sprintf("join served in %.3fs median, %.3fs max; another daemon read %.0f bytes a join (max %.0f)",
