@@ -555,28 +555,42 @@ func (w *scaleWorld) remove(b *testing.B, ns string, nodes []string) {
 	b.Helper()
 	ctx := context.Background()
 	start := time.Now()
-	kinds := []client.Object{&v1alpha1.IPPool{}, &v1alpha1.CIDRPool{}, &nodeipamv1.NodeIPAM{}, &coordinationv1.Lease{}, &corev1.Event{}}
-	for _, obj := range kinds {
-		if err := w.cp.Client.DeleteAllOf(ctx, obj, client.InNamespace(ns)); err != nil {
-			b.Errorf("deleting the %T objects of %s: %v", obj, ns, err)
+	deleteAll := func(obj client.Object) {
+		// A deletecollection longer than the API server's request timeout (a
+		// minute: tens of thousands of NodeIPAMs) is answered 504; it is sent
+		// again while any object is left.
+		if err := w.cp.Client.DeleteAllOf(ctx, obj, client.InNamespace(ns)); err != nil && !apierrors.IsTimeout(err) {
+			b.Logf("deleting the %T objects of %s: %v", obj, ns, err)
 		}
+	}
+	for _, obj := range []client.Object{&coordinationv1.Lease{}, &corev1.Event{}} {
+		deleteAll(obj)
 	}
 	for _, name := range nodes {
 		if err := w.cp.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil && !apierrors.IsNotFound(err) {
 			b.Errorf("deleting node %s: %v", name, err)
 		}
 	}
-	lists := []client.ObjectList{&v1alpha1.IPPoolList{}, &v1alpha1.CIDRPoolList{}, &nodeipamv1.NodeIPAMList{}}
-	deadline := time.Now().Add(10 * time.Minute)
+	waited := []struct {
+		obj  client.Object
+		list client.ObjectList
+	}{
+		{&v1alpha1.IPPool{}, &v1alpha1.IPPoolList{}},
+		{&v1alpha1.CIDRPool{}, &v1alpha1.CIDRPoolList{}},
+		{&nodeipamv1.NodeIPAM{}, &nodeipamv1.NodeIPAMList{}},
+	}
+	const timeout = 20 * time.Minute
+	deadline := time.Now().Add(timeout)
 	for {
 		left := ""
-		for _, l := range lists {
-			if err := w.cp.Client.List(ctx, l, client.InNamespace(ns), client.Limit(1)); err != nil {
+		for _, k := range waited {
+			if err := w.cp.Client.List(ctx, k.list, client.InNamespace(ns), client.Limit(1)); err != nil {
 				b.Errorf("listing what is left in %s: %v", ns, err)
 				return
 			}
-			if meta.LenList(l) > 0 {
-				left = fmt.Sprintf("%T", l)
+			if meta.LenList(k.list) > 0 {
+				left = fmt.Sprintf("%T", k.obj)
+				deleteAll(k.obj)
 			}
 		}
 		for _, name := range nodes {
@@ -589,7 +603,7 @@ func (w *scaleWorld) remove(b *testing.B, ns string, nodes []string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			b.Errorf("%s: still there 10 minutes after the run's objects were deleted", left)
+			b.Errorf("%s: still there %s after the run's objects were deleted", left, timeout)
 			return
 		}
 		time.Sleep(time.Second)
