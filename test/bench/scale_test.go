@@ -843,7 +843,7 @@ func (w *scaleWorld) watchNodeIPAMs(ctx context.Context, ns, name string, rv *st
 // get sends a GET of path to the API server and returns the response when it is
 // 200 OK.
 func (w *scaleWorld) get(ctx context.Context, path string) (*http.Response, error) {
-	return getOK(ctx, w.httpClient, w.cp.Config.Host+path)
+	return getOK(ctx, w.httpClient, strings.TrimSuffix(w.cp.Config.Host, "/")+path)
 }
 
 // getJSON decodes the answer to a GET of path into v.
@@ -910,7 +910,7 @@ func (w *scaleWorld) openWireWatch(b *testing.B, paths ...string) *wireWatch {
 	ww.cancel = cancel
 	var open []*http.Response
 	for _, p := range paths {
-		resp, err := getOK(ctx, ww.client, w.cp.Config.Host+p)
+		resp, err := getOK(ctx, ww.client, strings.TrimSuffix(w.cp.Config.Host, "/")+p)
 		if err != nil {
 			cancel()
 			b.Fatal(err)
