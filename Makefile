@@ -155,7 +155,7 @@ fuzz: ## Run every fuzz target briefly (FUZZ_TIME each).
 
 .PHONY: bench
 bench: deps test-assets build ## Run the benchmarks (real apiserver, real daemon and plugins).
-	$(ASSETS_ENV) && go test -run '^$$' -bench . -benchmem -timeout 60m ./...
+	$(ASSETS_ENV) && go test -run '^$$' -bench . -benchmem -timeout 180m ./...
 
 ##@ Code quality
 

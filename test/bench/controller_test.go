@@ -49,6 +49,14 @@ import (
 // etcd's default request limit of 1.5 MiB. Each figure is the median of at least 5
 // runs (ns/op too); s-to-assigned-min and -max are the fastest and slowest.
 //
+// It measures the status convergence, as before per-node delivery (NodeIPAM): a
+// build whose --help lists --status-allocations-max-nodes is given
+// --status-allocations-max-nodes=0, so that its pools' status lists every block at
+// every size (by default it stops listing them above 10,000 nodes, and the
+// 20,000-node case would never converge). Builds without the flag (older commits,
+// nv-ipam's) list every block anyway. BenchmarkRailScale measures the delivery
+// through NodeIPAMs.
+//
 // One control plane serves every size: the nodes of a size are added to those of
 // the size before, since creating 20,000 nodes takes a while (the log says how
 // long). Environment: HWIPAM_BENCH_CONTROLLER_BIN measures another build (several,
@@ -64,6 +72,13 @@ func BenchmarkController(b *testing.B) {
 		builds = strings.Split(bins, ",")
 	} else {
 		builds = []string{harness.BuildBinary(b, "./cmd/ipam-controller")}
+	}
+	// Status convergence: every block listed in the pools' status, whatever the size.
+	buildArgs := map[string][]string{}
+	for _, build := range builds {
+		if hasFlag(b, build, "--status-allocations-max-nodes") {
+			buildArgs[build] = []string{"--status-allocations-max-nodes=0"}
+		}
 	}
 	cp := harness.StartControlPlane(b, harness.ControlPlaneOptions{})
 	kubeconfig, err := cp.WriteKubeconfig(b.TempDir())
@@ -97,7 +112,7 @@ func BenchmarkController(b *testing.B) {
 					var floors []map[string]float64
 					for i := range max(b.N, controllerRuns(b)) {
 						build := builds[i%len(builds)]
-						r, statuses := runControllerOnce(b, cp, watchClient, build, kubeconfig, nodes, pools)
+						r, statuses := runControllerOnce(b, cp, watchClient, build, buildArgs[build], kubeconfig, nodes, pools)
 						runs = append(runs, r)
 						byBuild[build] = append(byBuild[build], r)
 						// The floor writes the statuses this run stored, so both
@@ -221,16 +236,17 @@ func medians(runs []map[string]float64, units ...string) string {
 	return fmt.Sprintf("%d runs, median %s", len(runs), strings.Join(parts, ", "))
 }
 
-// runControllerOnce starts a controller for a namespace of its own, creates the
+// runControllerOnce starts a controller (bin with args) for a namespace of its own, creates the
 // pools there, and returns the figures BenchmarkController reports, by unit, and
 // the status of each pool as the controller stored it (in the pools' order). The
 // pools are deleted afterwards, so that the API server holds the same objects for
 // every run.
-func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watchClient *http.Client, bin, kubeconfig string, nodes, pools int) (map[string]float64, []json.RawMessage) {
+func runControllerOnce(b *testing.B, cp *harness.ControlPlane, watchClient *http.Client, bin string, args []string, kubeconfig string,
+	nodes, pools int) (map[string]float64, []json.RawMessage) {
 	b.Helper()
 	ns, cleanup := benchNamespace(b, cp, "bench", pools)
 	defer cleanup()
-	ctl := startController(b, bin, kubeconfig, ns)
+	ctl := startController(b, bin, kubeconfig, ns, args...)
 	defer ctl.stop()
 	cmd, metricsPort, pprofPort := ctl.cmd, ctl.metricsPort, ctl.pprofPort
 	// Settled: ready (its caches synced) and the IPPool workers running, which
@@ -549,12 +565,12 @@ type controllerProc struct {
 // errExited says the controller exited before it was ready.
 var errExited = errors.New("the controller exited before it was ready")
 
-// startController starts bin for the pools of ns and waits until it is ready:
-// its caches synced (/readyz). A port picked free may be taken before the
+// startController starts bin for the pools of ns, with the flags every run passes
+// and then extra, and waits until it is ready: its caches synced (/readyz). A port picked free may be taken before the
 // controller binds it (another process's outgoing connection): a controller that
 // exits for that is started again on other ports, up to 3 times. Any other exit, or
 // no readiness within 2 minutes, fails the benchmark with the end of its log.
-func startController(b *testing.B, bin, kubeconfig, ns string) *controllerProc {
+func startController(b *testing.B, bin, kubeconfig, ns string, extra ...string) *controllerProc {
 	b.Helper()
 	for attempt := 1; ; attempt++ {
 		c := &controllerProc{metricsPort: freePort(b), healthPort: freePort(b), pprofPort: freePort(b),
@@ -565,6 +581,7 @@ func startController(b *testing.B, bin, kubeconfig, ns string) *controllerProc {
 		if os.Getenv("HWIPAM_BENCH_PROFILE_DIR") != "" {
 			args = append(args, "--pprof-bind-address", fmt.Sprintf("127.0.0.1:%d", c.pprofPort))
 		}
+		args = append(args, extra...)
 		// More flags for the controller, e.g. --v=5 to log every reconcile.
 		args = append(args, strings.Fields(os.Getenv("HWIPAM_BENCH_CONTROLLER_ARGS"))...)
 		c.cmd = exec.Command(bin, args...)
@@ -591,6 +608,17 @@ func startController(b *testing.B, bin, kubeconfig, ns string) *controllerProc {
 		c.stop()
 		b.Fatalf("%v; its log ends:\n%s", err, c.tail())
 	}
+}
+
+// hasFlag reports whether the --help of bin lists flag.
+func hasFlag(b *testing.B, bin, flag string) bool {
+	b.Helper()
+	// --help exits 0 or 2 depending on the flag library; the usage is what counts.
+	out, _ := exec.Command(bin, "--help").CombinedOutput()
+	if !bytes.Contains(out, []byte("--")) {
+		b.Fatalf("%s --help printed no flags: %s", bin, out)
+	}
+	return bytes.Contains(out, []byte(flag+" "))
 }
 
 // waitReady polls the controller's /readyz until it answers OK, the controller
@@ -707,10 +735,19 @@ func profileConvergence(b *testing.B, cp *harness.ControlPlane, pprofPort int, m
 }
 
 // watchUntilAssigned watches IPPools from resourceVersion rv until each of pools
-// lists nodes allocations, and returns when the event saying so arrived. A watch
-// the server ends is resumed from the last version seen.
+// lists nodes allocations, and returns when the event saying so arrived.
 func watchUntilAssigned(ctx context.Context, watcher *poolwatch.Watcher, rv string, nodes, pools int) (time.Time, error) {
-	done := map[string]bool{}
+	return watchPoolsUntil(ctx, watcher, rv, pools, func(pool *v1alpha1.IPPool) bool {
+		return len(pool.Status.Allocations) == nodes
+	})
+}
+
+// watchPoolsUntil watches IPPools from resourceVersion rv until done has held for
+// pools of them (each counted once, when done first holds), and returns when the
+// event saying so arrived. A watch the server ends is resumed from the last
+// version seen.
+func watchPoolsUntil(ctx context.Context, watcher *poolwatch.Watcher, rv string, pools int, done func(*v1alpha1.IPPool) bool) (time.Time, error) {
+	seen := map[string]bool{}
 	for {
 		w, err := watcher.Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
 		if err != nil {
@@ -726,9 +763,9 @@ func watchUntilAssigned(ctx context.Context, watcher *poolwatch.Watcher, rv stri
 			if ev.Type != watch.Added && ev.Type != watch.Modified {
 				continue
 			}
-			if len(pool.Status.Allocations) == nodes && !done[pool.Name] {
-				done[pool.Name] = true
-				if len(done) == pools {
+			if !seen[pool.Name] && done(pool) {
+				seen[pool.Name] = true
+				if len(seen) == pools {
 					w.Stop()
 					return time.Now(), nil
 				}

@@ -38,9 +38,17 @@ func startNodeDaemon(b *testing.B, bin, kubeconfig, dir string) (*nodeDaemon, ti
 
 func startNodeDaemonArgs(b *testing.B, bin, kubeconfig, dir string, extra ...string) (*nodeDaemon, time.Duration) {
 	b.Helper()
+	return startNodeDaemonOn(b, bin, kubeconfig, dir, benchNode, "default", extra...)
+}
+
+// startNodeDaemonOn starts ipam-node as node for the pools of namespace, its store
+// and socket in dir, and returns once its gRPC socket serves, with the time since
+// its exec.
+func startNodeDaemonOn(b *testing.B, bin, kubeconfig, dir, node, namespace string, extra ...string) (*nodeDaemon, time.Duration) {
+	b.Helper()
 	sock := filepath.Join(dir, "daemon.sock")
 	start := time.Now()
-	args := append([]string{"--node-name", benchNode, "--kubeconfig", kubeconfig, "--ippools-namespace", "default",
+	args := append([]string{"--node-name", node, "--kubeconfig", kubeconfig, "--ippools-namespace", namespace,
 		"--store-file", filepath.Join(dir, "store"), "--bind-address", "unix://" + sock,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--cleanup-interval", "0"}, extra...)
 	cmd := exec.Command(bin, args...)
