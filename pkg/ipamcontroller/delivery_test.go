@@ -182,17 +182,62 @@ func TestNodeIPAMDelivery(t *testing.T) {
 		}
 		return false, fmt.Sprintf("%d events", len(evs.Items))
 	})
-	// Each NodeIPAM carries the pool's spec, without the selector, and its rail.
+	// Each NodeIPAM names its pool by UID; the PoolSpecs carry the pool's spec
+	// once, without the selector, and its rail.
 	var one nodeipamv1.NodeIPAM
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "gpu-03"}, &one); err != nil {
 		t.Fatal(err)
 	}
-	if b := one.Spec.Blocks[1]; b.IPPool == nil || b.IPPool.Gateway != "10.7.0.1" || b.IPPool.NodeSelector != nil ||
-		b.Rail != "r0" || b.PoolUID != ip.UID {
+	if b := one.Spec.Blocks[1]; b.PoolUID != ip.UID || b.Pool != "rail0" {
 		t.Fatalf("gpu-03's IPPool block: %+v", b)
 	}
 	if !nodeipamv1.OwnedByController(&one) {
 		t.Fatalf("gpu-03's NodeIPAM is not the controller's: %+v", one.ManagedFields)
+	}
+	var specs nodeipamv1.PoolSpecs
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: nodeipamv1.PoolSpecsName}, &specs); err != nil {
+		t.Fatal(err)
+	}
+	if len(specs.Spec.Pools) != 2 || !nodeipamv1.OwnedByController(&specs) {
+		t.Fatalf("PoolSpecs: %+v", specs.Spec.Pools)
+	}
+	if e := specs.Spec.Pools[1]; e.IPPool == nil || e.IPPool.Gateway != "10.7.0.1" || e.IPPool.NodeSelector != nil ||
+		e.Rail != "r0" || e.PoolUID != ip.UID {
+		t.Fatalf("the IPPool's PoolSpecs entry: %+v", e)
+	}
+	// A spec edit (a route) writes the PoolSpecs, not one NodeIPAM.
+	before := map[string]string{}
+	var all nodeipamv1.NodeIPAMList
+	if err := c.List(ctx, &all, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range all.Items {
+		before[o.Name] = o.ResourceVersion
+	}
+	var cur v1alpha1.IPPool
+	if err := c.Get(ctx, client.ObjectKeyFromObject(ip), &cur); err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Routes = []v1alpha1.Route{{Dst: "10.8.0.0/16"}}
+	if err := c.Update(ctx, &cur); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the route in the PoolSpecs", func() (bool, string) {
+		var s nodeipamv1.PoolSpecs
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: nodeipamv1.PoolSpecsName}, &s); err != nil {
+			return false, err.Error()
+		}
+		e := s.Spec.Pools[1]
+		return e.IPPool != nil && len(e.IPPool.Routes) == 1, fmt.Sprintf("%+v", e)
+	})
+	time.Sleep(time.Second)
+	if err := c.List(ctx, &all, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range all.Items {
+		if before[o.Name] != o.ResourceVersion {
+			t.Fatalf("a route edit wrote %s's NodeIPAM", o.Name)
+		}
 	}
 
 	// A restart keeps every block: the status lists none, the NodeIPAMs hold them.

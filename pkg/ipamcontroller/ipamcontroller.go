@@ -167,6 +167,7 @@ func Run(ctx context.Context, o *Options) error {
 	// cached pool without them leaves them as stored.
 	cacheOpts.DefaultTransform = cache.TransformStripManagedFields()
 	cacheOpts.ByObject[&nodeipamv1.NodeIPAM{}] = poolcontroller.NodeIPAMCacheOptions(o.PoolsNamespace)
+	cacheOpts.ByObject[&nodeipamv1.PoolSpecs{}] = poolcontroller.NodeIPAMCacheOptions(o.PoolsNamespace)
 	if err := nodeipamv1.AddToScheme(scheme); err != nil {
 		return fmt.Errorf("registering %s: %w", nodeipamv1.GroupVersion, err)
 	}

@@ -222,19 +222,19 @@ func cidrOf(p planner) *v1alpha1.CIDRPool {
 const planUID = "00000000-0000-0000-0000-000000000000"
 
 func (p *ipPoolPlanner) nodeIPAMBlockBytes(first string) int {
-	spec := p.pool.Spec.DeepCopy()
-	spec.NodeSelector = nil
 	start, end, _ := strings.Cut(first, "-")
-	b, _ := json.Marshal(nodeipamv1.NodeBlock{Kind: v1alpha1.KindIPPool, Pool: p.pool.Name, PoolUID: planUID, PoolGeneration: 1,
-		StartIP: start, EndIP: end, IPPool: spec})
+	b, _ := json.Marshal(nodeipamv1.NodeBlock{Kind: v1alpha1.KindIPPool, Pool: p.pool.Name, PoolUID: planUID, StartIP: start, EndIP: end})
 	return len(b) + 1
 }
 
 func (p *cidrPoolPlanner) nodeIPAMBlockBytes(first string) int {
-	spec := p.pool.Spec.DeepCopy()
-	spec.NodeSelector, spec.StaticAllocations = nil, nil
-	b, _ := json.Marshal(nodeipamv1.NodeBlock{Kind: v1alpha1.KindCIDRPool, Pool: p.pool.Name, PoolUID: planUID, PoolGeneration: 1,
-		Prefix: first, Gateway: first, CIDRPool: spec})
+	// The gateway, when there is one, is an address of the prefix: as long as
+	// the prefix's own address at most.
+	gw := ""
+	if p.pool.Spec.GatewayIndex != nil {
+		gw, _, _ = strings.Cut(first, "/")
+	}
+	b, _ := json.Marshal(nodeipamv1.NodeBlock{Kind: v1alpha1.KindCIDRPool, Pool: p.pool.Name, PoolUID: planUID, Prefix: first, Gateway: gw})
 	return len(b) + 1
 }
 

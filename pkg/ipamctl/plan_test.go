@@ -58,8 +58,8 @@ func TestPlanFigures(t *testing.T) {
 	if !reflect.DeepEqual(r, want) {
 		t.Errorf("plan\n got %+v\nwant %+v", r, want)
 	}
-	if r.NodeIPAMBlockBytes < 150 || r.NodeIPAMBlockBytes > 400 {
-		t.Errorf("a NodeIPAM block of this pool takes %d bytes, want some 150-400", r.NodeIPAMBlockBytes)
+	if r.NodeIPAMBlockBytes < 80 || r.NodeIPAMBlockBytes > 200 {
+		t.Errorf("a NodeIPAM block of this pool takes %d bytes, want some 80-200", r.NodeIPAMBlockBytes)
 	}
 	// Above the controller's threshold the status lists no block: the object
 	// is the pool without them.

@@ -60,11 +60,12 @@ import (
 // deploy/policy's ValidatingAdmissionPolicy narrows patch to the daemon's own Node and
 // its own keys. NodeFeatures (--nic-labels=nodefeature: get, create and patch by
 // server-side apply, delete when no NIC is left) are granted in the DaemonSet's
-// namespace only, where the daemon writes them. NodeIPAMs (get: the start-up read;
-// list, watch: of its own, by name) are how the controller delivers its blocks; without
-// them (network-operator's role) it reads the pools' status as nv-ipam does.
+// namespace only, where the daemon writes them. NodeIPAMs and PoolSpecs (list, watch:
+// its own NodeIPAM and the namespace's PoolSpecs, by name) are how the controller
+// delivers its blocks; without them (network-operator's role) it reads the pools'
+// status as nv-ipam does.
 // +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools;cidrpools,verbs=list;watch
-// +kubebuilder:rbac:groups=ipam.hwipam.io,resources=nodeipams,verbs=get;list;watch
+// +kubebuilder:rbac:groups=ipam.hwipam.io,resources=nodeipams;poolspecs,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;patch
 // +kubebuilder:rbac:groups=nfd.k8s-sigs.io,namespace=kube-system,resources=nodefeatures,verbs=get;create;patch;delete
@@ -184,7 +185,7 @@ func Run(ctx context.Context, o *Options) error {
 	}
 	pools := &poolSync{reader: mgr.GetAPIReader(), watcher: watcher, manager: mgrState, node: o.NodeName,
 		legacy: newLegacyCache(cfg, scheme, mgr.GetRESTMapper(), o.PoolsNamespace), log: logger.WithName("poolsync"),
-		namespace: o.PoolsNamespace, changed: blocksChanged}
+		namespace: o.PoolsNamespace, changed: blocksChanged, kick: make(chan struct{}, 1)}
 	railSel := newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails, scan)
 	svc.Rails = railSel
 	// Every CNI allocation that names a device records its port, with or
@@ -357,7 +358,7 @@ func restMapper() meta.RESTMapper {
 	for _, k := range []string{"IPPool", "IPPoolList", "CIDRPool", "CIDRPoolList"} {
 		m.Add(v1alpha1.GroupVersion.WithKind(k), meta.RESTScopeNamespace)
 	}
-	for _, k := range []string{"NodeIPAM", "NodeIPAMList"} {
+	for _, k := range []string{"NodeIPAM", "NodeIPAMList", "PoolSpecs", "PoolSpecsList"} {
 		m.Add(nodeipamv1.GroupVersion.WithKind(k), meta.RESTScopeNamespace)
 	}
 	m.Add(corev1.SchemeGroupVersion.WithKind("Pod"), meta.RESTScopeNamespace)

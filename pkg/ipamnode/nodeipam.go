@@ -95,6 +95,7 @@ func (s *poolSync) run(ctx context.Context) {
 			stopLegacy()
 		}
 	}()
+	go s.watchSpecs(ctx)
 	synced, storedServe, noCRDLogged := false, false, false
 	for ctx.Err() == nil {
 		lctx, cancel := ctx, context.CancelFunc(func() {})
@@ -106,14 +107,16 @@ func (s *poolSync) run(ctx context.Context) {
 		switch {
 		case err == nil:
 			noCRDLogged = false
-			if len(list.Items) > 0 && s.deliver(ctx, &list.Items[0]) {
+			applied := len(list.Items) > 0 && s.deliver(ctx, &list.Items[0])
+			if applied {
 				synced = true
 				if stopLegacy != nil {
 					stopLegacy()
 					stopLegacy = nil
 					logger.Info("this node's NodeIPAM is there: no longer watching the pools' status")
 				}
-			} else if len(list.Items) == 0 {
+			} else if len(list.Items) == 0 || !s.hasSpecs() {
+				// No NodeIPAM yet, or no PoolSpecs to read it with.
 				s.setDelivered(false)
 				if !synced {
 					// Not written yet: the pools' status, as before NodeIPAMs.
@@ -183,13 +186,19 @@ func (s *poolSync) setDelivered(v bool) {
 	s.delivered = v
 }
 
-// deliver applies the node's NodeIPAM when the controller alone wrote it, and
-// reports whether it did.
+// deliver applies the node's NodeIPAM when the controller alone wrote it and the
+// pools' specs are there, and reports whether it did.
 func (s *poolSync) deliver(ctx context.Context, obj *nodeipamv1.NodeIPAM) bool {
 	if !nodeipamv1.OwnedByController(obj) {
 		s.problems.warn(s.log, "this node's NodeIPAM was written by someone other than the ipam-controller: "+
 			"its blocks are not used until the controller writes it again (it does at once when it runs)", nil,
 			"nodeipam", obj.Namespace+"/"+obj.Name, "resourceVersion", obj.ResourceVersion)
+		return false
+	}
+	s.mu.Lock()
+	s.last = obj
+	s.mu.Unlock()
+	if !s.hasSpecs() {
 		return false
 	}
 	n, err := s.syncNodeIPAM(ctx, obj)
@@ -214,7 +223,20 @@ func (s *poolSync) watch(ctx context.Context, rv string, legacy bool) {
 		return
 	}
 	defer w.Stop()
-	for ev := range w.ResultChan() {
+	for {
+		var ev watch.Event
+		select {
+		case <-s.kick:
+			if legacy {
+				return // the PoolSpecs applied the NodeIPAM: listed again, which ends the pools' watch
+			}
+			continue
+		case e, open := <-w.ResultChan():
+			if !open {
+				return
+			}
+			ev = e
+		}
 		obj, ok := ev.Object.(*nodeipamv1.NodeIPAM)
 		switch {
 		case ev.Type == watch.Error || !ok:
@@ -226,6 +248,81 @@ func (s *poolSync) watch(ctx context.Context, rv string, legacy bool) {
 				return // listed again, which ends the pools' watch
 			}
 		}
+	}
+}
+
+func (s *poolSync) hasSpecs() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.specs != nil
+}
+
+// watchSpecs keeps the pools' specs from the namespace's PoolSpecs, listed and
+// watched by name, until ctx ends, and applies the last NodeIPAM again after
+// each change. A PoolSpecs someone other than the controller wrote is not used
+// (the last one stays); one deleted leaves the specs as they are.
+func (s *poolSync) watchSpecs(ctx context.Context) {
+	byName := client.MatchingFields{"metadata.name": nodeipamv1.PoolSpecsName}
+	for ctx.Err() == nil {
+		var list nodeipamv1.PoolSpecsList
+		err := s.reader.List(ctx, &list, client.InNamespace(s.namespace), byName)
+		switch {
+		case meta.IsNoMatchError(err) || apierrors.IsNotFound(err) || apierrors.IsForbidden(err):
+			wait(ctx, recheckInterval)
+			continue
+		case err != nil:
+			wait(ctx, startupRetryInterval)
+			continue
+		}
+		if len(list.Items) > 0 {
+			s.useSpecs(ctx, &list.Items[0])
+		}
+		timeout := int64((nodeIPAMWatchTimeout + time.Duration(rand.Int64N(int64(nodeIPAMWatchTimeout)))).Seconds())
+		w, err := s.watcher.Watch(ctx, &nodeipamv1.PoolSpecsList{}, client.InNamespace(s.namespace), byName,
+			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion, TimeoutSeconds: &timeout}})
+		if err != nil {
+			wait(ctx, startupRetryInterval)
+			continue
+		}
+		for ev := range w.ResultChan() {
+			obj, ok := ev.Object.(*nodeipamv1.PoolSpecs)
+			if ev.Type == watch.Error || !ok {
+				break
+			}
+			if ev.Type != watch.Deleted {
+				s.useSpecs(ctx, obj)
+			}
+		}
+		w.Stop()
+	}
+}
+
+// useSpecs takes the pools' specs from obj when the controller alone wrote it,
+// and applies the last NodeIPAM with them.
+func (s *poolSync) useSpecs(ctx context.Context, obj *nodeipamv1.PoolSpecs) {
+	if !nodeipamv1.OwnedByController(obj) {
+		s.problems.warn(s.log, "the PoolSpecs were written by someone other than the ipam-controller: the pools' specs "+
+			"last written by the controller stay in use until it writes them again (it does at once when it runs)", nil,
+			"poolspecs", obj.Namespace+"/"+obj.Name, "resourceVersion", obj.ResourceVersion)
+		return
+	}
+	specs := make(map[railKey]nodeipamv1.PoolSpec, len(obj.Spec.Pools))
+	for _, p := range obj.Spec.Pools {
+		specs[railKey{p.Kind, p.Pool}] = p
+	}
+	s.mu.Lock()
+	s.specs = specs
+	last := s.last
+	s.mu.Unlock()
+	if last == nil {
+		return
+	}
+	if _, err := s.syncNodeIPAM(ctx, last); err != nil {
+		s.log.Error(err, "applying this node's NodeIPAM")
+	}
+	select {
+	case s.kick <- struct{}{}:
+	default:
 	}
 }
 

@@ -28,10 +28,10 @@ func inBlock(t *testing.T, ip, start, end string) bool {
 }
 
 // TestDaemonAllocatesFromItsNodeIPAM: the daemon reads the pools' status while
-// its node has no NodeIPAM, switches to the NodeIPAM once the controller writes
-// it (and then ignores the pools' status), never uses a NodeIPAM someone else
-// wrote, keeps its blocks while the object is deleted, and stops allocating from
-// a pool its NodeIPAM no longer lists.
+// its node has no NodeIPAM, switches to the NodeIPAM (with the PoolSpecs) once
+// the controller writes it (and then ignores the pools' status), never uses a
+// NodeIPAM or PoolSpecs someone else wrote, keeps its blocks while the object is
+// deleted, and stops allocating from a pool its NodeIPAM no longer lists.
 func TestDaemonAllocatesFromItsNodeIPAM(t *testing.T) {
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	c := cp.Client
@@ -68,8 +68,14 @@ func TestDaemonAllocatesFromItsNodeIPAM(t *testing.T) {
 	allocatesIn("an allocation from the pool's status", "10.6.0.1", "10.6.0.8")
 
 	block := func(start, end string) nodeipamv1.NodeBlock {
-		spec := pool.Spec.DeepCopy()
-		return nodeipamv1.NodeBlock{Kind: v1alpha1.KindIPPool, Pool: "p", PoolUID: pool.UID, StartIP: start, EndIP: end, IPPool: spec}
+		return nodeipamv1.NodeBlock{Kind: v1alpha1.KindIPPool, Pool: "p", PoolUID: pool.UID, StartIP: start, EndIP: end}
+	}
+	// The pool's spec, as the controller writes it for every node.
+	specs := &nodeipamv1.PoolSpecs{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: nodeipamv1.PoolSpecsName},
+		Spec: nodeipamv1.PoolSpecsSpec{Pools: []nodeipamv1.PoolSpec{{Kind: v1alpha1.KindIPPool, Pool: "p", PoolUID: pool.UID,
+			IPPool: pool.Spec.DeepCopy()}}}}
+	if err := c.Create(ctx, specs, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		t.Fatal(err)
 	}
 	obj := &nodeipamv1.NodeIPAM{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: node},
 		Spec: nodeipamv1.NodeIPAMSpec{Blocks: []nodeipamv1.NodeBlock{block("10.6.0.33", "10.6.0.62")}}}
@@ -107,6 +113,14 @@ func TestDaemonAllocatesFromItsNodeIPAM(t *testing.T) {
 		t.Fatal(err)
 	}
 	allocatesIn("an allocation from the re-created NodeIPAM", "10.6.0.129", "10.6.0.158")
+
+	// PoolSpecs edited by hand (a foreign spec): not used.
+	specs.Spec.Pools[0].IPPool.Subnet = "10.99.0.0/24"
+	if err := c.Update(ctx, specs, client.FieldOwner("kubectl-edit")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	allocatesIn("allocations from the controller's spec after a hand edit of PoolSpecs", "10.6.0.129", "10.6.0.158")
 
 	// The pool no longer listed: no new allocation from it.
 	obj.Spec.Blocks = nil

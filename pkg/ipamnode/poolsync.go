@@ -56,8 +56,14 @@ type poolSync struct {
 	poolRail  map[railKey]string // kind and pool name → rail
 	problems  problems
 	// delivered is set while the node's NodeIPAM is the source: a listing of the
-	// pools is then not applied. Guarded by mu.
+	// pools is then not applied. specs are the pools' specs from the last
+	// PoolSpecs the controller wrote (nil before one), by kind and name; last is
+	// the last NodeIPAM the controller wrote. Guarded by mu.
 	delivered bool
+	specs     map[railKey]nodeipamv1.PoolSpec
+	last      *nodeipamv1.NodeIPAM
+	// kick tells run's watch that the PoolSpecs applied the NodeIPAM.
+	kick chan struct{}
 }
 
 // railKey is a pool kind and a rail.
@@ -173,33 +179,40 @@ func (s *poolSync) sync(ctx context.Context, r client.Reader) (int, error) {
 func (s *poolSync) syncNodeIPAM(ctx context.Context, obj *nodeipamv1.NodeIPAM) (int, error) {
 	logger := log.FromContext(ctx)
 	res := newSyncResult()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, b := range obj.Spec.Blocks {
+		spec, ok := s.specs[railKey{b.Kind, b.Pool}]
+		if !ok || spec.PoolUID != b.PoolUID {
+			// A pool created a moment ago: its spec comes with the next
+			// PoolSpecs, which applies this NodeIPAM again.
+			logger.V(1).Info("a block of this node's NodeIPAM waits for its pool's spec", "kind", b.Kind, "pool", b.Pool)
+			continue
+		}
 		var c *nodealloc.PoolConfig
 		var err error
 		switch {
-		case b.Kind == v1alpha1.KindIPPool && b.IPPool != nil:
+		case b.Kind == v1alpha1.KindIPPool && spec.IPPool != nil:
 			p := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: b.Pool, Namespace: s.namespace, UID: b.PoolUID},
-				Spec: *b.IPPool, Status: v1alpha1.IPPoolStatus{Allocations: []v1alpha1.Allocation{
+				Spec: *spec.IPPool, Status: v1alpha1.IPPoolStatus{Allocations: []v1alpha1.Allocation{
 					{NodeName: s.node, StartIP: b.StartIP, EndIP: b.EndIP}}}}
 			c, err = nodealloc.FromIPPool(p, s.node)
-		case b.Kind == v1alpha1.KindCIDRPool && b.CIDRPool != nil:
+		case b.Kind == v1alpha1.KindCIDRPool && spec.CIDRPool != nil:
 			p := &v1alpha1.CIDRPool{ObjectMeta: metav1.ObjectMeta{Name: b.Pool, Namespace: s.namespace, UID: b.PoolUID},
-				Spec: *b.CIDRPool, Status: v1alpha1.CIDRPoolStatus{Allocations: []v1alpha1.CIDRPoolAllocation{
+				Spec: *spec.CIDRPool, Status: v1alpha1.CIDRPoolStatus{Allocations: []v1alpha1.CIDRPoolAllocation{
 					{NodeName: s.node, Prefix: b.Prefix, Gateway: b.Gateway}}}}
 			c, err = nodealloc.FromCIDRPool(p, s.node)
 		default:
-			err = fmt.Errorf("%s %s: the NodeIPAM's block has no spec of its kind", b.Kind, b.Pool)
+			err = fmt.Errorf("%s %s: its PoolSpecs entry has no spec of its kind", b.Kind, b.Pool)
 		}
 		if err != nil {
 			logger.Error(err, "ignoring a block of this node's NodeIPAM that does not parse", "pool", b.Pool)
 			continue
 		}
 		res.cfgs = append(res.cfgs, c)
-		res.bind(b.Kind, b.Pool, b.Rail)
+		res.bind(b.Kind, b.Pool, spec.Rail)
 		res.existing[v1alpha1.PoolKey(b.Kind, b.Pool)] = true
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if !s.delivered {
 		logger.Info("reading this node's blocks from its NodeIPAM", "nodeipam", obj.Namespace+"/"+obj.Name, "blocks", len(res.cfgs))
 	}

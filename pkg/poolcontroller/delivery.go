@@ -62,6 +62,10 @@ type Delivery struct {
 	writes  uint64
 }
 
+// poolSpecsKey is the queue's item for the PoolSpecs object: no node is named
+// so (a name has no slash).
+const poolSpecsKey = "/poolspecs"
+
 const (
 	// newNodeDelay is how long after a Node is created its NodeIPAM is
 	// written when no pool has given it a block by then; startSweepDelay, for
@@ -75,7 +79,7 @@ type poolRef struct{ kind, name string }
 
 // poolBlocks are one pool's blocks as its last reconcile left them.
 type poolBlocks struct {
-	template nodeipamv1.NodeBlock
+	template nodeipamv1.PoolSpec
 	blocks   map[string]blockVal
 }
 
@@ -176,6 +180,16 @@ func (d *Delivery) Start(ctx context.Context) error {
 	if _, err := inf.AddEventHandler(enqueue); err != nil {
 		return fmt.Errorf("watching NodeIPAMs: %w", err)
 	}
+	sinf, err := d.Cache.GetInformer(ctx, &nodeipamv1.PoolSpecs{})
+	if err != nil {
+		return fmt.Errorf("watching PoolSpecs: %w", err)
+	}
+	specsChanged := func(any) { d.queue.Add(poolSpecsKey) }
+	if _, err := sinf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: specsChanged, UpdateFunc: func(_, o any) { specsChanged(o) }, DeleteFunc: specsChanged,
+	}); err != nil {
+		return fmt.Errorf("watching PoolSpecs: %w", err)
+	}
 	var node metav1.PartialObjectMetadata
 	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
 	ninf, err := d.Cache.GetInformer(ctx, &node)
@@ -250,7 +264,11 @@ func (d *Delivery) Set(p pool, bs map[string]blockVal) {
 	delete(d.gone, ref)
 	d.mu.Unlock()
 	if old == nil || !reflect.DeepEqual(old.template, tmpl) {
-		// Every node of the pool's, old and new: a spec change reaches each.
+		// The spec is in PoolSpecs, once: a spec or rail change writes that.
+		d.queue.Add(poolSpecsKey)
+	}
+	if old == nil || old.template.PoolUID != tmpl.PoolUID {
+		// Every node of the pool's, old and new.
 		for n := range bs {
 			d.queue.Add(n)
 		}
@@ -308,6 +326,7 @@ func (d *Delivery) Remove(kind, name string) {
 		}
 	}
 	d.queueObserved(ref)
+	d.queue.Add(poolSpecsKey)
 }
 
 // Existing returns the blocks the NodeIPAMs give a pool of UID uid, by node: as
@@ -369,7 +388,11 @@ func (d *Delivery) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer d.queue.Done(node)
-	if err := d.sync(ctx, node); err != nil {
+	sync := d.sync
+	if node == poolSpecsKey {
+		sync = d.syncSpecs
+	}
+	if err := sync(ctx, node); err != nil {
 		if ctx.Err() == nil {
 			if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
 				d.Log.Error(err, "writing a node's NodeIPAM; will retry", "node", node)
@@ -389,9 +412,8 @@ func (d *Delivery) want(ctx context.Context, node string, cur *nodeipamv1.NodeIP
 	var out []nodeipamv1.NodeBlock
 	for _, pb := range d.pools {
 		if b, ok := pb.blocks[node]; ok {
-			nb := pb.template
-			nb.StartIP, nb.EndIP, nb.Prefix, nb.Gateway = b.start, b.end, b.prefix, b.gateway
-			out = append(out, nb)
+			out = append(out, nodeipamv1.NodeBlock{Kind: pb.template.Kind, Pool: pb.template.Pool, PoolUID: pb.template.PoolUID,
+				StartIP: b.start, EndIP: b.end, Prefix: b.prefix, Gateway: b.gateway})
 		}
 	}
 	var kept []nodeipamv1.NodeBlock
@@ -492,6 +514,74 @@ func (d *Delivery) sync(ctx context.Context, node string) error {
 	return nil
 }
 
+// syncSpecs writes the namespace's PoolSpecs when it differs from the pools'
+// specs as their reconciles set them (a pool not yet reconciled since the start
+// keeps its entry while it exists with that UID).
+func (d *Delivery) syncSpecs(ctx context.Context, _ string) error {
+	key := client.ObjectKey{Namespace: d.Namespace, Name: nodeipamv1.PoolSpecsName}
+	var cur nodeipamv1.PoolSpecs
+	exists := true
+	if err := d.Client.Get(ctx, key, &cur); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return err
+		}
+		exists = false
+	}
+	d.mu.Lock()
+	var want, kept []nodeipamv1.PoolSpec
+	for _, pb := range d.pools {
+		want = append(want, pb.template)
+	}
+	for _, e := range cur.Spec.Pools {
+		ref := poolRef{e.Kind, e.Pool}
+		if d.pools[ref] == nil && !d.gone[ref] {
+			kept = append(kept, e)
+		}
+	}
+	d.mu.Unlock()
+	for _, e := range kept {
+		if d.poolExists(ctx, e.Kind, e.Pool, e.PoolUID) {
+			want = append(want, e)
+		}
+	}
+	slices.SortFunc(want, func(a, b nodeipamv1.PoolSpec) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Pool, b.Pool))
+	})
+	switch {
+	case !exists:
+		obj := &nodeipamv1.PoolSpecs{ObjectMeta: metav1.ObjectMeta{Namespace: d.Namespace, Name: nodeipamv1.PoolSpecsName},
+			Spec: nodeipamv1.PoolSpecsSpec{Pools: want}}
+		if err := d.Client.Create(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+			return err
+		}
+	case !nodeipamv1.OwnedByController(&cur):
+		d.Log.Info("the PoolSpecs were written by someone other than the controller; writing them again", "poolspecs", key.String())
+		if err := d.Client.Delete(ctx, &cur, client.Preconditions{ResourceVersion: &cur.ResourceVersion}); err != nil &&
+			!apierrors.IsNotFound(err) {
+			return err
+		}
+		d.queue.AddAfter(poolSpecsKey, 100*time.Millisecond)
+		return nil
+	case len(cur.Spec.Pools) == len(want) && (len(want) == 0 || reflect.DeepEqual(cur.Spec.Pools, want)):
+		return nil
+	default:
+		obj := cur.DeepCopy()
+		obj.ManagedFields = nil
+		obj.Spec.Pools = want
+		if err := d.Client.Update(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+			if apierrors.IsNotFound(err) {
+				d.queue.AddAfter(poolSpecsKey, 100*time.Millisecond)
+				return nil
+			}
+			return err
+		}
+	}
+	d.mu.Lock()
+	d.writes++
+	d.mu.Unlock()
+	return nil
+}
+
 func blocksEqual(a, b []nodeipamv1.NodeBlock) bool {
 	return len(a) == len(b) && (len(a) == 0 || reflect.DeepEqual(a, b))
 }
@@ -504,62 +594,28 @@ func editedByOthers(o *nodeipamv1.NodeIPAM) bool {
 	return !nodeipamv1.OwnedByController(o)
 }
 
-// internSpecs is the cache transform of NodeIPAMs: the specs of a pool, the same
-// in every node's object, are kept once (by the pool's UID and generation: an
-// object whose spec someone else edited is not the controller's, see
-// OwnedByController, and is written again whatever it holds), and managedFields
-// are kept only as far as OwnedByController needs them.
-func internSpecs() toolscache.TransformFunc {
-	type specKey struct {
-		uid types.UID
-		gen int64
-	}
-	var mu sync.Mutex
-	ips, cidrs := map[specKey]*v1alpha1.IPPoolSpec{}, map[specKey]*v1alpha1.CIDRPoolSpec{}
+// ownership is the cache transform of NodeIPAMs and PoolSpecs: of their
+// managedFields it keeps only what OwnedByController tells, an entry of the
+// controller's alone or none.
+func ownership() toolscache.TransformFunc {
 	return func(o any) (any, error) {
-		obj, ok := o.(*nodeipamv1.NodeIPAM)
+		obj, ok := o.(client.Object)
 		if !ok {
 			return o, nil
 		}
-		// What OwnedByController tells of the cached copy: an entry of the
-		// controller's alone, or none.
 		owned := nodeipamv1.OwnedByController(obj)
-		obj.ManagedFields = nil
+		obj.SetManagedFields(nil)
 		if owned {
-			obj.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: nodeipamv1.FieldManager}}
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if len(ips)+len(cidrs) > 4096 { // specs of edited pools accumulate: start over
-			clear(ips)
-			clear(cidrs)
-		}
-		for i := range obj.Spec.Blocks {
-			b := &obj.Spec.Blocks[i]
-			k := specKey{b.PoolUID, b.PoolGeneration}
-			if b.IPPool != nil {
-				if s, ok := ips[k]; ok && reflect.DeepEqual(s, b.IPPool) {
-					b.IPPool = s
-				} else {
-					ips[k] = b.IPPool
-				}
-			}
-			if b.CIDRPool != nil {
-				if s, ok := cidrs[k]; ok && reflect.DeepEqual(s, b.CIDRPool) {
-					b.CIDRPool = s
-				} else {
-					cidrs[k] = b.CIDRPool
-				}
-			}
+			obj.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: nodeipamv1.FieldManager}})
 		}
 		return obj, nil
 	}
 }
 
-// NodeIPAMCacheOptions returns the cache options for NodeIPAMs of namespace:
-// only that namespace, specs interned.
+// NodeIPAMCacheOptions returns the cache options for NodeIPAMs and PoolSpecs of
+// namespace: only that namespace, managedFields as OwnedByController tells them.
 func NodeIPAMCacheOptions(namespace string) cache.ByObject {
 	// The transform is the namespace's: a namespace's own settings are not
 	// defaulted from the object's.
-	return cache.ByObject{Namespaces: map[string]cache.Config{namespace: {Transform: internSpecs()}}}
+	return cache.ByObject{Namespaces: map[string]cache.Config{namespace: {Transform: ownership()}}}
 }

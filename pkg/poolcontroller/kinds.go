@@ -50,8 +50,8 @@ type pool interface {
 	blocksOf() map[string]blockVal
 	withBlocks(bs map[string]blockVal) pool
 	omitted() pool
-	// template is the pool's part of the NodeBlocks it delivers.
-	template() nodeipamv1.NodeBlock
+	// template is the pool's entry in PoolSpecs.
+	template() nodeipamv1.PoolSpec
 }
 
 type ipPool struct{ p *v1alpha1.IPPool }
@@ -309,19 +309,19 @@ func (a cidrPool) withBlocks(bs map[string]blockVal) pool {
 	return cidrPool{p}
 }
 
-// template returns the pool's part of every NodeBlock it delivers: its name,
-// UID, rail and spec (without what concerns other nodes).
-func (a ipPool) template() nodeipamv1.NodeBlock {
+// template returns the pool's entry in PoolSpecs: its name, UID, rail and spec
+// (without what concerns particular nodes).
+func (a ipPool) template() nodeipamv1.PoolSpec {
 	spec := a.p.Spec.DeepCopy()
 	spec.NodeSelector = nil
-	return nodeipamv1.NodeBlock{Kind: v1alpha1.KindIPPool, Pool: a.p.Name, PoolUID: a.p.UID, PoolGeneration: a.p.Generation,
+	return nodeipamv1.PoolSpec{Kind: v1alpha1.KindIPPool, Pool: a.p.Name, PoolUID: a.p.UID, Generation: a.p.Generation,
 		Rail: a.p.Labels[v1alpha1.LabelRail], IPPool: spec}
 }
 
-func (a cidrPool) template() nodeipamv1.NodeBlock {
+func (a cidrPool) template() nodeipamv1.PoolSpec {
 	spec := a.p.Spec.DeepCopy()
 	spec.NodeSelector, spec.StaticAllocations = nil, nil
-	return nodeipamv1.NodeBlock{Kind: v1alpha1.KindCIDRPool, Pool: a.p.Name, PoolUID: a.p.UID, PoolGeneration: a.p.Generation,
+	return nodeipamv1.PoolSpec{Kind: v1alpha1.KindCIDRPool, Pool: a.p.Name, PoolUID: a.p.UID, Generation: a.p.Generation,
 		Rail: a.p.Labels[v1alpha1.LabelRail], CIDRPool: spec}
 }
 

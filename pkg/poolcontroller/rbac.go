@@ -9,9 +9,9 @@ package poolcontroller
 // +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools;cidrpools,verbs=get;list;watch
 // +kubebuilder:rbac:groups=nv-ipam.nvidia.com,resources=ippools/status;cidrpools/status,verbs=update
 //
-// NodeIPAMs: one per node, the controller's to write (see Delivery): an informer
-// (list, watch), and create, update, delete.
-// +kubebuilder:rbac:groups=ipam.hwipam.io,resources=nodeipams,verbs=list;watch;create;update;delete
+// NodeIPAMs (one per node) and PoolSpecs (one per namespace), the controller's to
+// write (see Delivery): informers (list, watch), and create, update, delete.
+// +kubebuilder:rbac:groups=ipam.hwipam.io,resources=nodeipams;poolspecs,verbs=list;watch;create;update;delete
 //
 // Nodes: a metadata informer (list, watch); the controller never writes a Node.
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=list;watch

@@ -215,24 +215,37 @@ func TestRailsDocIPoIB(t *testing.T) {
 	}
 }
 
-// TestScaleDocNodeIPAM takes docs/scale.md's NodeIPAM as the API server does: it
-// decodes strictly into the Go type, the API server accepts it against the CRD's
-// schema, and it gives two blocks, each with its
-// pool's spec.
+// TestScaleDocNodeIPAM takes docs/scale.md's NodeIPAM and PoolSpecs as the API
+// server does: they decode strictly into the Go types, the API server accepts
+// them against the CRDs' schemas, and each of the two blocks has its pool's spec.
 func TestScaleDocNodeIPAM(t *testing.T) {
 	blocks := docYAMLBlocks(t, "docs/scale.md")
-	if len(blocks) != 1 {
-		t.Fatalf("docs/scale.md has %d yaml blocks, want the NodeIPAM", len(blocks))
+	if len(blocks) != 2 {
+		t.Fatalf("docs/scale.md has %d yaml blocks, want the NodeIPAM and the PoolSpecs", len(blocks))
 	}
 	var obj nodeipamv1.NodeIPAM
 	if err := yaml.UnmarshalStrict([]byte(blocks[0]), &obj); err != nil {
 		t.Fatalf("docs/scale.md's NodeIPAM: %v", err)
 	}
-	if len(obj.Spec.Blocks) != 2 || obj.Spec.Blocks[0].IPPool == nil || obj.Spec.Blocks[1].CIDRPool == nil {
-		t.Fatalf("docs/scale.md's NodeIPAM: %+v", obj.Spec)
+	var specs nodeipamv1.PoolSpecs
+	if err := yaml.UnmarshalStrict([]byte(blocks[1]), &specs); err != nil {
+		t.Fatalf("docs/scale.md's PoolSpecs: %v", err)
+	}
+	if len(obj.Spec.Blocks) != 2 || len(specs.Spec.Pools) != 2 || specs.Name != nodeipamv1.PoolSpecsName {
+		t.Fatalf("docs/scale.md's NodeIPAM %+v and PoolSpecs %+v", obj.Spec, specs)
+	}
+	// Each block's pool, by kind, name and UID, has its spec.
+	for i, b := range obj.Spec.Blocks {
+		e := specs.Spec.Pools[i]
+		if e.Kind != b.Kind || e.Pool != b.Pool || e.PoolUID != b.PoolUID || (e.IPPool == nil) == (e.CIDRPool == nil) {
+			t.Errorf("block %+v has no spec in the PoolSpecs (%+v)", b, e)
+		}
 	}
 	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
 	if err := cp.Client.Create(t.Context(), &obj); err != nil {
 		t.Fatalf("the API server refuses docs/scale.md's NodeIPAM: %v", err)
+	}
+	if err := cp.Client.Create(t.Context(), &specs); err != nil {
+		t.Fatalf("the API server refuses docs/scale.md's PoolSpecs: %v", err)
 	}
 }

@@ -1,6 +1,8 @@
 // Package v1alpha1 is the ipam.hwipam.io/v1alpha1 API: NodeIPAM, one object per
 // node in the pools' namespace, named after the node, through which the
-// ipam-controller delivers a node's blocks of every pool to its ipam-node.
+// ipam-controller delivers a node's blocks of every pool to its ipam-node; and
+// PoolSpecs, one object in that namespace with what the daemons need of every
+// pool's spec.
 //
 // It is hwipam's own group: nv-ipam has no such object, and the network
 // operator's CRDs do not include it. Without it (or without the RBAC to read it)
@@ -28,7 +30,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &NodeIPAM{}, &NodeIPAMList{})
+	s.AddKnownTypes(GroupVersion, &NodeIPAM{}, &NodeIPAMList{}, &PoolSpecs{}, &PoolSpecsList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

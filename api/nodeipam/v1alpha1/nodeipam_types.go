@@ -43,8 +43,8 @@ type NodeIPAMSpec struct {
 	Blocks []NodeBlock `json:"blocks,omitempty"`
 }
 
-// NodeBlock is the node's block of one pool, with what of the pool's spec the
-// daemon needs to allocate from it.
+// NodeBlock is the node's block of one pool. What the daemon needs of the pool's
+// spec is in the namespace's PoolSpecs, once for every node.
 type NodeBlock struct {
 	// kind is IPPool or CIDRPool.
 	// +required
@@ -57,12 +57,6 @@ type NodeBlock struct {
 	// under its name is not the new pool's.
 	// +required
 	PoolUID types.UID `json:"poolUID"`
-	// poolGeneration is the pool's metadata.generation the spec below is of.
-	// +optional
-	PoolGeneration int64 `json:"poolGeneration,omitempty"`
-	// rail is the pool's nic.hwipam.io/rail label, when it has one.
-	// +optional
-	Rail string `json:"rail,omitempty"`
 	// startIP and endIP are an IPPool's block, as in its status.allocations.
 	// +optional
 	StartIP string `json:"startIP,omitempty"`
@@ -73,6 +67,57 @@ type NodeBlock struct {
 	Prefix string `json:"prefix,omitempty"`
 	// +optional
 	Gateway string `json:"gateway,omitempty"`
+}
+
+// PoolSpecsName is the name of the one PoolSpecs object of a pools' namespace.
+const PoolSpecsName = "pools"
+
+// PoolSpecs holds, once for every node, what a node daemon needs of each pool's
+// spec to allocate from its block: the ipam-controller writes one, named
+// PoolSpecsName, in the pools' namespace, and every daemon watches it by name. It
+// changes only when a pool is created, deleted, re-specified or relabelled for a
+// rail, never when a node joins or leaves.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced
+// +kubebuilder:printcolumn:name="Pools",type=string,JSONPath=`.spec.pools[*].pool`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type PoolSpecs struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec lists the pools.
+	// +required
+	Spec PoolSpecsSpec `json:"spec"`
+}
+
+// PoolSpecsSpec lists the pools of the namespace.
+type PoolSpecsSpec struct {
+	// pools are the pools, sorted by kind and name.
+	// +optional
+	// +listType=atomic
+	Pools []PoolSpec `json:"pools,omitempty"`
+}
+
+// PoolSpec is one pool's spec, as a node daemon needs it.
+type PoolSpec struct {
+	// kind is IPPool or CIDRPool.
+	// +required
+	// +kubebuilder:validation:Enum=IPPool;CIDRPool
+	Kind string `json:"kind"`
+	// pool is the pool's name.
+	// +required
+	Pool string `json:"pool"`
+	// poolUID is the pool's UID; a NodeIPAM block is of this pool only when its
+	// poolUID is this.
+	// +required
+	PoolUID types.UID `json:"poolUID"`
+	// generation is the pool's metadata.generation the spec is of.
+	// +optional
+	Generation int64 `json:"generation,omitempty"`
+	// rail is the pool's nic.hwipam.io/rail label, when it has one.
+	// +optional
+	Rail string `json:"rail,omitempty"`
 	// ipPool is the IPPool's spec without its nodeSelector.
 	// +optional
 	IPPool *poolv1.IPPoolSpec `json:"ipPool,omitempty"`
@@ -80,6 +125,15 @@ type NodeBlock struct {
 	// staticAllocations.
 	// +optional
 	CIDRPool *poolv1.CIDRPoolSpec `json:"cidrPool,omitempty"`
+}
+
+// PoolSpecsList is a list of PoolSpecs.
+//
+// +kubebuilder:object:root=true
+type PoolSpecsList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []PoolSpecs `json:"items"`
 }
 
 // NodeIPAMList is a list of NodeIPAMs.

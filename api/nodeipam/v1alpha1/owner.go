@@ -2,15 +2,20 @@ package v1alpha1
 
 import (
 	"encoding/json"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// OwnedByController reports whether the object's spec is the controller's alone:
+// OwnedByController reports whether the object's (a NodeIPAM's, a PoolSpecs')
+// spec is the controller's alone:
 // its managedFields have an entry of FieldManager, and no other manager owns a
 // field under spec. An object written by anyone else (kubectl edit, apply, a
 // script) is not, until the controller has written it again.
-func OwnedByController(o *NodeIPAM) bool {
+func OwnedByController(o interface {
+	GetManagedFields() []metav1.ManagedFieldsEntry
+}) bool {
 	mine := false
-	for _, e := range o.ManagedFields {
+	for _, e := range o.GetManagedFields() {
 		if e.Manager == FieldManager && e.Subresource == "" {
 			mine = true
 			continue
