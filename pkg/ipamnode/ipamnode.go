@@ -358,9 +358,13 @@ func restMapper() meta.RESTMapper {
 	for _, k := range []string{"IPPool", "IPPoolList", "CIDRPool", "CIDRPoolList"} {
 		m.Add(v1alpha1.GroupVersion.WithKind(k), meta.RESTScopeNamespace)
 	}
-	for _, k := range []string{"NodeIPAM", "NodeIPAMList", "PoolSpecs", "PoolSpecsList"} {
+	for _, k := range []string{"NodeIPAM", "NodeIPAMList"} {
 		m.Add(nodeipamv1.GroupVersion.WithKind(k), meta.RESTScopeNamespace)
 	}
+	// "PoolSpecs" is plural already: the guess would say "poolspecses".
+	poolSpecs := nodeipamv1.GroupVersion.WithResource("poolspecs")
+	m.AddSpecific(nodeipamv1.GroupVersion.WithKind("PoolSpecs"), poolSpecs, poolSpecs, meta.RESTScopeNamespace)
+	m.AddSpecific(nodeipamv1.GroupVersion.WithKind("PoolSpecsList"), poolSpecs, poolSpecs, meta.RESTScopeNamespace)
 	m.Add(corev1.SchemeGroupVersion.WithKind("Pod"), meta.RESTScopeNamespace)
 	m.Add(corev1.SchemeGroupVersion.WithKind("Node"), meta.RESTScopeRoot)
 	m.Add(NodeFeatureGVK, meta.RESTScopeNamespace)

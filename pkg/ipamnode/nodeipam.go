@@ -268,9 +268,11 @@ func (s *poolSync) watchSpecs(ctx context.Context) {
 		err := s.reader.List(ctx, &list, client.InNamespace(s.namespace), byName)
 		switch {
 		case meta.IsNoMatchError(err) || apierrors.IsNotFound(err) || apierrors.IsForbidden(err):
+			s.log.V(1).Info("PoolSpecs cannot be read here; looking again later", "reason", err.Error())
 			wait(ctx, recheckInterval)
 			continue
 		case err != nil:
+			s.log.V(1).Info("listing the PoolSpecs failed; will retry", "error", err.Error())
 			wait(ctx, startupRetryInterval)
 			continue
 		}
