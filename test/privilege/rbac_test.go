@@ -25,6 +25,8 @@ func (r right) String() string {
 
 const (
 	pools    = "ippools.nv-ipam.nvidia.com"
+	nodeIPAM = "nodeipams.ipam.hwipam.io"
+	specsR   = "poolspecs.ipam.hwipam.io"
 	cidrs    = "cidrpools.nv-ipam.nvidia.com"
 	features = "nodefeatures.nfd.k8s-sigs.io"
 	leases   = "leases.coordination.k8s.io"
@@ -57,8 +59,13 @@ var rights = map[string]struct{ need, mustNot []right }{
 			{verb: "list", resource: cidrs}, {verb: "watch", resource: cidrs},
 			{verb: "get", resource: features, namespace: ns}, {verb: "create", resource: features, namespace: ns},
 			{verb: "patch", resource: features, namespace: ns}, {verb: "delete", resource: features, namespace: ns},
+			{verb: "get", resource: nodeIPAM}, {verb: "list", resource: nodeIPAM}, {verb: "watch", resource: nodeIPAM},
+			{verb: "get", resource: specsR}, {verb: "list", resource: specsR}, {verb: "watch", resource: specsR},
 		},
 		mustNot: []right{
+			{verb: "create", resource: nodeIPAM, namespace: ns}, {verb: "update", resource: nodeIPAM, namespace: ns},
+			{verb: "patch", resource: nodeIPAM, namespace: ns}, {verb: "delete", resource: nodeIPAM, namespace: ns},
+			{verb: "update", resource: specsR, namespace: ns}, {verb: "patch", resource: specsR, namespace: ns},
 			{verb: "list", resource: "nodes"}, {verb: "watch", resource: "nodes"}, {verb: "update", resource: "nodes"},
 			{verb: "create", resource: "nodes"}, {verb: "delete", resource: "nodes"},
 			{verb: "patch", resource: "nodes", subresource: "status"}, {verb: "update", resource: "nodes", subresource: "status"},
@@ -91,8 +98,13 @@ var rights = map[string]struct{ need, mustNot []right }{
 			{verb: "create", resource: events2, namespace: ns}, {verb: "patch", resource: events2, namespace: ns},
 			{verb: "get", resource: leases, namespace: ns}, {verb: "create", resource: leases, namespace: ns},
 			{verb: "update", resource: leases, namespace: ns},
+			{verb: "list", resource: nodeIPAM}, {verb: "watch", resource: nodeIPAM}, {verb: "create", resource: nodeIPAM},
+			{verb: "update", resource: nodeIPAM}, {verb: "delete", resource: nodeIPAM},
+			{verb: "list", resource: specsR}, {verb: "watch", resource: specsR}, {verb: "create", resource: specsR},
+			{verb: "update", resource: specsR}, {verb: "delete", resource: specsR},
 		},
 		mustNot: []right{
+			{verb: "patch", resource: nodeIPAM, namespace: ns}, {verb: "get", resource: nodeIPAM, namespace: ns},
 			{verb: "get", resource: "nodes"}, {verb: "patch", resource: "nodes"}, {verb: "update", resource: "nodes"},
 			{verb: "create", resource: pools, namespace: ns}, {verb: "update", resource: pools, namespace: ns},
 			{verb: "patch", resource: pools, namespace: ns}, {verb: "delete", resource: cidrs, namespace: ns},
