@@ -332,3 +332,53 @@ func TestNodeIPAMDelivery(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeIPAMWhenTheListDoesNotFit: a pool under the threshold whose list is
+// too large for etcd anyway (here etcd takes 24 kB; long node names or IPv6 do
+// it at 10,000 nodes) lists no block, says why, and every node gets its block
+// through its NodeIPAM, where the controller used to retry the refused status
+// for ever.
+func TestNodeIPAMWhenTheListDoesNotFit(t *testing.T) {
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{EtcdMaxRequestBytes: 24 << 10})
+	c := cp.Client
+	ctx := t.Context()
+	const ns, nodes = "default", 400
+	opts := ipamcontroller.NewOptions()
+	opts.RestConfig = cp.Config
+	opts.PoolsNamespace, opts.LeaderElectNamespace = ns, ns
+	opts.MetricsBindAddress, opts.HealthProbeBindAddress = "0", "0"
+	for i := range nodes {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("gpu-node-with-a-long-name-%04d", i),
+			Labels: map[string]string{"nic.hwipam.io/rail.r": "r0"}}}
+		if err := c.Create(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ip := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "rail0", Namespace: ns},
+		Spec: v1alpha1.IPPoolSpec{Subnet: "10.7.0.0/16", PerNodeBlockSize: 16, NodeSelector: railSelector("r0")}}
+	if err := c.Create(ctx, ip); err != nil {
+		t.Fatal(err)
+	}
+	runController(t, opts)
+	eventually(t, "every node's NodeIPAM with its block", func() (bool, string) {
+		bs := nodeBlocks(t, c, ns)
+		full := 0
+		for _, b := range bs {
+			if len(b) == 1 {
+				full++
+			}
+		}
+		return full == nodes, fmt.Sprintf("%d of %d", full, nodes)
+	})
+	checkDisjoint(t, nodeBlocks(t, c, ns))
+	eventually(t, "the status without its list, saying why", func() (bool, string) {
+		var p v1alpha1.IPPool
+		if err := c.Get(ctx, client.ObjectKeyFromObject(ip), &p); err != nil {
+			return false, err.Error()
+		}
+		cond := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionListed)
+		return p.Status.BlocksIn == v1alpha1.BlocksInNodeIPAM && len(p.Status.Allocations) == 0 && p.Status.AllocatedNodes == nodes &&
+				cond != nil && strings.Contains(cond.Message, "too large to store"),
+			fmt.Sprintf("blocksIn %q, %d listed, condition %+v", p.Status.BlocksIn, len(p.Status.Allocations), cond)
+	})
+}

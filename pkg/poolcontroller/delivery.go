@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -60,6 +61,8 @@ type Delivery struct {
 	decided chan struct{} // closed once enabled is known
 	enabled bool
 	writes  uint64
+	// busy counts the queue's items being synced.
+	busy atomic.Int64
 }
 
 // poolSpecsKey is the queue's item for the PoolSpecs object: no node is named
@@ -375,6 +378,15 @@ func (d *Delivery) Has(kind, name, node string) bool {
 	return slices.ContainsFunc(obj.Spec.Blocks, func(b nodeipamv1.NodeBlock) bool { return b.Kind == kind && b.Pool == name })
 }
 
+// Idle reports whether every NodeIPAM write queued so far is done (a Node's
+// delayed first write aside).
+func (d *Delivery) Idle() bool {
+	if !d.on() {
+		return true
+	}
+	return d.queue.Len() == 0 && d.busy.Load() == 0
+}
+
 // Writes is how many NodeIPAM writes (creates, updates, deletes) were sent.
 func (d *Delivery) Writes() uint64 {
 	d.mu.Lock()
@@ -387,6 +399,8 @@ func (d *Delivery) processNext(ctx context.Context) bool {
 	if shutdown {
 		return false
 	}
+	d.busy.Add(1)
+	defer d.busy.Add(-1)
 	defer d.queue.Done(node)
 	sync := d.sync
 	if node == poolSpecsKey {

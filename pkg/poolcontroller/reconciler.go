@@ -289,18 +289,35 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	st.exhausted = len(out.Unassigned)
 	updateMetrics(r.Kind, p.object(), layout, len(out.Assignments), len(out.Unassigned))
 
-	omit := delivering && r.MaxListed > 0 && len(out.Assignments) > r.MaxListed
-	r.setListed(p, &c, omit, len(out.Assignments))
-	desired := p.withStatus(layout, out.Assignments, false, c)
 	if delivering {
-		// The NodeIPAMs are written before the status: a status that lists no
-		// block must not be stored before the objects that do.
-		r.Delivery.Set(p, desired.blocksOf())
+		// The NodeIPAM writes are queued before the status is written.
+		r.Delivery.Set(p, p.withStatus(layout, out.Assignments, false, c).blocksOf())
 	}
+	// A status that lists blocks a daemon may have read (an nv-ipam or earlier
+	// hwipam daemon reads nothing else) stops listing them only once every
+	// NodeIPAM write queued so far is done: a controller that restarts then
+	// plans from the NodeIPAMs, which must hold every block the status gave.
+	flushed := func() bool { return p.allocationCount() == 0 || r.Delivery.Idle() }
+	omit := delivering && r.MaxListed > 0 && len(out.Assignments) > r.MaxListed
+	if omit && !flushed() {
+		omit = false
+		if out.RequeueAfter == 0 || out.RequeueAfter > time.Second {
+			out.RequeueAfter = time.Second
+		}
+	}
+	r.setListed(p, &c, omit, len(out.Assignments), "")
+	desired := p.withStatus(layout, out.Assignments, false, c)
 	if omit {
 		desired = desired.omitted()
 	}
-	if err := r.writeStatus(ctx, st, p, desired); err != nil {
+	err = r.writeStatus(ctx, st, p, desired)
+	if err != nil && isTooLarge(err) && delivering && !omit && flushed() {
+		// Under the threshold but too large to store (long node names, IPv6):
+		// the NodeIPAMs hold the blocks.
+		r.setListed(p, &c, true, len(out.Assignments), "the list is too large to store")
+		err = r.writeStatus(ctx, st, p, p.withStatus(layout, out.Assignments, false, c).omitted())
+	}
+	if err != nil {
 		return ctrl.Result{}, err
 	}
 	// The blocks now given are the nodes' grants (see trust.go), whatever
@@ -342,14 +359,17 @@ func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (
 
 // setListed sets status.blocksIn and the AllocationsListed condition, and tells
 // the operator when the status stops or starts listing the blocks.
-func (r *Reconciler) setListed(p pool, c *v1alpha1.PoolStatusCommon, omit bool, n int) {
+func (r *Reconciler) setListed(p pool, c *v1alpha1.PoolStatusCommon, omit bool, n int, why string) {
 	was := c.BlocksIn
 	if omit {
 		c.BlocksIn = v1alpha1.BlocksInNodeIPAM
-		msg := fmt.Sprintf("%d nodes have a block, more than the %d status.allocations lists at most "+
-			"(ipam-controller --status-allocations-max-nodes): each node's block is in the NodeIPAM object named after it "+
-			"in namespace %s (kubectl get nodeipams -n %s); nv-ipam daemons and hwipam daemons before 0.9 cannot read them",
-			n, r.MaxListed, p.object().GetNamespace(), p.object().GetNamespace())
+		if why == "" {
+			why = fmt.Sprintf("more than the %d status.allocations lists at most (ipam-controller --status-allocations-max-nodes)",
+				r.MaxListed)
+		}
+		msg := fmt.Sprintf("%d nodes have a block, %s: each node's block is in the NodeIPAM object named after it "+
+			"in namespace %s (kubectl get nodeipams -n %s); nv-ipam daemons and hwipam daemons before NodeIPAMs cannot read them",
+			n, why, p.object().GetNamespace(), p.object().GetNamespace())
 		setCondition(c, v1alpha1.ConditionListed, false, "AboveThreshold", msg)
 		if was != v1alpha1.BlocksInNodeIPAM {
 			r.event(p, corev1.EventTypeNormal, "AllocationsOmitted", "Assign", "%s", msg)
