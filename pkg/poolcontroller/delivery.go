@@ -610,8 +610,22 @@ func editedByOthers(o *nodeipamv1.NodeIPAM) bool {
 
 // ownership is the cache transform of NodeIPAMs and PoolSpecs: of their
 // managedFields it keeps only what OwnedByController tells, an entry of the
-// controller's alone or none.
+// controller's alone or none; and the strings every NodeIPAM repeats (the
+// namespace, the pools' kinds, names and UIDs) are kept once: at 100,000 nodes
+// of 8 pools, some 2.4 million strings.
 func ownership() toolscache.TransformFunc {
+	var mu sync.Mutex
+	seen := map[string]string{}
+	intern := func(s string) string {
+		if v, ok := seen[s]; ok {
+			return v
+		}
+		if len(seen) > 1<<16 { // pools come and go: start over now and then
+			clear(seen)
+		}
+		seen[s] = s
+		return s
+	}
 	return func(o any) (any, error) {
 		obj, ok := o.(client.Object)
 		if !ok {
@@ -621,6 +635,15 @@ func ownership() toolscache.TransformFunc {
 		obj.SetManagedFields(nil)
 		if owned {
 			obj.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: nodeipamv1.FieldManager}})
+		}
+		if n, ok := obj.(*nodeipamv1.NodeIPAM); ok {
+			mu.Lock()
+			n.Namespace = intern(n.Namespace)
+			for i := range n.Spec.Blocks {
+				b := &n.Spec.Blocks[i]
+				b.Kind, b.Pool, b.PoolUID = intern(b.Kind), intern(b.Pool), types.UID(intern(string(b.PoolUID)))
+			}
+			mu.Unlock()
 		}
 		return obj, nil
 	}

@@ -292,6 +292,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if delivering {
 		// The NodeIPAM writes are queued before the status is written.
 		r.Delivery.Set(p, p.withStatus(layout, out.Assignments, false, c).blocksOf())
+		// (A copy of the pool with every block, dropped at once: at 100,000
+		// nodes the list is some 30 MB of strings, which the status below
+		// builds again only while it lists them.)
 	}
 	// A status that lists blocks a daemon may have read (an nv-ipam or earlier
 	// hwipam daemon reads nothing else) stops listing them only once every
@@ -306,16 +309,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 	}
 	r.setListed(p, &c, omit, len(out.Assignments), "")
-	desired := p.withStatus(layout, out.Assignments, false, c)
+	listed := out.Assignments
 	if omit {
-		desired = desired.omitted()
+		listed = []assignment{}
 	}
+	desired := p.withStatus(layout, listed, false, c)
 	err = r.writeStatus(ctx, st, p, desired)
 	if err != nil && isTooLarge(err) && delivering && !omit && flushed() {
 		// Under the threshold but too large to store (long node names, IPv6):
 		// the NodeIPAMs hold the blocks.
 		r.setListed(p, &c, true, len(out.Assignments), "the list is too large to store")
-		err = r.writeStatus(ctx, st, p, p.withStatus(layout, out.Assignments, false, c).omitted())
+		err = r.writeStatus(ctx, st, p, p.withStatus(layout, []assignment{}, false, c))
 	}
 	if err != nil {
 		return ctrl.Result{}, err
