@@ -48,6 +48,8 @@ type pool interface {
 	// blocksOf returns the blocks status lists, by node; withBlocks a copy whose
 	// status lists bs; omitted a copy whose status lists none (see Delivery).
 	blocksOf() map[string]blockVal
+	// blocksFor is blocksOf of withStatus(l, as, ...), without the copy.
+	blocksFor(l blocks.Layout, as []assignment) map[string]blockVal
 	withBlocks(bs map[string]blockVal) pool
 	omitted() pool
 	// template is the pool's entry in PoolSpecs.
@@ -286,6 +288,29 @@ func (a cidrPool) blocksOf() map[string]blockVal {
 	out := make(map[string]blockVal, len(a.p.Status.Allocations))
 	for _, al := range a.p.Status.Allocations {
 		out[al.NodeName] = blockVal{prefix: al.Prefix, gateway: al.Gateway}
+	}
+	return out
+}
+
+func (ipPool) blocksFor(l blocks.Layout, as []assignment) map[string]blockVal {
+	out := make(map[string]blockVal, len(as))
+	for _, x := range as {
+		b := l.Block(x.Index)
+		out[x.Node] = blockVal{start: b.Start.String(), end: b.End.String()}
+	}
+	return out
+}
+
+func (cidrPool) blocksFor(l blocks.Layout, as []assignment) map[string]blockVal {
+	layout := l.(*blocks.CIDRPool)
+	out := make(map[string]blockVal, len(as))
+	for _, x := range as {
+		prefix := layout.Prefix(x.Index)
+		v := blockVal{prefix: prefix.String()}
+		if gw, ok := layout.Gateway(prefix); ok {
+			v.gateway = gw.String()
+		}
+		out[x.Node] = v
 	}
 	return out
 }

@@ -291,10 +291,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 
 	if delivering {
 		// The NodeIPAM writes are queued before the status is written.
-		r.Delivery.Set(p, p.withStatus(layout, out.Assignments, false, c).blocksOf())
-		// (A copy of the pool with every block, dropped at once: at 100,000
-		// nodes the list is some 30 MB of strings, which the status below
-		// builds again only while it lists them.)
+		r.Delivery.Set(p, p.blocksFor(layout, out.Assignments))
 	}
 	// A status that lists blocks a daemon may have read (an nv-ipam or earlier
 	// hwipam daemon reads nothing else) stops listing them only once every

@@ -585,6 +585,9 @@ func startController(b *testing.B, bin, kubeconfig, ns string, extra ...string) 
 		// More flags for the controller, e.g. --v=5 to log every reconcile.
 		args = append(args, strings.Fields(os.Getenv("HWIPAM_BENCH_CONTROLLER_ARGS"))...)
 		c.cmd = exec.Command(bin, args...)
+		// Environment for the controller alone, e.g. GOMEMLIMIT=1GiB as
+		// deploy/'s Deployment sets it from its memory limit.
+		c.cmd.Env = append(os.Environ(), strings.Fields(os.Getenv("HWIPAM_BENCH_CONTROLLER_ENV"))...)
 		logs, err := c.cmd.StderrPipe()
 		if err != nil {
 			b.Fatal(err)
