@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"maps"
 	"reflect"
 	"slices"
 	"sync"
@@ -24,6 +23,7 @@ import (
 
 	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/blocks"
 )
 
 // Delivery gives each node its blocks through one NodeIPAM object, named after the
@@ -80,10 +80,27 @@ const (
 // poolRef names a pool of the namespace.
 type poolRef struct{ kind, name string }
 
-// poolBlocks are one pool's blocks as its last reconcile left them.
+// poolBlocks are one pool's blocks as its last reconcile left them: by node,
+// the index of its block in layout (8 bytes a node, where the block's text
+// would take some 40; it is written out for the node's NodeIPAM only).
 type poolBlocks struct {
 	template nodeipamv1.PoolSpec
-	blocks   map[string]blockVal
+	layout   blocks.Layout
+	blocks   map[string]uint64
+}
+
+// val returns the block of index i as status lists it.
+func (pb *poolBlocks) val(i uint64) blockVal {
+	if l, ok := pb.layout.(*blocks.CIDRPool); ok {
+		prefix := l.Prefix(i)
+		v := blockVal{prefix: prefix.String()}
+		if gw, ok := l.Gateway(prefix); ok {
+			v.gateway = gw.String()
+		}
+		return v
+	}
+	b := pb.layout.Block(i)
+	return blockVal{start: b.Start.String(), end: b.End.String()}
 }
 
 // NeedLeaderElection implements manager.LeaderElectionRunnable: only the leader
@@ -253,24 +270,30 @@ func (d *Delivery) enqueueObject(o any) {
 	}
 }
 
-// Set records a pool's blocks, by node, as its reconcile decided them, and
-// queues the nodes whose NodeIPAM they change.
-func (d *Delivery) Set(p pool, bs map[string]blockVal) {
+// Set records a pool's blocks in layout, by node, as its reconcile decided them
+// (as), and queues the nodes whose NodeIPAM they change.
+func (d *Delivery) Set(p pool, layout blocks.Layout, as []assignment) {
 	if !d.on() {
 		return
 	}
 	ref := poolRef{p.kind(), p.object().GetName()}
 	tmpl := p.template()
+	bs := make(map[string]uint64, len(as))
+	for _, a := range as {
+		bs[a.Node] = a.Index
+	}
 	d.mu.Lock()
 	old := d.pools[ref]
-	d.pools[ref] = &poolBlocks{template: tmpl, blocks: bs}
+	d.pools[ref] = &poolBlocks{template: tmpl, layout: layout, blocks: bs}
 	delete(d.gone, ref)
 	d.mu.Unlock()
 	if old == nil || !reflect.DeepEqual(old.template, tmpl) {
 		// The spec is in PoolSpecs, once: a spec or rail change writes that.
 		d.queue.Add(poolSpecsKey)
 	}
-	if old == nil || old.template.PoolUID != tmpl.PoolUID {
+	// Another pool, or another layout (an index is a block of one layout):
+	// every node of the pool's, old and new.
+	if old == nil || old.template.PoolUID != tmpl.PoolUID || old.template.Generation != tmpl.Generation {
 		// Every node of the pool's, old and new.
 		for n := range bs {
 			d.queue.Add(n)
@@ -332,6 +355,28 @@ func (d *Delivery) Remove(kind, name string) {
 	d.queue.Add(poolSpecsKey)
 }
 
+// Assigned returns the blocks the last reconcile in this process gave the pool
+// of UID uid and generation gen (its layout), as the plan's assignments sorted
+// by node, and whether there was such a reconcile: the plan's own record,
+// without writing the blocks out and parsing them back.
+func (d *Delivery) Assigned(kind, name string, uid types.UID, gen int64) ([]assignment, bool) {
+	if !d.on() {
+		return nil, false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pb := d.pools[poolRef{kind, name}]
+	if pb == nil || pb.template.PoolUID != uid || pb.template.Generation != gen {
+		return nil, false
+	}
+	out := make([]assignment, 0, len(pb.blocks))
+	for n, i := range pb.blocks {
+		out = append(out, assignment{Node: n, Index: i})
+	}
+	slices.SortFunc(out, func(a, b assignment) int { return cmp.Compare(a.Node, b.Node) })
+	return out, true
+}
+
 // Existing returns the blocks the NodeIPAMs give a pool of UID uid, by node: as
 // its last reconcile in this process set them, or, before that, as the objects
 // show them (a controller restarted while the pool's status lists no blocks).
@@ -339,7 +384,10 @@ func (d *Delivery) Existing(ctx context.Context, kind, name string, uid types.UI
 	ref := poolRef{kind, name}
 	d.mu.Lock()
 	if pb := d.pools[ref]; pb != nil && pb.template.PoolUID == uid {
-		out := maps.Clone(pb.blocks)
+		out := make(map[string]blockVal, len(pb.blocks))
+		for n, i := range pb.blocks {
+			out[n] = pb.val(i)
+		}
 		d.mu.Unlock()
 		return out, nil
 	}
@@ -425,7 +473,8 @@ func (d *Delivery) want(ctx context.Context, node string, cur *nodeipamv1.NodeIP
 	d.mu.Lock()
 	var out []nodeipamv1.NodeBlock
 	for _, pb := range d.pools {
-		if b, ok := pb.blocks[node]; ok {
+		if i, ok := pb.blocks[node]; ok {
+			b := pb.val(i)
 			out = append(out, nodeipamv1.NodeBlock{Kind: pb.template.Kind, Pool: pb.template.Pool, PoolUID: pb.template.PoolUID,
 				StartIP: b.start, EndIP: b.end, Prefix: b.prefix, Gateway: b.gateway})
 		}

@@ -45,13 +45,8 @@ type pool interface {
 	allocatedRanges() []iprange.Range
 	// storeKey is the pool's key in the node daemon's store and annotation.
 	storeKey() string
-	// blocksOf returns the blocks status lists, by node; withBlocks a copy whose
-	// status lists bs; omitted a copy whose status lists none (see Delivery).
-	blocksOf() map[string]blockVal
-	// blocksFor is blocksOf of withStatus(l, as, ...), without the copy.
-	blocksFor(l blocks.Layout, as []assignment) map[string]blockVal
+	// withBlocks returns a copy whose status lists bs (see Delivery).
 	withBlocks(bs map[string]blockVal) pool
-	omitted() pool
 	// template is the pool's entry in PoolSpecs.
 	template() nodeipamv1.PoolSpec
 }
@@ -275,46 +270,6 @@ func sameSet[T comparable](a, b []T, key func(T) string) bool {
 // CIDRPool's prefix and gateway.
 type blockVal struct{ start, end, prefix, gateway string }
 
-// blocksOf returns the blocks status lists, by node.
-func (a ipPool) blocksOf() map[string]blockVal {
-	out := make(map[string]blockVal, len(a.p.Status.Allocations))
-	for _, al := range a.p.Status.Allocations {
-		out[al.NodeName] = blockVal{start: al.StartIP, end: al.EndIP}
-	}
-	return out
-}
-
-func (a cidrPool) blocksOf() map[string]blockVal {
-	out := make(map[string]blockVal, len(a.p.Status.Allocations))
-	for _, al := range a.p.Status.Allocations {
-		out[al.NodeName] = blockVal{prefix: al.Prefix, gateway: al.Gateway}
-	}
-	return out
-}
-
-func (ipPool) blocksFor(l blocks.Layout, as []assignment) map[string]blockVal {
-	out := make(map[string]blockVal, len(as))
-	for _, x := range as {
-		b := l.Block(x.Index)
-		out[x.Node] = blockVal{start: b.Start.String(), end: b.End.String()}
-	}
-	return out
-}
-
-func (cidrPool) blocksFor(l blocks.Layout, as []assignment) map[string]blockVal {
-	layout := l.(*blocks.CIDRPool)
-	out := make(map[string]blockVal, len(as))
-	for _, x := range as {
-		prefix := layout.Prefix(x.Index)
-		v := blockVal{prefix: prefix.String()}
-		if gw, ok := layout.Gateway(prefix); ok {
-			v.gateway = gw.String()
-		}
-		out[x.Node] = v
-	}
-	return out
-}
-
 // withBlocks returns a copy of the pool whose status lists bs (sorted by node).
 func (a ipPool) withBlocks(bs map[string]blockVal) pool {
 	p := a.p.DeepCopy()
@@ -348,17 +303,4 @@ func (a cidrPool) template() nodeipamv1.PoolSpec {
 	spec.NodeSelector, spec.StaticAllocations = nil, nil
 	return nodeipamv1.PoolSpec{Kind: v1alpha1.KindCIDRPool, Pool: a.p.Name, PoolUID: a.p.UID, Generation: a.p.Generation,
 		Rail: a.p.Labels[v1alpha1.LabelRail], CIDRPool: spec}
-}
-
-// omitted returns a copy of the pool whose status lists no allocation.
-func (a ipPool) omitted() pool {
-	p := *a.p
-	p.Status.Allocations = []v1alpha1.Allocation{}
-	return ipPool{&p}
-}
-
-func (a cidrPool) omitted() pool {
-	p := *a.p
-	p.Status.Allocations = []v1alpha1.CIDRPoolAllocation{}
-	return cidrPool{&p}
 }

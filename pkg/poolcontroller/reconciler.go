@@ -195,7 +195,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	// The pool whose status lists the blocks the plan starts from: above the
 	// threshold the status lists none, and the NodeIPAMs hold them.
-	planned, err := r.plannedFrom(ctx, p, delivering)
+	planned, assigned, err := r.plannedFrom(ctx, p, delivering)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -238,7 +238,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	setCondition(&c, v1alpha1.ConditionConflict, false, "NoOverlap", "the pool overlaps no other pool")
 
-	in, orphans, reservedUntil, err := r.planInput(ctx, planned, layout, st)
+	in, orphans, reservedUntil, err := r.planInput(ctx, planned, layout, st, assigned)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -291,7 +291,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 
 	if delivering {
 		// The NodeIPAM writes are queued before the status is written.
-		r.Delivery.Set(p, p.blocksFor(layout, out.Assignments))
+		r.Delivery.Set(p, layout, out.Assignments)
 	}
 	// A status that lists blocks a daemon may have read (an nv-ipam or earlier
 	// hwipam daemon reads nothing else) stops listing them only once every
@@ -335,27 +335,35 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 // NodeIPAMs give some to nodes (above the threshold, or after a restart), a copy of
 // p whose status lists those. With delivery off, a status that says its blocks are
 // in NodeIPAMs cannot be planned from: an error says so, and nothing is written.
-func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (pool, error) {
+//
+// When this process's last reconcile of the pool (same UID and generation) is
+// the record, it also returns that reconcile's assignments, which the plan then
+// starts from as they are.
+func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (pool, []assignment, error) {
 	c := p.common()
 	if !delivering {
 		if c.BlocksIn == v1alpha1.BlocksInNodeIPAM && p.allocationCount() == 0 {
-			return nil, fmt.Errorf("%s %s: its status says its blocks are in NodeIPAM objects, which this controller cannot read "+
+			return nil, nil, fmt.Errorf("%s %s: its status says its blocks are in NodeIPAM objects, which this controller cannot read "+
 				"(the NodeIPAM CRD or the controller's RBAC on nodeipams is missing); nothing is assigned until it can: "+
 				"install deploy/crds and deploy/rbac/controller", r.Kind, p.object().GetName())
 		}
-		return p, nil
+		return p, nil, nil
 	}
 	if c.BlocksIn != v1alpha1.BlocksInNodeIPAM && p.allocationCount() > 0 {
-		return p, nil
+		return p, nil, nil
 	}
-	bs, err := r.Delivery.Existing(ctx, r.Kind, p.object().GetName(), p.object().GetUID())
+	obj := p.object()
+	if as, ok := r.Delivery.Assigned(r.Kind, obj.GetName(), obj.GetUID(), obj.GetGeneration()); ok {
+		return p, as, nil
+	}
+	bs, err := r.Delivery.Existing(ctx, r.Kind, obj.GetName(), obj.GetUID())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(bs) == 0 {
-		return p, nil
+		return p, nil, nil
 	}
-	return p.withBlocks(bs), nil
+	return p.withBlocks(bs), nil, nil
 }
 
 // setListed sets status.blocksIn and the AllocationsListed condition, and tells
@@ -417,7 +425,7 @@ func setAssignedConditions(c *v1alpha1.PoolStatusCommon, layout blocks.Layout, o
 // planInput gathers the nodes, the daemons' reports and the status of the pool for
 // makePlan. It also returns the nodes' orphans (for the condition) and when the
 // first of the pool's time-bound reservations ends.
-func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout, st *poolState) (planInput, []string, time.Time, error) {
+func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout, st *poolState, assigned []assignment) (planInput, []string, time.Time, error) {
 	selector, err := compileSelector(p.nodeSelector())
 	if err != nil {
 		return planInput{}, nil, time.Time{}, fmt.Errorf("node selector of %s %s: %w", r.Kind, p.object().GetName(), err)
@@ -428,7 +436,10 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	if err := r.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return planInput{}, nil, time.Time{}, fmt.Errorf("listing nodes: %w", err)
 	}
-	existing, invalid := p.existing(layout)
+	existing, invalid := assigned, []misfit(nil)
+	if assigned == nil {
+		existing, invalid = p.existing(layout)
+	}
 	now := r.now()
 	own := make(map[string]iprange.Range, len(existing))
 	for _, a := range existing {
