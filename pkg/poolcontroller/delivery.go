@@ -379,7 +379,8 @@ func (d *Delivery) Assigned(kind, name string, uid types.UID, gen int64) ([]assi
 
 // Existing returns the blocks the NodeIPAMs give a pool of UID uid, by node: as
 // its last reconcile in this process set them, or, before that, as the objects
-// show them (a controller restarted while the pool's status lists no blocks).
+// the controller wrote show them (a controller restarted while the pool's status
+// lists no blocks; an object someone else wrote counts for nothing).
 func (d *Delivery) Existing(ctx context.Context, kind, name string, uid types.UID) (map[string]blockVal, error) {
 	ref := poolRef{kind, name}
 	d.mu.Lock()
@@ -398,6 +399,11 @@ func (d *Delivery) Existing(ctx context.Context, kind, name string, uid types.UI
 	}
 	out := map[string]blockVal{}
 	for i := range list.Items {
+		if !nodeipamv1.OwnedByController(&list.Items[i]) {
+			// Written by someone else (and about to be written again): not
+			// what the controller gave, as no daemon takes it to be.
+			continue
+		}
 		for _, b := range list.Items[i].Spec.Blocks {
 			if b.Kind == kind && b.Pool == name && b.PoolUID == uid {
 				out[list.Items[i].Name] = blockVal{start: b.StartIP, end: b.EndIP, prefix: b.Prefix, gateway: b.Gateway}
