@@ -27,6 +27,7 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/metadata"
@@ -365,6 +366,7 @@ func restMapper() meta.RESTMapper {
 	poolSpecs := nodeipamv1.GroupVersion.WithResource("poolspecs")
 	m.AddSpecific(nodeipamv1.GroupVersion.WithKind("PoolSpecs"), poolSpecs, poolSpecs, meta.RESTScopeNamespace)
 	m.AddSpecific(nodeipamv1.GroupVersion.WithKind("PoolSpecsList"), poolSpecs, poolSpecs, meta.RESTScopeNamespace)
+	m.Add(authorizationv1.SchemeGroupVersion.WithKind("SelfSubjectAccessReview"), meta.RESTScopeRoot)
 	m.Add(corev1.SchemeGroupVersion.WithKind("Pod"), meta.RESTScopeNamespace)
 	m.Add(corev1.SchemeGroupVersion.WithKind("Node"), meta.RESTScopeRoot)
 	m.Add(NodeFeatureGVK, meta.RESTScopeNamespace)

@@ -2,6 +2,7 @@ package ipamnode
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -19,6 +20,7 @@ import (
 
 	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/daemon"
 	"github.com/hwipam/hwipam/pkg/poolwatch"
 )
 
@@ -108,7 +110,10 @@ func (s *poolSync) run(ctx context.Context) {
 			lctx, cancel = context.WithTimeout(ctx, startupSyncTimeout)
 		}
 		var list nodeipamv1.NodeIPAMList
-		err := s.reader.List(lctx, &list, client.InNamespace(s.namespace), client.MatchingFields{"metadata.name": s.node})
+		err := s.mayRead(lctx, "nodeipams")
+		if err == nil {
+			err = s.reader.List(lctx, &list, client.InNamespace(s.namespace), client.MatchingFields{"metadata.name": s.node})
+		}
 		switch {
 		case err == nil:
 			noCRDLogged = false
@@ -140,7 +145,7 @@ func (s *poolSync) run(ctx context.Context) {
 			}
 			s.watch(ctx, list.ResourceVersion, stopLegacy != nil)
 			continue
-		case meta.IsNoMatchError(err) || apierrors.IsNotFound(err) || apierrors.IsForbidden(err):
+		case meta.IsNoMatchError(err) || apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || errors.Is(err, errNoRights):
 			cancel()
 			s.setDelivered(false)
 			if !noCRDLogged {
@@ -176,6 +181,21 @@ func (s *poolSync) run(ctx context.Context) {
 			wait(ctx, startupRetryInterval)
 		}
 	}
+}
+
+// errNoRights says that this daemon's role does not let it read NodeIPAMs or
+// PoolSpecs (network-operator's does not).
+var errNoRights = errors.New("this daemon's role does not grant list and watch on them")
+
+// mayRead returns errNoRights when the API server says this daemon may not list
+// and watch resource (of ipam.hwipam.io) in its namespace: asked first, so that
+// under network-operator's roles no request is refused.
+func (s *poolSync) mayRead(ctx context.Context, resource string) error {
+	denied, err := daemon.Allowed(ctx, s.watcher, nodeipamv1.GroupVersion.Group, resource, s.namespace, "list", "watch")
+	if err == nil && denied != "" {
+		return errNoRights
+	}
+	return nil // asking failed: the request itself will tell
 }
 
 func wait(ctx context.Context, d time.Duration) {
@@ -270,9 +290,12 @@ func (s *poolSync) watchSpecs(ctx context.Context) {
 	byName := client.MatchingFields{"metadata.name": nodeipamv1.PoolSpecsName}
 	for ctx.Err() == nil {
 		var list nodeipamv1.PoolSpecsList
-		err := s.reader.List(ctx, &list, client.InNamespace(s.namespace), byName)
+		err := s.mayRead(ctx, "poolspecs")
+		if err == nil {
+			err = s.reader.List(ctx, &list, client.InNamespace(s.namespace), byName)
+		}
 		switch {
-		case meta.IsNoMatchError(err) || apierrors.IsNotFound(err) || apierrors.IsForbidden(err):
+		case meta.IsNoMatchError(err) || apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || errors.Is(err, errNoRights):
 			s.log.V(1).Info("PoolSpecs cannot be read here; looking again later", "reason", err.Error())
 			wait(ctx, recheckInterval)
 			continue
@@ -306,6 +329,9 @@ func (s *poolSync) watchSpecs(ctx context.Context) {
 
 // readSpecs reads the PoolSpecs once, if it can.
 func (s *poolSync) readSpecs(ctx context.Context) {
+	if s.mayRead(ctx, "poolspecs") != nil {
+		return
+	}
 	var list nodeipamv1.PoolSpecsList
 	err := s.reader.List(ctx, &list, client.InNamespace(s.namespace), client.MatchingFields{"metadata.name": nodeipamv1.PoolSpecsName})
 	if err == nil && len(list.Items) > 0 {

@@ -24,6 +24,7 @@ import (
 	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/blocks"
+	"github.com/hwipam/hwipam/pkg/daemon"
 )
 
 // Delivery gives each node its blocks through one NodeIPAM object, named after the
@@ -153,6 +154,20 @@ func (d *Delivery) on() bool {
 func (d *Delivery) Start(ctx context.Context) error {
 	d.init()
 	defer d.queue.ShutDown()
+	// Asked first: under network-operator's roles this is the common case, and
+	// not worth a refused request.
+	for _, resource := range []string{"nodeipams", "poolspecs"} {
+		denied, err := daemon.Allowed(ctx, d.Client, nodeipamv1.GroupVersion.Group, resource, d.Namespace,
+			"list", "watch", "create", "update", "delete")
+		if err == nil && denied != "" {
+			d.Log.Info("WARNING: this controller's role does not let it "+denied+" "+resource+" (ipam.hwipam.io): every pool's "+
+				"status lists every block, as nv-ipam's does; grant deploy/rbac/controller's rules on nodeipams and poolspecs "+
+				"to deliver blocks per node (docs/scale.md)")
+			d.decide(false)
+			<-ctx.Done()
+			return nil
+		}
+	}
 	var probe nodeipamv1.NodeIPAMList
 	err := d.Reader.List(ctx, &probe, client.InNamespace(d.Namespace), client.Limit(1))
 	switch {
