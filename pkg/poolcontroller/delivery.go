@@ -160,8 +160,8 @@ func (d *Delivery) Start(ctx context.Context) error {
 		denied, err := daemon.Allowed(ctx, d.Client, nodeipamv1.GroupVersion.Group, resource, d.Namespace,
 			"list", "watch", "create", "update", "delete")
 		if err == nil && denied != "" {
-			d.Log.Info("WARNING: this controller's role does not let it "+denied+" "+resource+" (ipam.hwipam.io): every pool's "+
-				"status lists every block, as nv-ipam's does; grant deploy/rbac/controller's rules on nodeipams and poolspecs "+
+			d.Log.Info("WARNING: this controller's role does not let it " + denied + " " + resource + " (ipam.hwipam.io): every pool's " +
+				"status lists every block, as nv-ipam's does; grant deploy/rbac/controller's rules on nodeipams and poolspecs " +
 				"to deliver blocks per node (docs/scale.md)")
 			d.decide(false)
 			<-ctx.Done()
