@@ -16,6 +16,12 @@ const Kind = "NodeIPAM"
 // object at once).
 const FieldManager = "hwipam-controller"
 
+// Finalizer is on every NodeIPAM the controller writes: a NodeIPAM is the record
+// of which blocks its node may hold addresses in, and one deleted by anyone else
+// stays (terminating, still read by the controller and the node's daemon) until
+// the controller has read it and written it again.
+const Finalizer = "ipam.hwipam.io/record"
+
 // NodeIPAM holds one node's blocks of every pool. The ipam-controller is its only
 // writer; the node's ipam-node watches it by name, so a block given to or taken
 // from another node sends it nothing.
