@@ -64,6 +64,13 @@ type Delivery struct {
 	writes  uint64
 	// busy counts the queue's items being synced.
 	busy atomic.Int64
+	// pending are the NodeIPAMs (and the PoolSpecs) a Set or Remove changed and
+	// that are not yet written as it says, by the number of the last change:
+	// a sync that succeeds after that change clears it. A write that failed and
+	// waits in the rate limiter, or an object waiting to be created again, stays
+	// pending (see Idle).
+	pending map[string]uint64
+	changes uint64
 }
 
 // poolSpecsKey is the queue's item for the PoolSpecs object: no node is named
@@ -115,6 +122,7 @@ func (d *Delivery) init() {
 		d.decided = make(chan struct{})
 		d.pools = map[poolRef]*poolBlocks{}
 		d.gone = map[poolRef]bool{}
+		d.pending = map[string]uint64{}
 		d.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodeipam"})
@@ -304,18 +312,18 @@ func (d *Delivery) Set(p pool, layout blocks.Layout, as []assignment) {
 	d.mu.Unlock()
 	if old == nil || !reflect.DeepEqual(old.template, tmpl) {
 		// The spec is in PoolSpecs, once: a spec or rail change writes that.
-		d.queue.Add(poolSpecsKey)
+		d.change(poolSpecsKey)
 	}
 	// Another pool, or another layout (an index is a block of one layout):
 	// every node of the pool's, old and new.
 	if old == nil || old.template.PoolUID != tmpl.PoolUID || old.template.Generation != tmpl.Generation {
 		// Every node of the pool's, old and new.
 		for n := range bs {
-			d.queue.Add(n)
+			d.change(n)
 		}
 		if old != nil {
 			for n := range old.blocks {
-				d.queue.Add(n)
+				d.change(n)
 			}
 		} else {
 			d.queueObserved(ref)
@@ -324,14 +332,33 @@ func (d *Delivery) Set(p pool, layout blocks.Layout, as []assignment) {
 	}
 	for n, b := range bs {
 		if ob, ok := old.blocks[n]; !ok || ob != b {
-			d.queue.Add(n)
+			d.change(n)
 		}
 	}
 	for n := range old.blocks {
 		if _, ok := bs[n]; !ok {
-			d.queue.Add(n)
+			d.change(n)
 		}
 	}
+}
+
+// change queues a NodeIPAM (or the PoolSpecs) that a pool's blocks changed,
+// pending until a sync after this succeeds.
+func (d *Delivery) change(key string) {
+	d.mu.Lock()
+	d.changes++
+	d.pending[key] = d.changes
+	d.mu.Unlock()
+	d.queue.Add(key)
+}
+
+// stillPending keeps key pending past the sync that runs now, which returns
+// without having written it (it waits to be created again).
+func (d *Delivery) stillPending(key string) {
+	d.mu.Lock()
+	d.changes++
+	d.pending[key] = d.changes
+	d.mu.Unlock()
 }
 
 // queueObserved queues every node whose NodeIPAM lists a block of ref.
@@ -343,7 +370,7 @@ func (d *Delivery) queueObserved(ref poolRef) {
 	for i := range list.Items {
 		for _, b := range list.Items[i].Spec.Blocks {
 			if b.Kind == ref.kind && b.Pool == ref.name {
-				d.queue.Add(list.Items[i].Name)
+				d.change(list.Items[i].Name)
 				break
 			}
 		}
@@ -363,11 +390,11 @@ func (d *Delivery) Remove(kind, name string) {
 	d.mu.Unlock()
 	if old != nil {
 		for n := range old.blocks {
-			d.queue.Add(n)
+			d.change(n)
 		}
 	}
 	d.queueObserved(ref)
-	d.queue.Add(poolSpecsKey)
+	d.change(poolSpecsKey)
 }
 
 // Assigned returns the blocks the last reconcile in this process gave the pool
@@ -447,13 +474,18 @@ func (d *Delivery) Has(kind, name, node string) bool {
 	return slices.ContainsFunc(obj.Spec.Blocks, func(b nodeipamv1.NodeBlock) bool { return b.Kind == kind && b.Pool == name })
 }
 
-// Idle reports whether every NodeIPAM write queued so far is done (a Node's
-// delayed first write aside).
+// Idle reports whether every NodeIPAM (and the PoolSpecs) holds what the pools'
+// reconciles set so far: no write of theirs is queued, running, failed and
+// waiting to be retried, or waiting to create an object again (a Node's delayed
+// first write of an empty NodeIPAM aside). Only then may a status stop listing
+// blocks that the records alone then hold.
 func (d *Delivery) Idle() bool {
 	if !d.on() {
 		return true
 	}
-	return d.queue.Len() == 0 && d.busy.Load() == 0
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.pending) == 0
 }
 
 // Writes is how many NodeIPAM writes (creates, updates, deletes) were sent.
@@ -475,7 +507,18 @@ func (d *Delivery) processNext(ctx context.Context) bool {
 	if node == poolSpecsKey {
 		sync = d.syncSpecs
 	}
-	if err := sync(ctx, node); err != nil {
+	d.mu.Lock()
+	mark, marked := d.pending[node]
+	d.mu.Unlock()
+	err := sync(ctx, node)
+	if err == nil && marked {
+		d.mu.Lock()
+		if d.pending[node] == mark {
+			delete(d.pending, node)
+		}
+		d.mu.Unlock()
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
 				d.Log.Error(err, "writing a node's NodeIPAM; will retry", "node", node)
@@ -532,6 +575,12 @@ func (d *Delivery) poolExists(ctx context.Context, kind, name string, uid types.
 }
 
 // sync writes node's NodeIPAM when it differs from what the pools give it.
+//
+// Every NodeIPAM the controller writes carries nodeipamv1.Finalizer: one deleted
+// by anyone else stays, terminating, and is still what the planner and the
+// node's daemon read; once every pool it lists a block of has been reconciled in
+// this process (so that what the node should hold no longer depends on the
+// object), the finalizer is taken off and the object created again at once.
 func (d *Delivery) sync(ctx context.Context, node string) error {
 	key := client.ObjectKey{Namespace: d.Namespace, Name: node}
 	var cur nodeipamv1.NodeIPAM
@@ -558,12 +607,16 @@ func (d *Delivery) sync(ctx context.Context, node string) error {
 	case !exists && len(want) == 0 && !nodeExists:
 		return nil
 	case !exists:
-		obj := &nodeipamv1.NodeIPAM{ObjectMeta: metav1.ObjectMeta{Namespace: d.Namespace, Name: node},
-			Spec: nodeipamv1.NodeIPAMSpec{Blocks: want}}
-		if err := d.Client.Create(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		if err := d.create(ctx, node, want); err != nil {
 			return err
 		}
+	case cur.DeletionTimestamp != nil:
+		return d.writeBack(ctx, &cur, want, nodeExists)
 	case len(want) == 0 && !nodeExists:
+		// The node is gone and holds no block: the record goes.
+		if err := d.dropFinalizer(ctx, &cur); err != nil {
+			return err
+		}
 		if err := d.Client.Delete(ctx, &cur, client.Preconditions{ResourceVersion: &cur.ResourceVersion}); err != nil &&
 			!apierrors.IsNotFound(err) {
 			return err
@@ -571,26 +624,110 @@ func (d *Delivery) sync(ctx context.Context, node string) error {
 	case editedByOthers(&cur):
 		// Written by someone else: deleted and created again, which leaves the
 		// spec's fields the controller's alone (an update that sets what they
-		// already hold would not take them back).
+		// already hold would not take them back). The finalizer keeps it, as
+		// it stands, until it is created again.
 		d.Log.Info("a node's NodeIPAM was written by someone other than the controller; writing it again", "node", node)
 		if err := d.Client.Delete(ctx, &cur, client.Preconditions{ResourceVersion: &cur.ResourceVersion}); err != nil &&
 			!apierrors.IsNotFound(err) {
 			return err
 		}
+		d.stillPending(node)
 		d.queue.AddAfter(node, 100*time.Millisecond)
-	case blocksEqual(cur.Spec.Blocks, want):
+	case blocksEqual(cur.Spec.Blocks, want) && slices.Contains(cur.Finalizers, nodeipamv1.Finalizer):
 		return nil
 	default:
 		obj := cur.DeepCopy()
 		obj.ManagedFields = nil // as stored
 		obj.Spec.Blocks = want
+		if !slices.Contains(obj.Finalizers, nodeipamv1.Finalizer) {
+			obj.Finalizers = append(obj.Finalizers, nodeipamv1.Finalizer)
+		}
 		if err := d.Client.Update(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
 			if apierrors.IsNotFound(err) {
+				d.stillPending(node)
 				d.queue.AddAfter(node, 100*time.Millisecond) // deleted meanwhile: created again
 				return nil
 			}
 			return err
 		}
+	}
+	d.mu.Lock()
+	d.writes++
+	d.mu.Unlock()
+	return nil
+}
+
+// create writes node's NodeIPAM, with the finalizer.
+func (d *Delivery) create(ctx context.Context, node string, want []nodeipamv1.NodeBlock) error {
+	obj := &nodeipamv1.NodeIPAM{ObjectMeta: metav1.ObjectMeta{Namespace: d.Namespace, Name: node,
+		Finalizers: []string{nodeipamv1.Finalizer}}, Spec: nodeipamv1.NodeIPAMSpec{Blocks: want}}
+	return d.Client.Create(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager))
+}
+
+// dropFinalizer takes the controller's finalizer off cur, when it has it.
+func (d *Delivery) dropFinalizer(ctx context.Context, cur *nodeipamv1.NodeIPAM) error {
+	if !slices.Contains(cur.Finalizers, nodeipamv1.Finalizer) {
+		return nil
+	}
+	obj := cur.DeepCopy()
+	obj.ManagedFields = nil
+	obj.Finalizers = slices.DeleteFunc(obj.Finalizers, func(f string) bool { return f == nodeipamv1.Finalizer })
+	if err := d.Client.Update(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	*cur = *obj
+	return nil
+}
+
+// writeBack handles a NodeIPAM that is being deleted: deleted by hand, by a
+// backup tool, or by the controller itself. While a pool it lists a block of has
+// not been reconciled in this process, it stays as it is (the planner reads its
+// blocks, and so does the node's daemon). Then the finalizer comes off and, unless
+// the node is gone and holds nothing, the object is created again at once with
+// what the pools give the node.
+func (d *Delivery) writeBack(ctx context.Context, cur *nodeipamv1.NodeIPAM, want []nodeipamv1.NodeBlock, nodeExists bool) error {
+	node := cur.Name
+	for _, b := range cur.Spec.Blocks {
+		ref := poolRef{b.Kind, b.Pool}
+		d.mu.Lock()
+		known := d.pools[ref] != nil || d.gone[ref]
+		d.mu.Unlock()
+		if !known && d.poolExists(ctx, b.Kind, b.Pool, b.PoolUID) {
+			// Its reconcile will set the pool's blocks; until then this
+			// object is all that says this node's.
+			d.stillPending(node)
+			d.queue.AddAfter(node, time.Second)
+			return nil
+		}
+	}
+	if !slices.Contains(cur.Finalizers, nodeipamv1.Finalizer) {
+		// Not held by the controller (another finalizer): created again once gone.
+		d.stillPending(node)
+		d.queue.AddAfter(node, time.Second)
+		return nil
+	}
+	recreate := len(want) > 0 || nodeExists
+	if recreate {
+		d.Log.Info("a node's NodeIPAM is being deleted; writing it again with the blocks the node holds", "node", node,
+			"blocks", len(want))
+	}
+	if err := d.dropFinalizer(ctx, cur); err != nil {
+		return err
+	}
+	if !recreate || len(cur.Finalizers) > 0 {
+		if len(cur.Finalizers) > 0 {
+			d.stillPending(node)
+			d.queue.AddAfter(node, time.Second)
+		}
+		return nil
+	}
+	if err := d.create(ctx, node, want); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			d.stillPending(node)
+			d.queue.AddAfter(node, 100*time.Millisecond)
+			return nil
+		}
+		return err
 	}
 	d.mu.Lock()
 	d.writes++
@@ -644,6 +781,7 @@ func (d *Delivery) syncSpecs(ctx context.Context, _ string) error {
 			!apierrors.IsNotFound(err) {
 			return err
 		}
+		d.stillPending(poolSpecsKey)
 		d.queue.AddAfter(poolSpecsKey, 100*time.Millisecond)
 		return nil
 	case len(cur.Spec.Pools) == len(want) && (len(want) == 0 || reflect.DeepEqual(cur.Spec.Pools, want)):
@@ -654,6 +792,7 @@ func (d *Delivery) syncSpecs(ctx context.Context, _ string) error {
 		obj.Spec.Pools = want
 		if err := d.Client.Update(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
 			if apierrors.IsNotFound(err) {
+				d.stillPending(poolSpecsKey)
 				d.queue.AddAfter(poolSpecsKey, 100*time.Millisecond)
 				return nil
 			}

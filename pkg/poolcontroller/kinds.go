@@ -45,8 +45,9 @@ type pool interface {
 	allocatedRanges() []iprange.Range
 	// storeKey is the pool's key in the node daemon's store and annotation.
 	storeKey() string
-	// withBlocks returns a copy whose status lists bs (see Delivery).
-	withBlocks(bs map[string]blockVal) pool
+	// withRecords returns a copy whose status lists the records bs, then its
+	// own entries the records do not say (see Delivery).
+	withRecords(bs map[string]blockVal) pool
 	// template is the pool's entry in PoolSpecs.
 	template() nodeipamv1.PoolSpec
 }
@@ -270,21 +271,38 @@ func sameSet[T comparable](a, b []T, key func(T) string) bool {
 // CIDRPool's prefix and gateway.
 type blockVal struct{ start, end, prefix, gateway string }
 
-// withBlocks returns a copy of the pool whose status lists bs (sorted by node).
-func (a ipPool) withBlocks(bs map[string]blockVal) pool {
+// withRecords returns a copy of the pool whose status lists the nodes' records
+// bs first (sorted by node), then every entry of its own status that a record
+// does not already say. existing() keeps the first entry of a node and of a
+// block: a record wins over a status entry of the same node or of the same
+// block, and the entry it overrides is a misfit, held for its node (a daemon that
+// reads the status may have used it) and given to no one else.
+func (a ipPool) withRecords(bs map[string]blockVal) pool {
 	p := a.p.DeepCopy()
-	p.Status.Allocations = make([]v1alpha1.Allocation, 0, len(bs))
+	p.Status.Allocations = make([]v1alpha1.Allocation, 0, len(bs)+len(a.p.Status.Allocations))
 	for _, n := range slices.Sorted(maps.Keys(bs)) {
 		p.Status.Allocations = append(p.Status.Allocations, v1alpha1.Allocation{NodeName: n, StartIP: bs[n].start, EndIP: bs[n].end})
+	}
+	for _, al := range a.p.Status.Allocations {
+		if b, ok := bs[al.NodeName]; ok && b.start == al.StartIP && b.end == al.EndIP {
+			continue
+		}
+		p.Status.Allocations = append(p.Status.Allocations, al)
 	}
 	return ipPool{p}
 }
 
-func (a cidrPool) withBlocks(bs map[string]blockVal) pool {
+func (a cidrPool) withRecords(bs map[string]blockVal) pool {
 	p := a.p.DeepCopy()
-	p.Status.Allocations = make([]v1alpha1.CIDRPoolAllocation, 0, len(bs))
+	p.Status.Allocations = make([]v1alpha1.CIDRPoolAllocation, 0, len(bs)+len(a.p.Status.Allocations))
 	for _, n := range slices.Sorted(maps.Keys(bs)) {
 		p.Status.Allocations = append(p.Status.Allocations, v1alpha1.CIDRPoolAllocation{NodeName: n, Prefix: bs[n].prefix, Gateway: bs[n].gateway})
+	}
+	for _, al := range a.p.Status.Allocations {
+		if b, ok := bs[al.NodeName]; ok && b.prefix == al.Prefix && b.gateway == al.Gateway {
+			continue
+		}
+		p.Status.Allocations = append(p.Status.Allocations, al)
 	}
 	return cidrPool{p}
 }

@@ -331,14 +331,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	return ctrl.Result{RequeueAfter: out.RequeueAfter}, nil
 }
 
-// plannedFrom returns p, or, when its status lists no block while the
-// NodeIPAMs give some to nodes (above the threshold, or after a restart), a copy of
-// p whose status lists those. With delivery off, a status that says its blocks are
-// in NodeIPAMs cannot be planned from: an error says so, and nothing is written.
+// plannedFrom returns the pool whose status lists the blocks the plan starts
+// from. With delivery on, those are the records': each node's NodeIPAM is the
+// record of which block it may allocate from, written before its daemon can use
+// the block, so the plan never starts from the pool's status alone, which a
+// failed, slow or refused write may have left without a block a node's record
+// gives it. The status's own entries count too where no record says otherwise
+// (a takeover from nv-ipam, from hwipam before NodeIPAM, or a block whose record
+// write never went through): a block is kept from other nodes as long as either
+// says a node has it.
 //
 // When this process's last reconcile of the pool (same UID and generation) is
 // the record, it also returns that reconcile's assignments, which the plan then
-// starts from as they are.
+// starts from as they are: they are what the records are being written from,
+// whether or not the status write that followed went through.
+//
+// With delivery off, a status that says its blocks are in NodeIPAMs cannot be
+// planned from: an error says so, and nothing is written.
 func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (pool, []assignment, error) {
 	c := p.common()
 	if !delivering {
@@ -347,9 +356,6 @@ func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (
 				"(the NodeIPAM CRD or the controller's RBAC on nodeipams is missing); nothing is assigned until it can: "+
 				"install deploy/crds and deploy/rbac/controller", r.Kind, p.object().GetName())
 		}
-		return p, nil, nil
-	}
-	if c.BlocksIn != v1alpha1.BlocksInNodeIPAM && p.allocationCount() > 0 {
 		return p, nil, nil
 	}
 	obj := p.object()
@@ -363,7 +369,7 @@ func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (
 	if len(bs) == 0 {
 		return p, nil, nil
 	}
-	return p.withBlocks(bs), nil, nil
+	return p.withRecords(bs), nil, nil
 }
 
 // setListed sets status.blocksIn and the AllocationsListed condition, and tells
@@ -640,13 +646,16 @@ func (r *Reconciler) overlaps(ctx context.Context, p pool, mine iprange.Range) (
 		if !ok || !theirs.Overlaps(mine) {
 			continue
 		}
-		if o.common().BlocksIn == v1alpha1.BlocksInNodeIPAM && o.allocationCount() == 0 && r.Delivery.on() {
-			// Its status lists no block: they are in the NodeIPAMs.
+		if r.Delivery.on() {
+			// Its blocks are its records', and its status's where no record
+			// says otherwise (see plannedFrom).
 			bs, err := r.Delivery.Existing(ctx, o.kind(), obj.GetName(), obj.GetUID())
 			if err != nil {
 				return "", nil, err
 			}
-			o = o.withBlocks(bs)
+			if len(bs) > 0 {
+				o = o.withRecords(bs)
+			}
 		}
 		foreign = append(foreign, o.allocatedRanges()...)
 		if olderThan(obj, o.kind(), me, p.kind()) {
