@@ -291,3 +291,40 @@ func TestStatusOmitsBlocksOnlyOnceRecorded(t *testing.T) {
 	})
 	w.checkOneOwner()
 }
+
+// TestThresholdHysteresis: a pool whose status stopped listing its blocks above
+// the threshold lists them again only some 5% below it (one block here), so a
+// pool that hovers at the threshold does not rewrite its whole list at each join.
+func TestThresholdHysteresis(t *testing.T) {
+	w := newRecordsWorld(t, 4)
+	nodes := []string{"node-a", "node-b", "node-c", "node-d", "node-e"}
+	for _, n := range nodes {
+		w.node(n)
+	}
+	w.pool()
+	runController(t, w.opts)
+	listed := func(want bool, n int) func() (bool, string) {
+		return func() (bool, string) {
+			var p v1alpha1.IPPool
+			if err := w.c.Get(t.Context(), client.ObjectKey{Namespace: w.ns, Name: "rail0"}, &p); err != nil {
+				return false, err.Error()
+			}
+			is := p.Status.BlocksIn == v1alpha1.BlocksInStatus
+			return is == want && int(p.Status.AllocatedNodes) == n && (!want || len(p.Status.Allocations) == n),
+				fmt.Sprintf("blocksIn %q, %d allocated, %d listed", p.Status.BlocksIn, p.Status.AllocatedNodes, len(p.Status.Allocations))
+		}
+	}
+	eventually(t, "5 blocks, none listed", listed(false, 5))
+	if err := w.c.Delete(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-e"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "4 blocks", listed(false, 4))
+	time.Sleep(2 * time.Second)
+	if ok, state := listed(false, 4)(); !ok {
+		t.Fatalf("at the threshold (4 of 4) the status lists the blocks again: %s", state)
+	}
+	if err := w.c.Delete(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-d"}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "3 blocks, listed again", listed(true, 3))
+}

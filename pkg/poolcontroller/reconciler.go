@@ -298,7 +298,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	// NodeIPAM write queued so far is done: a controller that restarts then
 	// plans from the NodeIPAMs, which must hold every block the status gave.
 	flushed := func() bool { return p.allocationCount() == 0 || r.Delivery.Idle() }
-	omit := delivering && r.MaxListed > 0 && len(out.Assignments) > r.MaxListed
+	omit := delivering && r.MaxListed > 0 && len(out.Assignments) > r.listedBelow(c.BlocksIn == v1alpha1.BlocksInNodeIPAM)
 	if omit && !flushed() {
 		omit = false
 		if out.RequeueAfter == 0 || out.RequeueAfter > time.Second {
@@ -370,6 +370,18 @@ func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (
 		return p, nil, nil
 	}
 	return p.withRecords(bs), nil, nil
+}
+
+// listedBelow returns how many blocks a pool's status lists at most: MaxListed,
+// and, once it lists none, some 5% fewer (at least one), so that a pool that
+// hovers at the threshold (a node joins, one leaves) does not switch at every
+// join between a list of 10,000 blocks and none, a 760 kB write and an event
+// each time.
+func (r *Reconciler) listedBelow(omitted bool) int {
+	if !omitted {
+		return r.MaxListed
+	}
+	return r.MaxListed - max(1, r.MaxListed/20)
 }
 
 // setListed sets status.blocksIn and the AllocationsListed condition, and tells
