@@ -163,8 +163,12 @@ type faultTransport struct {
 	next http.RoundTripper
 }
 
-// errAnswerLost is what a request whose answer was lost fails with.
-var errAnswerLost = errors.New("connection reset by peer (fault injected: the request was applied, its answer lost)")
+// errAnswerLost is what a request whose answer was lost fails with;
+// errFaultTimeout, one that timed out.
+var (
+	errAnswerLost   = errors.New("connection reset by peer (fault injected: the request was applied, its answer lost)")
+	errFaultTimeout = errors.New("net/http: request canceled (Client.Timeout exceeded while awaiting headers) (fault injected)")
+)
 
 func (t faultTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := t.f.match(req)
@@ -182,7 +186,7 @@ func (t faultTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		case <-req.Context().Done():
 			return nil, req.Context().Err()
 		}
-		return nil, fmt.Errorf("net/http: request canceled (Client.Timeout exceeded while awaiting headers) (fault injected)")
+		return nil, errFaultTimeout
 	case FaultSlow:
 		select {
 		case <-time.After(delay):

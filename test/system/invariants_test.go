@@ -27,6 +27,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -133,13 +134,16 @@ type simNode struct {
 }
 
 type world struct {
-	t          *testing.T
-	ctx        context.Context
-	seed       uint64
-	rng        *rand.Rand
-	cp         *harness.ControlPlane
-	c          client.Client
-	proxy      *harness.APIProxy
+	t     *testing.T
+	ctx   context.Context
+	seed  uint64
+	rng   *rand.Rand
+	cp    *harness.ControlPlane
+	c     client.Client
+	proxy *harness.APIProxy
+	// faults: the API writes of the controller and the daemons that fail, by
+	// seed (see apiFaults); every process reaches the API server through them.
+	faults     *harness.Faults
 	kubeconfig string
 	nodeBin    string
 	pluginBin  string
@@ -275,23 +279,16 @@ func newBareWorld(t *testing.T, seed uint64, bins map[string]string, dra bool) *
 		nodeBin: bins["ipam-node"], pluginBin: bins["nv-ipam"], live: map[string]attachment{}, uncertain: map[string]attachment{}, pods: map[string]string{},
 		counts: map[string]int{}, hostileHad: map[string][]iprange.Range{},
 		dra: dra, claims: map[types.UID]*draClaim{}, collect: map[types.UID]*draGone{}}
-	w.proxy = harness.NewAPIProxy(t, cp.Config)
-	host := w.proxy.Target()
-	kc, err := cp.WriteKubeconfig(t.TempDir())
+	// The processes' path to the API server: a TCP proxy that can cut it
+	// (outages), then an HTTPS proxy that makes chosen writes fail.
+	w.faults = harness.NewFaults()
+	fp := harness.NewFaultProxy(t, cp.Config, w.faults)
+	w.proxy = harness.NewAPIProxy(t, &rest.Config{Host: "https://" + fp.Addr()})
+	kc, err := fp.WriteKubeconfig(t.TempDir(), w.proxy.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(raw), host) {
-		t.Fatalf("kubeconfig does not name the API server %s", host)
-	}
-	w.kubeconfig = filepath.Join(t.TempDir(), "kubeconfig-proxy")
-	if err := os.WriteFile(w.kubeconfig, []byte(strings.ReplaceAll(string(raw), host, w.proxy.Addr())), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	w.kubeconfig = kc
 	w.ctrlBin = bins["ipam-controller"]
 	w.maxListed = []int{0, 2, 3, 4}[w.rng.IntN(4)]
 	t.Logf("ipam-controller --status-allocations-max-nodes %d", w.maxListed)
@@ -599,6 +596,10 @@ func (w *world) run(steps int) {
 			}
 			return 0
 		}, w.apiStart},
+		// Writes of one resource fail for a while, as an overloaded or
+		// flaky API server's do (see apiFaults).
+		{"api-faults", func() int { return 6 }, w.apiFaults},
+		{"api-faults-clear", func() int { return 2 }, w.apiFaultsClear},
 	}
 	if w.dra {
 		for _, a := range w.draActions() {
@@ -625,6 +626,7 @@ func (w *world) run(steps int) {
 	}
 	w.step = steps + 1
 	w.tracef("final: everything up, every address released")
+	w.faults.Clear()
 	if !w.proxy.Up() {
 		w.apiStart()
 	}
