@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/poolcontroller"
@@ -577,4 +578,59 @@ func TestLeaseSpreadsOverPartsPastItsSize(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFailingSaveWritesNoPartAgain: the Lease's head cannot be written (a 500, a
+// quota, too large); the part Leases were written. Saves that follow with nothing
+// changed write the head again, not every part: before, five saves wrote every
+// part five times (issue 44, item 6).
+func TestFailingSaveWritesNoPartAgain(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.node("a", true, nil)
+	first, mem := f.restarted(true)
+	f.newIPPool("p", "10.109.0.0/24", 8, nil)
+	f.reconcile(first, "p")
+	mem.AddLiveReports(60000, 39)
+	var headWrites, partWrites atomic.Int64
+	count := func(obj client.Object) error {
+		if obj.GetName() == poolcontroller.MemoryLeaseName {
+			headWrites.Add(1)
+			return apierrors.NewInternalError(errors.New("injected: the head Lease cannot be written"))
+		}
+		if strings.HasPrefix(obj.GetName(), poolcontroller.MemoryLeaseName+"-") {
+			partWrites.Add(1)
+		}
+		return nil
+	}
+	wc, err := client.NewWithWatch(cp.Config, client.Options{Scheme: f.c.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem.Client = interceptor.NewClient(wc, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if err := count(obj); err != nil {
+				return err
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if err := count(obj); err != nil {
+				return err
+			}
+			return c.Update(ctx, obj, opts...)
+		},
+	})
+	for range 5 {
+		if err := mem.Save(t.Context()); err == nil {
+			t.Fatal("a save whose head Lease cannot be written succeeded")
+		}
+	}
+	parts := partWrites.Load()
+	if headWrites.Load() != 5 {
+		t.Fatalf("%d writes of the head in 5 saves, want 5", headWrites.Load())
+	}
+	if parts == 0 || parts > 16 {
+		t.Fatalf("%d part writes in 5 saves that failed at the head with nothing changed, want each part once", parts)
+	}
+	t.Logf("5 failed saves: %d part writes", parts)
 }

@@ -90,10 +90,14 @@ func (m *Memory) writeParts(ctx context.Context, p memoryPayload) error {
 	if err != nil {
 		return err
 	}
+	// The parts are stored whether or not the head is: a save that fails at
+	// the head writes only the head again, not every part every second.
 	if len(value) > maxMemoryBytes {
+		m.rememberParts(done, 0)
 		return errTooLarge
 	}
 	if err := m.write(ctx, value); err != nil {
+		m.rememberParts(done, 0)
 		return err
 	}
 	m.rememberParts(done, n)
