@@ -30,7 +30,7 @@ const (
 	draOverlay = "deploy/overlays/dra"
 	// draPolicies is how many admission policies the overlay renders: the base's
 	// two, and its own for ResourceSlices, for claim status and against shared claims.
-	draPolicies = 5
+	draPolicies = 6
 )
 
 // What deploy/dra/policy.yaml says when it refuses a ResourceSlice.

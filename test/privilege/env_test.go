@@ -135,7 +135,7 @@ type env struct {
 
 func startEnv(t *testing.T) *env {
 	t.Helper()
-	return startEnvOf(t, "deploy/base", 2)
+	return startEnvOf(t, "deploy/base", 3)
 }
 
 // startEnvOf is startEnv with the service accounts, RBAC and admission policies of

@@ -307,3 +307,93 @@ func (w *world) waitPrefixLen(pool, node string, bits int, within time.Duration)
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// unfinalizedCommit is the last hwipam whose NodeIPAMs were not yet the
+// planner's record: no finalizer, and its controller planned a pool under the
+// threshold from the pool's status.
+const unfinalizedCommit = "b4d1c25"
+
+// TestUpgradeToRecordsAndBack: a cluster of the hwipam before NodeIPAMs were the
+// planner's record (its controller and daemons, the pool above the threshold, so
+// that the NodeIPAMs are the only place the blocks are written down) holds
+// addresses. The new controller takes over its NodeIPAMs (adds its finalizer,
+// keeps every block), the daemons are rolled, a node joins. Then back: the
+// daemons first, then the old controller, which must go on with NodeIPAMs that
+// carry a finalizer it does not know. No address is held twice or outside its
+// node's block at any step, and every node keeps allocating.
+func TestUpgradeToRecordsAndBack(t *testing.T) {
+	commit := resolveCommit(t, unfinalizedCommit)
+	old := previousBins(t, commit)
+	bins := scenarioBins(t)
+	w := newBareWorld(t, 4404, map[string]string{"ipam-controller": old["ipam-controller"], "ipam-node": old["ipam-node"],
+		"nv-ipam": bins["nv-ipam"]}, false)
+	w.restartControllerWith(old["ipam-controller"], 1)
+	w.addNode(0)
+	w.addNode(1)
+	c0 := networks[3]
+	w.createCIDRPool("")
+	w.waitNodeIPAMOf("sys-n0", "c0", 30*time.Second)
+	w.waitNodeIPAMOf("sys-n1", "c0", 30*time.Second)
+	all := func(what string) {
+		w.tracef("%s", what)
+		for i := range w.nodes {
+			w.addOn(i, c0)
+		}
+		w.check()
+	}
+	all("old controller, old daemons, the blocks in the NodeIPAMs only")
+	before := map[string]string{}
+	for _, n := range []string{"sys-n0", "sys-n1"} {
+		o, err := w.nodeIPAM(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[n] = fmt.Sprint(o.Spec.Blocks)
+		if len(o.Finalizers) != 0 {
+			t.Fatalf("the old controller's NodeIPAM of %s has finalizers %v", n, o.Finalizers)
+		}
+	}
+
+	w.restartControllerWith(bins["ipam-controller"], 1)
+	deadline := time.Now().Add(30 * time.Second)
+	for _, n := range []string{"sys-n0", "sys-n1"} {
+		for {
+			o, err := w.nodeIPAM(n)
+			if err == nil && len(o.Finalizers) == 1 && o.Finalizers[0] == nodeipamv1.Finalizer {
+				if got := fmt.Sprint(o.Spec.Blocks); got != before[n] {
+					t.Fatalf("the new controller changed %s's blocks: %s, before %s", n, got, before[n])
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the new controller did not add its finalizer to %s's NodeIPAM (%v)", n, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	all("new controller, old daemons")
+	w.nodeBin = bins["ipam-node"]
+	for i := range w.nodes {
+		w.killDaemon(i)
+		w.startDaemon(i)
+	}
+	all("new controller, new daemons")
+	w.addNode(2)
+	w.waitNodeIPAMOf("sys-n2", "c0", 30*time.Second)
+	all("a node joined")
+
+	w.nodeBin = old["ipam-node"]
+	for i := range w.nodes {
+		w.killDaemon(i)
+		w.startDaemon(i)
+	}
+	all("new controller, old daemons again")
+	w.restartControllerWith(old["ipam-controller"], 1)
+	time.Sleep(2 * time.Second)
+	all("old controller, old daemons again, NodeIPAMs with the finalizer")
+	for _, k := range sortedKeys(w.live) {
+		w.mustDel(w.live[k])
+		delete(w.live, k)
+	}
+	w.check()
+}
