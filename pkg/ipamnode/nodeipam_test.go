@@ -132,3 +132,79 @@ func TestDaemonAllocatesFromItsNodeIPAM(t *testing.T) {
 		return c == codes.NotFound
 	})
 }
+
+// TestNewBlockWaitsForItsSpec: the controller cut a new block from a spec (a
+// layout edit, generation 2) that the PoolSpecs do not hold yet (NodeIPAM and
+// PoolSpecs are written apart). The daemon keeps allocating from the block it
+// had, never from the new block with the old spec's exclusions, and takes the
+// new block once the PoolSpecs bring generation 2: then the new spec's
+// exclusion holds in it.
+func TestNewBlockWaitsForItsSpec(t *testing.T) {
+	cp := harness.StartControlPlane(t, harness.ControlPlaneOptions{})
+	c := cp.Client
+	ctx := t.Context()
+	poolWithBlock(t, c, "p", "10.6.0.0/24", "10.6.0.1", "10.6.0.8")
+	var pool v1alpha1.IPPool
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "p"}, &pool); err != nil {
+		t.Fatal(err)
+	}
+	specOf := func(gen int64, excl []v1alpha1.ExcludeRange) nodeipamv1.PoolSpec {
+		s := pool.Spec.DeepCopy()
+		s.Exclusions = excl
+		return nodeipamv1.PoolSpec{Kind: v1alpha1.KindIPPool, Pool: "p", PoolUID: pool.UID, Generation: gen, IPPool: s}
+	}
+	specs := &nodeipamv1.PoolSpecs{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: nodeipamv1.PoolSpecsName},
+		Spec: nodeipamv1.PoolSpecsSpec{Pools: []nodeipamv1.PoolSpec{specOf(1, nil)}}}
+	if err := c.Create(ctx, specs, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		t.Fatal(err)
+	}
+	block := func(start, end string, gen int64) nodeipamv1.NodeBlock {
+		return nodeipamv1.NodeBlock{Kind: v1alpha1.KindIPPool, Pool: "p", PoolUID: pool.UID, StartIP: start, EndIP: end, PoolGeneration: gen}
+	}
+	obj := &nodeipamv1.NodeIPAM{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: node},
+		Spec: nodeipamv1.NodeIPAMSpec{Blocks: []nodeipamv1.NodeBlock{block("10.6.0.33", "10.6.0.62", 1)}}}
+	if err := c.Create(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, cp.Config, t.TempDir(), nil)
+	n := 0
+	allocate := func() (string, codes.Code) {
+		n++
+		resp, err := d.ipam.Allocate(ctx, &nodev1.AllocateRequest{Parameters: params(fmt.Sprintf("c%d", n), "p")})
+		if err != nil {
+			return "", code(err)
+		}
+		return resp.Allocations[0].Ip, codes.OK
+	}
+	waitFor(t, "an allocation from the NodeIPAM's block", func() bool {
+		ip, c := allocate()
+		return c == codes.OK && inBlock(t, ip, "10.6.0.33", "10.6.0.62")
+	})
+
+	// The new block, of generation 2, before its spec.
+	obj.Spec.Blocks = []nodeipamv1.NodeBlock{block("10.6.0.65", "10.6.0.94", 2)}
+	if err := c.Update(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	for range 3 {
+		if ip, c := allocate(); c != codes.OK || !inBlock(t, ip, "10.6.0.33", "10.6.0.62") {
+			t.Fatalf("with the new block's spec not there yet, allocated %q (%v), not from the block it had (10.6.0.33-10.6.0.62)", ip, c)
+		}
+	}
+	// Its spec: generation 2 excludes the new block's first 6 addresses.
+	specs.Spec.Pools = []nodeipamv1.PoolSpec{specOf(2, []v1alpha1.ExcludeRange{{StartIP: "10.6.0.65", EndIP: "10.6.0.70"}})}
+	if err := c.Update(ctx, specs, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "an allocation from the new block", func() bool {
+		ip, c := allocate()
+		return c == codes.OK && inBlock(t, ip, "10.6.0.65", "10.6.0.94")
+	})
+	for range 5 {
+		ip, c := allocate()
+		if c != codes.OK || !inBlock(t, ip, "10.6.0.71", "10.6.0.94") {
+			t.Fatalf("allocated %q (%v) from the new block: outside 10.6.0.71-10.6.0.94 (10.6.0.65-70 are excluded)", ip, c)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -62,12 +63,28 @@ type poolSync struct {
 	delivered bool
 	specs     map[railKey]nodeipamv1.PoolSpec
 	last      *nodeipamv1.NodeIPAM
+	// applied is, by pool kind, name and UID, the block configuration last
+	// applied from the NodeIPAM and its rail: kept while a new block of the pool
+	// waits for the spec it was cut from. Guarded by mu.
+	applied map[appliedKey]appliedBlock
 	// kick tells run's watch that the PoolSpecs applied the NodeIPAM.
 	kick chan struct{}
 }
 
 // railKey is a pool kind and a rail.
 type railKey struct{ kind, rail string }
+
+// appliedKey names a pool by kind, name and UID.
+type appliedKey struct {
+	kind, pool string
+	uid        types.UID
+}
+
+// appliedBlock is a block configuration applied from the NodeIPAM, with its pool's rail.
+type appliedBlock struct {
+	cfg  *nodealloc.PoolConfig
+	rail string
+}
 
 // LabelRail binds a pool to a rail (docs/rails.md).
 const LabelRail = v1alpha1.LabelRail
@@ -181,12 +198,24 @@ func (s *poolSync) syncNodeIPAM(ctx context.Context, obj *nodeipamv1.NodeIPAM) (
 	res := newSyncResult()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	applied := map[appliedKey]appliedBlock{}
 	for _, b := range obj.Spec.Blocks {
+		ak := appliedKey{b.Kind, b.Pool, b.PoolUID}
 		spec, ok := s.specs[railKey{b.Kind, b.Pool}]
-		if !ok || spec.PoolUID != b.PoolUID {
-			// A pool created a moment ago: its spec comes with the next
-			// PoolSpecs, which applies this NodeIPAM again.
-			logger.V(1).Info("a block of this node's NodeIPAM waits for its pool's spec", "kind", b.Kind, "pool", b.Pool)
+		if !ok || spec.PoolUID != b.PoolUID || spec.Generation < b.PoolGeneration {
+			// A pool created a moment ago, or a block cut from a spec newer
+			// than the one this daemon has: the spec comes with the next
+			// PoolSpecs, which applies this NodeIPAM again. Until then the
+			// pool's block stays as it was applied, never the new block with
+			// an older spec's exclusions or gateway.
+			logger.V(1).Info("a block of this node's NodeIPAM waits for its pool's spec", "kind", b.Kind, "pool", b.Pool,
+				"blockOfGeneration", b.PoolGeneration, "specGeneration", spec.Generation)
+			if prev, ok := s.applied[ak]; ok {
+				res.cfgs = append(res.cfgs, prev.cfg)
+				res.bind(b.Kind, b.Pool, prev.rail)
+				res.existing[v1alpha1.PoolKey(b.Kind, b.Pool)] = true
+				applied[ak] = prev
+			}
 			continue
 		}
 		var c *nodealloc.PoolConfig
@@ -212,7 +241,9 @@ func (s *poolSync) syncNodeIPAM(ctx context.Context, obj *nodeipamv1.NodeIPAM) (
 		res.cfgs = append(res.cfgs, c)
 		res.bind(b.Kind, b.Pool, spec.Rail)
 		res.existing[v1alpha1.PoolKey(b.Kind, b.Pool)] = true
+		applied[ak] = appliedBlock{cfg: c, rail: spec.Rail}
 	}
+	s.applied = applied
 	if !s.delivered {
 		logger.Info("reading this node's blocks from its NodeIPAM", "nodeipam", obj.Namespace+"/"+obj.Name, "blocks", len(res.cfgs))
 	}

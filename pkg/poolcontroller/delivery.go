@@ -534,13 +534,28 @@ func (d *Delivery) processNext(ctx context.Context) bool {
 // want returns the blocks node's NodeIPAM should list, given what it lists now
 // (nil when there is none).
 func (d *Delivery) want(ctx context.Context, node string, cur *nodeipamv1.NodeIPAM) []nodeipamv1.NodeBlock {
+	// A block the object already lists keeps the generation it was cut from;
+	// a new one is of the spec its plan was made with (see NodeBlock.PoolGeneration):
+	// a spec edit that leaves the block as it is writes no NodeIPAM.
+	var had map[poolRef]nodeipamv1.NodeBlock
+	if cur != nil {
+		had = make(map[poolRef]nodeipamv1.NodeBlock, len(cur.Spec.Blocks))
+		for _, b := range cur.Spec.Blocks {
+			had[poolRef{b.Kind, b.Pool}] = b
+		}
+	}
 	d.mu.Lock()
 	var out []nodeipamv1.NodeBlock
 	for _, pb := range d.pools {
 		if i, ok := pb.blocks[node]; ok {
 			b := pb.val(i)
-			out = append(out, nodeipamv1.NodeBlock{Kind: pb.template.Kind, Pool: pb.template.Pool, PoolUID: pb.template.PoolUID,
-				StartIP: b.start, EndIP: b.end, Prefix: b.prefix, Gateway: b.gateway})
+			nb := nodeipamv1.NodeBlock{Kind: pb.template.Kind, Pool: pb.template.Pool, PoolUID: pb.template.PoolUID,
+				StartIP: b.start, EndIP: b.end, Prefix: b.prefix, Gateway: b.gateway, PoolGeneration: pb.template.Generation}
+			if o, ok := had[poolRef{nb.Kind, nb.Pool}]; ok && o.PoolUID == nb.PoolUID && o.StartIP == nb.StartIP &&
+				o.EndIP == nb.EndIP && o.Prefix == nb.Prefix && o.Gateway == nb.Gateway && o.PoolGeneration <= nb.PoolGeneration {
+				nb.PoolGeneration = o.PoolGeneration
+			}
+			out = append(out, nb)
 		}
 	}
 	var kept []nodeipamv1.NodeBlock

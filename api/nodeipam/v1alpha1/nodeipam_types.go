@@ -73,6 +73,13 @@ type NodeBlock struct {
 	Prefix string `json:"prefix,omitempty"`
 	// +optional
 	Gateway string `json:"gateway,omitempty"`
+	// poolGeneration is the pool's metadata.generation whose spec the block was
+	// cut from. A daemon uses the block only with that spec or a later one (the
+	// PoolSpecs entry's generation), never with an older spec's exclusions or
+	// gateway; until then it keeps the block it had. 0: any spec of the pool's UID
+	// (written by a controller before this field).
+	// +optional
+	PoolGeneration int64 `json:"poolGeneration,omitempty"`
 }
 
 // PoolSpecsName is the name of the one PoolSpecs object of a pools' namespace.
