@@ -27,6 +27,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -636,7 +637,15 @@ func (w *world) draPrepare(c *draClaim) {
 			w.counts["dra-prepare-refused"]++
 		}
 		c.refuseFirst = false
-		if c.state == claimUncertain {
+		switch {
+		case strings.Contains(r.Error, "its addresses are held, but writing its status failed"):
+			// The claim's status write failed (api-faults): the driver keeps
+			// what it allocated for the kubelet's next try, and the write
+			// may have been stored with its answer lost. Settled by the next
+			// prepare, an unprepare, or the claim's deletion.
+			c.state = claimUncertain
+			w.counts["dra-prepare-status-failed"]++
+		case c.state == claimUncertain:
 			c.state = claimPending // a refusal releases what the claim got
 		}
 		w.tracef("kubelet: prepare %s refused: %s", c, r.Error)
