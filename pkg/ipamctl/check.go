@@ -678,6 +678,7 @@ func (f *checkFlags) checkAPI(ctx context.Context, c *checker, d *daemonState, v
 		}
 		s.nadFindings(c)
 		s.claimFindings(c)
+		recordFindings(ctx, c, cl, ns, ipPools.Items, cidrPools.Items)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/ipamctl"
 	"github.com/hwipam/hwipam/pkg/nicdra"
@@ -43,6 +44,9 @@ func nadControlPlane(t *testing.T) (client.Client, string) {
 		t.Fatal(err)
 	}
 	if err := nadv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodeipamv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
 	cp, err := harness.NewControlPlane(harness.ControlPlaneOptions{ClientOptions: &client.Options{Scheme: scheme},
@@ -531,5 +535,84 @@ func TestClusterDRAClaims(t *testing.T) {
 			strings.Contains(f.Message, "holds port pci-0000-4f-00-0 (ibp79s0, 0000:4f:00.0) on node n-1, rail ibp79s0, pool(s) rail-ibp79s0, address(es) 10.79.0.5/16")
 	}) {
 		t.Errorf("check --cluster does not list the port the claim holds: %+v", cr.Findings)
+	}
+}
+
+// TestClusterRecordFindings: check --cluster reads the NodeIPAMs, the records
+// ipam-controller plans from, and says which one someone else wrote (its daemon
+// ignores it), which is being deleted (held by the controller's finalizer), and
+// which block a record gives that the pool's status does not list (the status
+// writes are not going through); and that all is well when none of these is so.
+func TestClusterRecordFindings(t *testing.T) {
+	c, kubeconfig := nadControlPlane(t)
+	ctx := t.Context()
+	const ns = "kube-system"
+	pool := &v1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "rail0", Namespace: ns},
+		Spec: v1alpha1.IPPoolSpec{Subnet: "10.7.0.0/24", PerNodeBlockSize: 16}}
+	for _, o := range []client.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n-1"}}, pool} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool.Status.Allocations = []v1alpha1.Allocation{{NodeName: "n-1", StartIP: "10.7.0.1", EndIP: "10.7.0.16"}}
+	if err := c.Status().Update(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	record := func(node, start, end string) *nodeipamv1.NodeIPAM {
+		return &nodeipamv1.NodeIPAM{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: node},
+			Spec: nodeipamv1.NodeIPAMSpec{Blocks: []nodeipamv1.NodeBlock{{Kind: v1alpha1.KindIPPool, Pool: "rail0", PoolUID: pool.UID,
+				StartIP: start, EndIP: end}}}}
+	}
+	if err := c.Create(ctx, record("n-1", "10.7.0.1", "10.7.0.16"), client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		t.Fatal(err)
+	}
+	records := func() []ipamctl.Finding {
+		t.Helper()
+		cr, _ := checkRun(t, "--cluster", "--kubeconfig", kubeconfig, "--socket", "unix:///nonexistent.sock", "--node-name", "n-1")
+		var out []ipamctl.Finding
+		for _, f := range cr.Findings {
+			if f.Check == "records" {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+	if got := records(); len(got) != 1 || got[0].Severity != ipamctl.SeverityOK {
+		t.Fatalf("one record that agrees with the status: %+v", got)
+	}
+	// n-2's record gives a block the status does not list; n-3's was written
+	// by hand; n-4's is being deleted.
+	if err := c.Create(ctx, record("n-2", "10.7.0.17", "10.7.0.32"), client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, record("n-3", "10.7.0.33", "10.7.0.48"), client.FieldOwner("kubectl-create")); err != nil {
+		t.Fatal(err)
+	}
+	held := record("n-4", "10.7.0.49", "10.7.0.64")
+	held.Finalizers = []string{nodeipamv1.Finalizer}
+	if err := c.Create(ctx, held, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"NodeIPAM kube-system/n-2": ipamctl.SeverityWarning + ": IPPool rail0's status does not list node n-2's block 10.7.0.17-10.7.0.32",
+		"NodeIPAM kube-system/n-3": ipamctl.SeverityError + ": NodeIPAM n-3 was written by someone other than ipam-controller",
+		"NodeIPAM kube-system/n-4": ipamctl.SeverityWarning + ": NodeIPAM n-4 is being deleted: its finalizer ipam.hwipam.io/record keeps it",
+	}
+	got := records()
+	if len(got) != len(want) {
+		t.Fatalf("record findings %+v, want one for each of %v", got, want)
+	}
+	for _, f := range got {
+		w, ok := want[f.Subject]
+		if !ok || !strings.HasPrefix(f.Severity+": "+f.Message, w) || f.Fix == "" {
+			t.Errorf("finding %+v, want %q with a fix", f, w)
+		}
+	}
+	// Taken off by hand (as uninstall does): gone.
+	if err := c.Patch(ctx, held, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`))); err != nil {
+		t.Fatal(err)
 	}
 }

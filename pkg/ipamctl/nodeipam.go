@@ -2,7 +2,10 @@ package ipamctl
 
 import (
 	"context"
+	"fmt"
+	"strings"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
@@ -85,4 +88,87 @@ func fillFromNodeIPAMs(ctx context.Context, cl client.Client, ns, node string, i
 		}
 	}
 	return filled
+}
+
+// recordFindings are check --cluster's findings on the NodeIPAMs, the record of
+// which node holds which block that ipam-controller plans from: one written by
+// someone other than the controller (its daemon ignores it), one being deleted
+// (the controller's finalizer keeps it until the controller writes it again),
+// and, for a pool whose status lists its blocks, a block a record gives a node
+// that the status does not list (its status writes are not going through).
+func recordFindings(ctx context.Context, c *checker, cl client.Client, ns string, ips []v1alpha1.IPPool, cidrs []v1alpha1.CIDRPool) {
+	var list nodeipamv1.NodeIPAMList
+	switch err := cl.List(ctx, &list, client.InNamespace(ns)); {
+	case meta.IsNoMatchError(err):
+		c.add(SeverityInfo, "records", "", "the NodeIPAM CRD is not installed: every pool's status lists every block, as nv-ipam's does", "")
+		return
+	case err != nil:
+		c.add(SeverityWarning, "records", "", fmt.Sprintf("cannot list NodeIPAMs in %s: %v", ns, err),
+			"the record checks need list rights on nodeipams.ipam.hwipam.io")
+		return
+	}
+	listed := map[string]string{} // "kind/pool/node" → block, of pools whose status lists their blocks
+	inStatus := map[string]bool{} // "kind/pool" of those pools
+	for i := range ips {
+		p := &ips[i]
+		if p.Status.BlocksIn == v1alpha1.BlocksInNodeIPAM {
+			continue
+		}
+		inStatus[v1alpha1.KindIPPool+"/"+p.Name+"/"+string(p.UID)] = true
+		for _, a := range p.Status.Allocations {
+			listed[v1alpha1.KindIPPool+"/"+p.Name+"/"+a.NodeName] = a.StartIP + "-" + a.EndIP
+		}
+	}
+	for i := range cidrs {
+		p := &cidrs[i]
+		if p.Status.BlocksIn == v1alpha1.BlocksInNodeIPAM {
+			continue
+		}
+		inStatus[v1alpha1.KindCIDRPool+"/"+p.Name+"/"+string(p.UID)] = true
+		for _, a := range p.Status.Allocations {
+			listed[v1alpha1.KindCIDRPool+"/"+p.Name+"/"+a.NodeName] = a.Prefix
+		}
+	}
+	problems := 0
+	for i := range list.Items {
+		o := &list.Items[i]
+		subject := "NodeIPAM " + ns + "/" + o.Name
+		if !nodeipamv1.OwnedByController(o) {
+			problems++
+			c.add(SeverityError, "records", subject, fmt.Sprintf("NodeIPAM %s was written by someone other than ipam-controller: "+
+				"node %s's daemon ignores it and keeps the blocks it had, until the controller writes it again (it does at once while it runs)",
+				o.Name, o.Name), fmt.Sprintf("see who wrote it: kubectl get nodeipam -n %s %s -o yaml --show-managed-fields; "+
+				"deploy/policy's hwipam-records-controller-only refuses such writes (is it applied?)", ns, o.Name))
+			continue
+		}
+		if o.DeletionTimestamp != nil {
+			problems++
+			c.add(SeverityWarning, "records", subject, fmt.Sprintf("NodeIPAM %s is being deleted: its finalizer %s keeps it, and node %s "+
+				"keeps its blocks, until ipam-controller has written it again", o.Name, nodeipamv1.Finalizer, o.Name),
+				fmt.Sprintf("is ipam-controller running? kubectl -n %s get pods -l app.kubernetes.io/name=hwipam-controller", ns))
+			continue
+		}
+		for _, b := range o.Spec.Blocks {
+			if !inStatus[b.Kind+"/"+b.Pool+"/"+string(b.PoolUID)] {
+				continue
+			}
+			want := b.StartIP + "-" + b.EndIP
+			if b.Kind == v1alpha1.KindCIDRPool {
+				want = b.Prefix
+			}
+			if got := listed[b.Kind+"/"+b.Pool+"/"+o.Name]; got != want {
+				problems++
+				c.add(SeverityWarning, "records", subject, fmt.Sprintf("%s %s's status does not list node %s's block %s, which its NodeIPAM "+
+					"gives it (the status lists %s): the pool's status writes are not going through; the NodeIPAM is what the "+
+					"controller plans from and the daemon allocates from, so no block is given twice, but nv-ipam tools and "+
+					"daemons that read the status see an old list", b.Kind, b.Pool, o.Name, want, dash(got)),
+					fmt.Sprintf("kubectl describe %s -n %s %s (events, conditions), and ipam-controller's log for the status writes",
+						strings.ToLower(b.Kind), ns, b.Pool))
+			}
+		}
+	}
+	if problems == 0 {
+		c.add(SeverityOK, "records", "", fmt.Sprintf("%d NodeIPAM(s), each written by ipam-controller, and the pools' status "+
+			"lists what they give", len(list.Items)), "")
+	}
 }
