@@ -141,10 +141,11 @@ func gpuNode(name string) *corev1.Node {
 		"cpu-pstate.status", "cpu-rdt.RDTMON", "iommu-enabled", "kernel-config.NO_HZ", "usb-ef_0b95_1790.present"} {
 		labels["feature.node.kubernetes.io/"+f] = "true"
 	}
-	for _, g := range []string{"count", "product", "memory", "family", "compute.major", "compute.minor", "driver.major",
-		"driver.minor", "driver.rev", "cuda.driver.major", "cuda.runtime.major", "machine", "replicas", "sharing-strategy",
-		"mig.capable", "present", "deploy.driver", "deploy.device-plugin", "deploy.dcgm-exporter"} {
-		labels["nvidia.com/gpu."+g] = "h100-sxm5-80gb"[:4+len(g)%8]
+	for g, v := range map[string]string{"count": "8", "product": "NVIDIA-H100-80GB-HBM3", "memory": "81559", "family": "hopper",
+		"compute.major": "9", "compute.minor": "0", "driver.major": "570", "driver.minor": "124", "driver.rev": "06",
+		"cuda.driver.major": "12", "cuda.runtime.major": "12", "machine": "DGXH100", "replicas": "1", "sharing-strategy": "none",
+		"mig.capable": "true", "present": "true", "deploy.driver": "true", "deploy.device-plugin": "true", "deploy.dcgm-exporter": "true"} {
+		labels["nvidia.com/gpu."+g] = v
 	}
 	labels["nic.hwipam.io/present"], labels["nic.hwipam.io/count"], labels["nic.hwipam.io/rdma"] = "true", "8", "true"
 	for p := range 8 {
