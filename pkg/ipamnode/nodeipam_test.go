@@ -166,7 +166,8 @@ func TestNewBlockWaitsForItsSpec(t *testing.T) {
 	if err := c.Create(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, cp.Config, t.TempDir(), nil)
+	dir := t.TempDir()
+	d := startDaemon(t, cp.Config, dir, nil)
 	n := 0
 	allocate := func() (string, codes.Code) {
 		n++
@@ -190,6 +191,17 @@ func TestNewBlockWaitsForItsSpec(t *testing.T) {
 	for range 3 {
 		if ip, c := allocate(); c != codes.OK || !inBlock(t, ip, "10.6.0.33", "10.6.0.62") {
 			t.Fatalf("with the new block's spec not there yet, allocated %q (%v), not from the block it had (10.6.0.33-10.6.0.62)", ip, c)
+		}
+	}
+	// Restarted meanwhile: it serves the block its store has, not the new one.
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	d = startDaemon(t, cp.Config, dir, nil)
+	time.Sleep(2 * time.Second)
+	for range 3 {
+		if ip, c := allocate(); c != codes.OK || !inBlock(t, ip, "10.6.0.33", "10.6.0.62") {
+			t.Fatalf("restarted with the new block's spec not there yet, allocated %q (%v), not from the block it had", ip, c)
 		}
 	}
 	// Its spec: generation 2 excludes the new block's first 6 addresses.

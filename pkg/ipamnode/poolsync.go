@@ -210,7 +210,15 @@ func (s *poolSync) syncNodeIPAM(ctx context.Context, obj *nodeipamv1.NodeIPAM) (
 			// an older spec's exclusions or gateway.
 			logger.V(1).Info("a block of this node's NodeIPAM waits for its pool's spec", "kind", b.Kind, "pool", b.Pool,
 				"blockOfGeneration", b.PoolGeneration, "specGeneration", spec.Generation)
-			if prev, ok := s.applied[ak]; ok {
+			prev, had := s.applied[ak]
+			if !had && ok && spec.PoolUID == b.PoolUID {
+				// Restarted since: the block the daemon serves from its
+				// store is the pool's as it was.
+				if cfg := s.currentConfig(v1alpha1.PoolKey(b.Kind, b.Pool)); cfg != nil {
+					prev, had = appliedBlock{cfg: cfg, rail: spec.Rail}, true
+				}
+			}
+			if had {
 				res.cfgs = append(res.cfgs, prev.cfg)
 				res.bind(b.Kind, b.Pool, prev.rail)
 				res.existing[v1alpha1.PoolKey(b.Kind, b.Pool)] = true
@@ -249,6 +257,17 @@ func (s *poolSync) syncNodeIPAM(ctx context.Context, obj *nodeipamv1.NodeIPAM) (
 	}
 	s.delivered = true
 	return len(res.cfgs), s.apply(ctx, res)
+}
+
+// currentConfig returns the block configuration the daemon serves the pool
+// with key from (applied, or loaded from its store), nil when none.
+func (s *poolSync) currentConfig(key string) *nodealloc.PoolConfig {
+	for _, p := range s.manager.Pools() {
+		if p.Key == key && p.Config != nil && (p.Active || p.Provisional) {
+			return p.Config
+		}
+	}
+	return nil
 }
 
 // apply makes res the allocatable set; s.mu is held.
