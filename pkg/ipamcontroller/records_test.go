@@ -328,3 +328,59 @@ func TestThresholdHysteresis(t *testing.T) {
 	}
 	eventually(t, "3 blocks, listed again", listed(true, 3))
 }
+
+// TestRecordEditedWhileNoControllerRuns: above the threshold, node-b's record is
+// edited by hand (another block) while no controller runs; node-b's daemon
+// ignores the edit and keeps allocating from its block, as its report on its
+// Node says. A node that joins meanwhile must not get node-b's block from the
+// restarted controller, which has no trusted record of it: before, the edited
+// record counted for nothing and node-b's report for nothing either (outside
+// what the controller gave it), and the new node got the block (whole-system
+// seed 501189, with the API faults).
+func TestRecordEditedWhileNoControllerRuns(t *testing.T) {
+	w := newRecordsWorld(t, 1)
+	for _, n := range []string{"node-b", "node-c", "node-d"} {
+		w.node(n)
+	}
+	w.pool()
+	stop := runController(t, w.opts)
+	b := w.waitBlock("node-b")
+	w.waitBlock("node-c")
+	w.waitBlock("node-d")
+	eventually(t, "the status listing no block", func() (bool, string) {
+		st, in := w.statusBlocks()
+		return len(st) == 0 && in == v1alpha1.BlocksInNodeIPAM, fmt.Sprintf("%v in %q", st, in)
+	})
+	// node-b's daemon reports its block (and an address in use in it).
+	report := fmt.Sprintf(`{"rail0":{"block":%q}}`, b)
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q,%q:"rail0"}}}`, v1alpha1.HeldAnnotation, report, v1alpha1.PoolsInUseAnnotation)
+	if err := w.c.Patch(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}},
+		client.RawPatch("application/merge-patch+json", []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	stop()
+	var rec nodeipamv1.NodeIPAM
+	if err := w.c.Get(t.Context(), client.ObjectKey{Namespace: w.ns, Name: "node-b"}, &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec.Spec.Blocks[0].StartIP, rec.Spec.Blocks[0].EndIP = "10.7.0.193", "10.7.0.208"
+	if err := w.c.Update(t.Context(), &rec, client.FieldOwner("kubectl-edit")); err != nil {
+		t.Fatal(err)
+	}
+	w.node("node-a")
+	runController(t, w.opts)
+	a := w.waitBlock("node-a")
+	if a == b {
+		t.Fatalf("node-a got %s, node-b's block, while node-b's record was edited by hand and its daemon reports holding it", a)
+	}
+	eventually(t, "node-b's record written again by the controller, with its block", func() (bool, string) {
+		var o nodeipamv1.NodeIPAM
+		if err := w.c.Get(t.Context(), client.ObjectKey{Namespace: w.ns, Name: "node-b"}, &o); err != nil {
+			return false, err.Error()
+		}
+		got := o.Spec.Blocks[0].StartIP + "-" + o.Spec.Blocks[0].EndIP
+		return nodeipamv1.OwnedByController(&o) && got == b, fmt.Sprintf("%s owned %v", got, nodeipamv1.OwnedByController(&o))
+	})
+	w.checkOneOwner()
+}

@@ -71,6 +71,9 @@ type Delivery struct {
 	// pending (see Idle).
 	pending map[string]uint64
 	changes uint64
+	// untrusted are the nodes whose NodeIPAM someone other than the controller
+	// wrote, as the cache last saw them (see UntrustedNodes).
+	untrusted map[string]bool
 }
 
 // poolSpecsKey is the queue's item for the PoolSpecs object: no node is named
@@ -123,6 +126,7 @@ func (d *Delivery) init() {
 		d.pools = map[poolRef]*poolBlocks{}
 		d.gone = map[poolRef]bool{}
 		d.pending = map[string]uint64{}
+		d.untrusted = map[string]bool{}
 		d.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodeipam"})
@@ -223,6 +227,13 @@ func (d *Delivery) Start(ctx context.Context) error {
 	if _, err := inf.AddEventHandler(enqueue); err != nil {
 		return fmt.Errorf("watching NodeIPAMs: %w", err)
 	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { d.observe(o, false) },
+		UpdateFunc: func(_, o any) { d.observe(o, false) },
+		DeleteFunc: func(o any) { d.observe(o, true) },
+	}); err != nil {
+		return fmt.Errorf("watching NodeIPAMs: %w", err)
+	}
 	sinf, err := d.Cache.GetInformer(ctx, &nodeipamv1.PoolSpecs{})
 	if err != nil {
 		return fmt.Errorf("watching PoolSpecs: %w", err)
@@ -275,6 +286,45 @@ func (d *Delivery) Start(ctx context.Context) error {
 	d.queue.ShutDown()
 	wg.Wait()
 	return nil
+}
+
+// observe keeps track of the NodeIPAMs someone other than the controller wrote.
+func (d *Delivery) observe(o any, gone bool) {
+	if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+		o, gone = t.Obj, true
+	}
+	obj, ok := o.(*nodeipamv1.NodeIPAM)
+	if !ok {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if gone || nodeipamv1.OwnedByController(obj) {
+		delete(d.untrusted, obj.Name)
+		return
+	}
+	d.untrusted[obj.Name] = true
+}
+
+// UntrustedNodes returns, sorted, the nodes whose NodeIPAM someone other than
+// the controller wrote: their daemons ignore it and keep the blocks they had,
+// which no record then says (the controller writes the object again, once
+// every pool it lists has been reconciled).
+func (d *Delivery) UntrustedNodes() []string {
+	if !d.on() {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.untrusted) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(d.untrusted))
+	for n := range d.untrusted {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (d *Delivery) decide(enabled bool) {

@@ -474,6 +474,37 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	mem.know(key, p.object().GetUID(), layout.Range())
 	rep, ignored := mem.reportsFor(objs, now, r.ReleaseGracePeriod, key, layout.Range())
 	r.reportIgnored(ctx, p, ignored, nodes.Items)
+	if untrusted := r.Delivery.UntrustedNodes(); len(untrusted) > 0 {
+		// A node whose record someone else wrote: its daemon ignores that
+		// record and keeps the blocks it had, which now only its report says
+		// (a controller restarted meanwhile has no record of them). What it
+		// reports in this pool, within the pool's range, goes to no other node
+		// until the controller has written the record again.
+		byName := make(map[string]*metav1.PartialObjectMetadata, len(untrusted))
+		for i := range nodes.Items {
+			if slices.Contains(untrusted, nodes.Items[i].Name) {
+				byName[nodes.Items[i].Name] = &nodes.Items[i]
+			}
+		}
+		for _, name := range untrusted {
+			n, ok := byName[name]
+			if !ok {
+				continue
+			}
+			parsed, opaque, _ := parseReport(n.GetAnnotations()[v1alpha1.HeldAnnotation])
+			if opaque != "" {
+				continue
+			}
+			h := parsed[key]
+			rs := slices.Clone(h.held)
+			if h.block.Start.IsValid() {
+				rs = append(rs, h.block)
+			}
+			for _, x := range rs {
+				rep.held[name] = append(rep.held[name], clip(x, []iprange.Range{layout.Range()})...)
+			}
+		}
+	}
 	live, until := st.liveReservations(now)
 	mem.keepReservations(r.reservationKey(client.ObjectKeyFromObject(p.object())), p.object().GetUID(), live)
 	for _, res := range live {
