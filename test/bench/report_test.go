@@ -174,7 +174,7 @@ func gpuNode(name string) *corev1.Node {
 	}
 	now := metav1.Now()
 	n.Status = corev1.NodeStatus{Capacity: res, Allocatable: res,
-		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "172.16.4.42"}, {Type: corev1.NodeHostName, Address: name}},
+		Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "172.16.4.42"}, {Type: corev1.NodeHostName, Address: name}},
 		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: 10250}},
 		NodeInfo: corev1.NodeSystemInfo{MachineID: strings.Repeat("4f", 16), SystemUUID: "4c4c4544-0042-3510-8057-b4c04f4d3433",
 			BootID: "8f2d1c7e-2b5a-4c1e-9e0f-7a6b5c4d3e2f", KernelVersion: "6.8.0-45-generic", OSImage: "Ubuntu 24.04.1 LTS",
