@@ -395,19 +395,29 @@ func (d *Delivery) Set(p pool, layout blocks.Layout, as []assignment) {
 // change queues a NodeIPAM (or the PoolSpecs) that a pool's blocks changed,
 // pending until a sync after this succeeds.
 func (d *Delivery) change(key string) {
+	d.markPending(key)
+	d.queue.Add(key)
+}
+
+// retryLater queues key again after delay, pending past the sync that runs
+// now, which returns without having written it (it waits to be created again,
+// or for the pools it lists to be reconciled).
+func (d *Delivery) retryLater(key string, delay time.Duration) {
+	d.markPending(key)
+	d.queue.AddAfter(key, delay)
+}
+
+func (d *Delivery) markPending(key string) {
 	d.mu.Lock()
 	d.changes++
 	d.pending[key] = d.changes
 	d.mu.Unlock()
-	d.queue.Add(key)
 }
 
-// stillPending keeps key pending past the sync that runs now, which returns
-// without having written it (it waits to be created again).
-func (d *Delivery) stillPending(key string) {
+// wrote counts a write sent (see Writes).
+func (d *Delivery) wrote() {
 	d.mu.Lock()
-	d.changes++
-	d.pending[key] = d.changes
+	d.writes++
 	d.mu.Unlock()
 }
 
@@ -696,8 +706,7 @@ func (d *Delivery) sync(ctx context.Context, node string) error {
 			!apierrors.IsNotFound(err) {
 			return err
 		}
-		d.stillPending(node)
-		d.queue.AddAfter(node, 100*time.Millisecond)
+		d.retryLater(node, 100*time.Millisecond)
 	case blocksEqual(cur.Spec.Blocks, want) && slices.Contains(cur.Finalizers, nodeipamv1.Finalizer):
 		return nil
 	default:
@@ -709,16 +718,13 @@ func (d *Delivery) sync(ctx context.Context, node string) error {
 		}
 		if err := d.Client.Update(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
 			if apierrors.IsNotFound(err) {
-				d.stillPending(node)
-				d.queue.AddAfter(node, 100*time.Millisecond) // deleted meanwhile: created again
+				d.retryLater(node, 100*time.Millisecond) // deleted meanwhile: created again
 				return nil
 			}
 			return err
 		}
 	}
-	d.mu.Lock()
-	d.writes++
-	d.mu.Unlock()
+	d.wrote()
 	return nil
 }
 
@@ -760,15 +766,13 @@ func (d *Delivery) writeBack(ctx context.Context, cur *nodeipamv1.NodeIPAM, want
 		if !known && d.poolExists(ctx, b.Kind, b.Pool, b.PoolUID) {
 			// Its reconcile will set the pool's blocks; until then this
 			// object is all that says this node's.
-			d.stillPending(node)
-			d.queue.AddAfter(node, time.Second)
+			d.retryLater(node, time.Second)
 			return nil
 		}
 	}
 	if !slices.Contains(cur.Finalizers, nodeipamv1.Finalizer) {
 		// Not held by the controller (another finalizer): created again once gone.
-		d.stillPending(node)
-		d.queue.AddAfter(node, time.Second)
+		d.retryLater(node, time.Second)
 		return nil
 	}
 	recreate := len(want) > 0 || nodeExists
@@ -779,24 +783,22 @@ func (d *Delivery) writeBack(ctx context.Context, cur *nodeipamv1.NodeIPAM, want
 	if err := d.dropFinalizer(ctx, cur); err != nil {
 		return err
 	}
-	if !recreate || len(cur.Finalizers) > 0 {
-		if len(cur.Finalizers) > 0 {
-			d.stillPending(node)
-			d.queue.AddAfter(node, time.Second)
-		}
+	if len(cur.Finalizers) > 0 {
+		// Another finalizer holds it: created again once it is gone.
+		d.retryLater(node, time.Second)
+		return nil
+	}
+	if !recreate {
 		return nil
 	}
 	if err := d.create(ctx, node, want); err != nil {
 		if apierrors.IsAlreadyExists(err) {
-			d.stillPending(node)
-			d.queue.AddAfter(node, 100*time.Millisecond)
+			d.retryLater(node, 100*time.Millisecond)
 			return nil
 		}
 		return err
 	}
-	d.mu.Lock()
-	d.writes++
-	d.mu.Unlock()
+	d.wrote()
 	return nil
 }
 
@@ -846,8 +848,7 @@ func (d *Delivery) syncSpecs(ctx context.Context, _ string) error {
 			!apierrors.IsNotFound(err) {
 			return err
 		}
-		d.stillPending(poolSpecsKey)
-		d.queue.AddAfter(poolSpecsKey, 100*time.Millisecond)
+		d.retryLater(poolSpecsKey, 100*time.Millisecond)
 		return nil
 	case len(cur.Spec.Pools) == len(want) && (len(want) == 0 || reflect.DeepEqual(cur.Spec.Pools, want)):
 		return nil
@@ -857,16 +858,13 @@ func (d *Delivery) syncSpecs(ctx context.Context, _ string) error {
 		obj.Spec.Pools = want
 		if err := d.Client.Update(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
 			if apierrors.IsNotFound(err) {
-				d.stillPending(poolSpecsKey)
-				d.queue.AddAfter(poolSpecsKey, 100*time.Millisecond)
+				d.retryLater(poolSpecsKey, 100*time.Millisecond)
 				return nil
 			}
 			return err
 		}
 	}
-	d.mu.Lock()
-	d.writes++
-	d.mu.Unlock()
+	d.wrote()
 	return nil
 }
 
