@@ -203,7 +203,10 @@ func Run(ctx context.Context, o *Options) error {
 	}
 	// Each node's blocks, in its NodeIPAM (when the CRD is installed).
 	delivery := &poolcontroller.Delivery{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(),
-		Namespace: o.PoolsNamespace, Log: logger.WithName("nodeipam")}
+		Namespace: o.PoolsNamespace, Log: logger.WithName("nodeipam"), Memory: memory}
+	// The blocks retired from nodes are kept in their records, and read back
+	// from them before the first plan.
+	memory.Records = delivery
 	if err := mgr.Add(delivery); err != nil {
 		return fmt.Errorf("adding the NodeIPAM writer: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,6 +17,8 @@ import (
 	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/ipamcontroller"
+	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/poolcontroller"
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -383,4 +386,77 @@ func TestRecordEditedWhileNoControllerRuns(t *testing.T) {
 		return nodeipamv1.OwnedByController(&o) && got == b, fmt.Sprintf("%s owned %v", got, nodeipamv1.OwnedByController(&o))
 	})
 	w.checkOneOwner()
+}
+
+// TestRetiredBlocksKeptByTheRecords: a layout edit takes node-a's and node-b's
+// blocks, each held back for the grace period (an hour) whatever the daemons
+// report (these report nothing, as nv-ipam's daemons). The controller restarts
+// without the Lease that kept them: deleted while no controller ran, or never
+// written (its writes refused, as when it grew too large: issue 44, item 4).
+// node-c joins and must get no address of a retired block. The records list
+// every retired block, with its reservation.
+func TestRetiredBlocksKeptByTheRecords(t *testing.T) {
+	for _, lost := range []string{"deleted", "refused"} {
+		t.Run(lost, func(t *testing.T) {
+			w := newRecordsWorld(t, 1)
+			w.opts.ReleaseGracePeriod = time.Hour
+			if lost == "refused" {
+				leases := regexp.MustCompile(`/leases(/` + poolcontroller.MemoryLeaseName + `)?$`)
+				w.faults.Add(harness.FaultRule{Method: "POST", Path: leases, Fault: harness.FaultRefused, Code: 500})
+				w.faults.Add(harness.FaultRule{Method: "PUT", Path: leases, Fault: harness.FaultRefused, Code: 500})
+			}
+			w.node("node-a")
+			w.node("node-b")
+			ip := w.pool()
+			stop := runController(t, w.opts)
+			before := map[string]string{"node-a": w.waitBlock("node-a"), "node-b": w.waitBlock("node-b")}
+			patch := []byte(`{"spec":{"perNodeBlockSize":32}}`)
+			if err := w.c.Patch(t.Context(), ip, client.RawPatch("application/merge-patch+json", patch)); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "node-a and node-b with blocks of 32", func() (bool, string) {
+				ok := true
+				for n := range before {
+					r, err := iprange.ParseRange(w.block(n))
+					ok = ok && err == nil && r.Size() == iprange.U64(32)
+				}
+				return ok, fmt.Sprint(nodeBlocks(t, w.c, w.ns))
+			})
+			stop()
+			if lost == "deleted" {
+				lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: poolcontroller.MemoryLeaseName}}
+				if err := w.c.Delete(t.Context(), lease); err != nil {
+					t.Fatal(err)
+				}
+			} else if len(w.faults.Hits()) == 0 {
+				t.Fatal("no Lease write met the fault")
+			}
+			w.node("node-c")
+			runController(t, w.opts)
+			c, err := iprange.ParseRange(w.waitBlock("node-c"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for n, b := range before {
+				if r, _ := iprange.ParseRange(b); r.Overlaps(c) {
+					t.Fatalf("node-c got %s, which overlaps %s retired from %s an hour's grace period ago at most", c, b, n)
+				}
+			}
+			w.checkOneOwner()
+			for n, b := range before {
+				var rec nodeipamv1.NodeIPAM
+				if err := w.c.Get(t.Context(), client.ObjectKey{Namespace: w.ns, Name: n}, &rec); err != nil {
+					t.Fatal(err)
+				}
+				found := false
+				for _, r := range rec.Spec.Retired {
+					found = found || (r.Pool == "rail0" && r.Kind == v1alpha1.KindIPPool && r.Range == b && r.PoolUID == ip.UID &&
+						r.ReservedUntil != nil && r.ReservedUntil.After(time.Now().Add(50*time.Minute)))
+				}
+				if !found {
+					t.Errorf("%s's record does not list %s as retired and reserved for the grace period: %+v", n, b, rec.Spec.Retired)
+				}
+			}
+		})
+	}
 }

@@ -74,6 +74,9 @@ type Delivery struct {
 	// untrusted are the nodes whose NodeIPAM someone other than the controller
 	// wrote, as the cache last saw them (see UntrustedNodes).
 	untrusted map[string]bool
+	// Memory keeps the blocks retired from nodes that their records list
+	// (see retired.go); nil: records list none.
+	Memory *Memory
 }
 
 // poolSpecsKey is the queue's item for the PoolSpecs object: no node is named
@@ -591,9 +594,51 @@ func (d *Delivery) processNext(ctx context.Context) bool {
 	return true
 }
 
-// want returns the blocks node's NodeIPAM should list, given what it lists now
-// (nil when there is none).
-func (d *Delivery) want(ctx context.Context, node string, cur *nodeipamv1.NodeIPAM) []nodeipamv1.NodeBlock {
+// want returns what node's NodeIPAM should say, given what it says now (nil
+// when there is none): its blocks (see blocksOf) and the blocks retired from it
+// that its daemon may still hold addresses in, as the memory keeps them (before
+// the memory is loaded, as the record lists them).
+func (d *Delivery) want(ctx context.Context, node string, cur *nodeipamv1.NodeIPAM) nodeipamv1.NodeIPAMSpec {
+	var had []nodeipamv1.RetiredBlock
+	if cur != nil {
+		had = cur.Spec.Retired
+	}
+	blocks := d.blocksOf(ctx, node, cur)
+	if cur != nil && d.Memory != nil {
+		// What the record stops listing as a block, it lists as retired.
+		var dropped []nodeipamv1.NodeBlock
+		for _, b := range cur.Spec.Blocks {
+			if !slices.ContainsFunc(blocks, func(n nodeipamv1.NodeBlock) bool {
+				return n.Kind == b.Kind && n.Pool == b.Pool && n.PoolUID == b.PoolUID && n.StartIP == b.StartIP &&
+					n.EndIP == b.EndIP && n.Prefix == b.Prefix
+			}) {
+				dropped = append(dropped, b)
+			}
+		}
+		if len(dropped) > 0 && !d.Memory.retireRecorded(node, dropped) {
+			// Not loaded: nothing is dropped before the memory can keep it.
+			blocks = append(blocks, dropped...)
+			slices.SortFunc(blocks, func(a, b nodeipamv1.NodeBlock) int {
+				return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Pool, b.Pool))
+			})
+		}
+	}
+	var retired []nodeipamv1.RetiredBlock
+	ok := false
+	if d.Memory != nil {
+		retired, ok = d.Memory.retiredOf(d.Namespace, node)
+	}
+	if ok {
+		retired = mergeRetired(retired, had)
+	} else {
+		retired = slices.Clone(had)
+	}
+	return nodeipamv1.NodeIPAMSpec{Blocks: blocks, Retired: retired}
+}
+
+// blocksOf returns the blocks node's NodeIPAM should list, given what it lists
+// now (nil when there is none).
+func (d *Delivery) blocksOf(ctx context.Context, node string, cur *nodeipamv1.NodeIPAM) []nodeipamv1.NodeBlock {
 	// A block the object already lists keeps the generation it was cut from;
 	// a new one is of the spec its plan was made with (see NodeBlock.PoolGeneration):
 	// a spec edit that leaves the block as it is writes no NodeIPAM.
@@ -679,7 +724,7 @@ func (d *Delivery) sync(ctx context.Context, node string) error {
 	}
 	nodeExists := nodeErr == nil
 	switch {
-	case !exists && len(want) == 0 && !nodeExists:
+	case !exists && empty(want) && !nodeExists:
 		return nil
 	case !exists:
 		if err := d.create(ctx, node, want); err != nil {
@@ -687,8 +732,9 @@ func (d *Delivery) sync(ctx context.Context, node string) error {
 		}
 	case cur.DeletionTimestamp != nil:
 		return d.writeBack(ctx, &cur, want, nodeExists)
-	case len(want) == 0 && !nodeExists:
-		// The node is gone and holds no block: the record goes.
+	case empty(want) && !nodeExists:
+		// The node is gone and holds no block, current or retired: the
+		// record goes.
 		if err := d.dropFinalizer(ctx, &cur); err != nil {
 			return err
 		}
@@ -707,12 +753,12 @@ func (d *Delivery) sync(ctx context.Context, node string) error {
 			return err
 		}
 		d.retryLater(node, 100*time.Millisecond)
-	case blocksEqual(cur.Spec.Blocks, want) && slices.Contains(cur.Finalizers, nodeipamv1.Finalizer):
+	case specEqual(cur.Spec, want) && slices.Contains(cur.Finalizers, nodeipamv1.Finalizer):
 		return nil
 	default:
 		obj := cur.DeepCopy()
 		obj.ManagedFields = nil // as stored
-		obj.Spec.Blocks = want
+		obj.Spec = want
 		if !slices.Contains(obj.Finalizers, nodeipamv1.Finalizer) {
 			obj.Finalizers = append(obj.Finalizers, nodeipamv1.Finalizer)
 		}
@@ -729,9 +775,9 @@ func (d *Delivery) sync(ctx context.Context, node string) error {
 }
 
 // create writes node's NodeIPAM, with the finalizer.
-func (d *Delivery) create(ctx context.Context, node string, want []nodeipamv1.NodeBlock) error {
+func (d *Delivery) create(ctx context.Context, node string, want nodeipamv1.NodeIPAMSpec) error {
 	obj := &nodeipamv1.NodeIPAM{ObjectMeta: metav1.ObjectMeta{Namespace: d.Namespace, Name: node,
-		Finalizers: []string{nodeipamv1.Finalizer}}, Spec: nodeipamv1.NodeIPAMSpec{Blocks: want}}
+		Finalizers: []string{nodeipamv1.Finalizer}}, Spec: want}
 	return d.Client.Create(ctx, obj, client.FieldOwner(nodeipamv1.FieldManager))
 }
 
@@ -756,7 +802,7 @@ func (d *Delivery) dropFinalizer(ctx context.Context, cur *nodeipamv1.NodeIPAM) 
 // blocks, and so does the node's daemon). Then the finalizer comes off and, unless
 // the node is gone and holds nothing, the object is created again at once with
 // what the pools give the node.
-func (d *Delivery) writeBack(ctx context.Context, cur *nodeipamv1.NodeIPAM, want []nodeipamv1.NodeBlock, nodeExists bool) error {
+func (d *Delivery) writeBack(ctx context.Context, cur *nodeipamv1.NodeIPAM, want nodeipamv1.NodeIPAMSpec, nodeExists bool) error {
 	node := cur.Name
 	for _, b := range cur.Spec.Blocks {
 		ref := poolRef{b.Kind, b.Pool}
@@ -775,10 +821,10 @@ func (d *Delivery) writeBack(ctx context.Context, cur *nodeipamv1.NodeIPAM, want
 		d.retryLater(node, time.Second)
 		return nil
 	}
-	recreate := len(want) > 0 || nodeExists
+	recreate := !empty(want) || nodeExists
 	if recreate {
 		d.Log.Info("a node's NodeIPAM is being deleted; writing it again with the blocks the node holds", "node", node,
-			"blocks", len(want))
+			"blocks", len(want.Blocks), "retired", len(want.Retired))
 	}
 	if err := d.dropFinalizer(ctx, cur); err != nil {
 		return err
@@ -872,6 +918,13 @@ func blocksEqual(a, b []nodeipamv1.NodeBlock) bool {
 	return len(a) == len(b) && (len(a) == 0 || reflect.DeepEqual(a, b))
 }
 
+func specEqual(a, b nodeipamv1.NodeIPAMSpec) bool {
+	return blocksEqual(a.Blocks, b.Blocks) && retiredEqual(a.Retired, b.Retired)
+}
+
+// empty: a record that gives its node nothing, and keeps nothing retired.
+func empty(s nodeipamv1.NodeIPAMSpec) bool { return len(s.Blocks) == 0 && len(s.Retired) == 0 }
+
 // editedByOthers reports whether a manager other than the controller's owns a
 // field of the object's spec (the daemon then ignores the object: see
 // nodeipamv1.FieldManager), so that the controller writes it again (which
@@ -927,4 +980,25 @@ func NodeIPAMCacheOptions(namespace string) cache.ByObject {
 	// The transform is the namespace's: a namespace's own settings are not
 	// defaulted from the object's.
 	return cache.ByObject{Namespaces: map[string]cache.Config{namespace: {Transform: ownership()}}}
+}
+
+// RecordsToRestore implements Records: the NodeIPAMs of the namespace, from the
+// cache (the controller's and those being deleted; the memory reads only what
+// the controller wrote). ok is false when Delivery is off.
+func (d *Delivery) RecordsToRestore(ctx context.Context) ([]nodeipamv1.NodeIPAM, bool, error) {
+	if !d.Enabled(ctx) {
+		return nil, false, ctx.Err()
+	}
+	var list nodeipamv1.NodeIPAMList
+	if err := d.Client.List(ctx, &list, client.InNamespace(d.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+		return nil, false, fmt.Errorf("listing NodeIPAMs: %w", err)
+	}
+	return list.Items, true, nil
+}
+
+// RetiredChanged implements Records: node's record is written again.
+func (d *Delivery) RetiredChanged(node string) {
+	if d.on() {
+		d.change(node)
+	}
 }

@@ -81,6 +81,9 @@ type Memory struct {
 	// MinGrantAge is how long a block taken from a node stays granted to it
 	// at least (see trust.go); 0 means minGrantAge. Tests shorten it.
 	MinGrantAge time.Duration
+	// Records, when set, are the per-node records the grants and reservations
+	// are kept in (see retired.go), and read back from before the first plan.
+	Records Records
 
 	loadMu  sync.Mutex // one first read; the others wait for it
 	saveMu  sync.Mutex // one save at a time: a later payload is never overwritten by an older one
@@ -230,6 +233,30 @@ func (m *Memory) load(ctx context.Context, now time.Time) error {
 		m.mu.Unlock()
 	case err != nil:
 		return err
+	}
+	if m.Records != nil {
+		recs, ok, err := m.Records.RecordsToRestore(ctx)
+		if err != nil {
+			return fmt.Errorf("reading the NodeIPAMs (the nodes' retired blocks) before the first plan: %w", err)
+		}
+		if ok {
+			m.mu.Lock()
+			m.init()
+			if n := m.restoreRecords(recs, now); n > 0 {
+				m.Log.Info("read the retired blocks the nodes' records keep", "blocks", n, "records", len(recs))
+			}
+			// Every node with a grant has it in its record, whichever store
+			// it was read from (a Lease of a controller before records kept
+			// them, on the first start of this version): loaded first, so
+			// that the writes queued here write them.
+			m.loaded = true
+			for _, byNode := range m.given {
+				for node := range byNode {
+					m.retiredChanged(node)
+				}
+			}
+			m.mu.Unlock()
+		}
 	}
 	m.mu.Lock()
 	m.loaded = true
@@ -512,6 +539,15 @@ func (m *Memory) keepReservations(pool string, uid types.UID, rs []reservation) 
 		return
 	default:
 		m.reserved[pool] = kept
+		// A reservation new or longer is written into its node's record; one
+		// that ended or went needs no write (see mergeRetired, pruneGrants).
+		for _, r := range kept.Ranges {
+			if !slices.ContainsFunc(old.Ranges, func(o keptRange) bool {
+				return o.Node == r.Node && o.Range == r.Range && !o.Until.Before(r.Until)
+			}) || old.UID != uid {
+				m.retiredChanged(r.Node)
+			}
+		}
 	}
 	m.version++
 }

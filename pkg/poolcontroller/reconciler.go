@@ -165,12 +165,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		if apierrors.IsNotFound(err) {
 			forgetMetrics(r.Kind, req.Namespace, req.Name)
 			r.forget(req.NamespacedName)
-			r.Delivery.Remove(r.Kind, req.Name)
+			// The pool's blocks are its nodes' grants now, retired in their
+			// records by the same writes that drop them as blocks: recorded
+			// before the blocks are removed.
 			mem := r.memory()
+			if err := mem.load(ctx, r.now()); err != nil {
+				return ctrl.Result{}, err
+			}
 			mem.forgetPool(v1alpha1.PoolKey(r.Kind, req.Name), r.now())
 			mem.keepReservations(r.reservationKey(req.NamespacedName), "", nil)
-			// The pool's blocks are its nodes' grants now: kept in the Lease
-			// at once, before a restart could forget them.
+			r.Delivery.Remove(r.Kind, req.Name)
+			if r.Delivery.on() {
+				return ctrl.Result{}, nil
+			}
+			// Without records, kept in the Lease at once, before a restart
+			// could forget them.
 			if err := mem.Save(ctx); err != nil && !apierrors.IsForbidden(err) && !errors.Is(err, errTooLarge) {
 				return ctrl.Result{}, err
 			}
@@ -249,11 +258,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		mem.keepReservations(r.reservationKey(req.NamespacedName), p.object().GetUID(), st.reserved)
 		granted = true
 	}
-	if granted {
-		// Kept in the Lease before the status no longer lists the retired
-		// blocks: a restart in between would forget them. Also when a reconcile
-		// that failed to save retires them again. Without the Lease's RBAC, or
-		// over its size, they are kept in memory only (logged by Start).
+	if granted && !delivering {
+		// Without records: kept in the Lease before the status no longer
+		// lists the retired blocks, as a restart in between would forget
+		// them. Also when a reconcile that failed to save retires them again.
+		// Without the Lease's RBAC, or over its size, they are kept in memory
+		// only (logged by Start). With records, each node's record lists them
+		// as retired in the very write that takes them from its blocks (see
+		// retired.go), and the Lease is only a copy for a controller before
+		// that (a downgrade), saved by Start.
 		if err := mem.Save(ctx); err != nil && !apierrors.IsForbidden(err) && !errors.Is(err, errTooLarge) {
 			return ctrl.Result{}, err
 		}

@@ -70,12 +70,16 @@ const (
 type grant struct {
 	Range iprange.Range
 	Since time.Time
+	// UID is the UID of the pool that gave the block; empty when not known
+	// (kept by a controller before it was).
+	UID types.UID
 }
 
 // keptGrant is a grant as the Lease keeps it.
 type keptGrant struct {
 	Range string    `json:"range"`
 	Since time.Time `json:"since"`
+	UID   types.UID `json:"uid,omitempty"`
 }
 
 // knownPool is a pool the controller has reconciled, as the Lease keeps it: a
@@ -368,7 +372,8 @@ func (m *Memory) retireLocked(key string, taken []misfit, now time.Time) bool {
 		if slices.ContainsFunc(byNode[t.Node], func(g grant) bool { return g.Range == t.Range }) {
 			continue
 		}
-		byNode[t.Node] = append(byNode[t.Node], grant{Range: t.Range, Since: now})
+		byNode[t.Node] = append(byNode[t.Node], grant{Range: t.Range, Since: now, UID: m.retiredUID(key)})
+		m.retiredChanged(t.Node)
 		added = true
 	}
 	if added {
@@ -607,6 +612,7 @@ func (m *Memory) pruneGrants(now time.Time, grace time.Duration) {
 					return false
 				}
 				m.version++
+				m.retiredChanged(node)
 				return true
 			})
 			if len(kept) == 0 {
@@ -701,7 +707,7 @@ func (m *Memory) keptGrants() map[string]map[string][]keptGrant {
 		kept := make(map[string][]keptGrant, len(byNode))
 		for node, gs := range byNode {
 			for _, g := range gs {
-				kept[node] = append(kept[node], keptGrant{Range: g.Range.String(), Since: g.Since.UTC()})
+				kept[node] = append(kept[node], keptGrant{Range: g.Range.String(), Since: g.Since.UTC(), UID: g.UID})
 			}
 		}
 		out[key] = kept
@@ -723,7 +729,8 @@ func (m *Memory) restoreGrants(kept map[string]map[string][]keptGrant) {
 					m.given[key] = map[string][]grant{}
 				}
 				if !slices.ContainsFunc(m.given[key][node], func(x grant) bool { return x.Range == r }) {
-					m.given[key][node] = append(m.given[key][node], grant{Range: r, Since: g.Since})
+					m.given[key][node] = append(m.given[key][node], grant{Range: r, Since: g.Since, UID: g.UID})
+					m.retiredChanged(node)
 				}
 			}
 		}

@@ -47,6 +47,43 @@ type NodeIPAMSpec struct {
 	// +optional
 	// +listType=atomic
 	Blocks []NodeBlock `json:"blocks,omitempty"`
+	// retired are the blocks taken from the node (by a layout edit, a release,
+	// or its pool deleted or created again) that its daemon may still hold
+	// addresses in, sorted by kind, pool and range. No daemon allocates from
+	// them, and while one is listed the controller gives no other node an
+	// address in it that the node's daemon reports holding; until its
+	// reservedUntil, none at all. An entry goes once its daemon reports holding
+	// nothing in it (after the grace period), or its node is gone that long.
+	// +optional
+	// +listType=atomic
+	Retired []RetiredBlock `json:"retired,omitempty"`
+}
+
+// RetiredBlock is a block a node no longer has but may still hold addresses in.
+type RetiredBlock struct {
+	// kind is IPPool or CIDRPool.
+	// +required
+	// +kubebuilder:validation:Enum=IPPool;CIDRPool
+	Kind string `json:"kind"`
+	// pool is the pool's name (in the same namespace).
+	// +required
+	Pool string `json:"pool"`
+	// poolUID is the UID of the pool that gave the block: a pool created again
+	// under its name has another.
+	// +optional
+	PoolUID types.UID `json:"poolUID,omitempty"`
+	// range is the block, as "startIP-endIP".
+	// +required
+	Range string `json:"range"`
+	// since is when the block was taken from the node.
+	// +required
+	Since metav1.Time `json:"since"`
+	// reservedUntil: until then no other node gets any address of the block,
+	// whatever the daemons report (a block taken by a layout edit, for the
+	// grace period); unset for a block the node held through a grace period
+	// already.
+	// +optional
+	ReservedUntil *metav1.Time `json:"reservedUntil,omitempty"`
 }
 
 // NodeBlock is the node's block of one pool. What the daemon needs of the pool's

@@ -1,0 +1,220 @@
+package poolcontroller
+
+import (
+	"cmp"
+	"context"
+	"net/netip"
+	"slices"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/iprange"
+)
+
+// Retired blocks live in each node's record (NodeIPAMSpec.Retired), beside its
+// current blocks: a block leaves a node's current blocks only in the write that
+// lists it as retired, and a retired entry goes only once the memory has pruned
+// the grant it is (see pruneGrants). The memory's grants and reservations are
+// what the records are written from; a controller that starts reads them back
+// from the records before its first plan (restoreRecords), whatever became of
+// the Lease (deleted, too large to write, written by a controller before grants
+// were kept). Nothing about one node's retired blocks is in an object shared by
+// other nodes.
+
+// Records is where the memory's grants and reservations are kept per node: the
+// NodeIPAMs, as Delivery writes them.
+type Records interface {
+	// RecordsToRestore returns the NodeIPAMs the controller wrote (and those
+	// being deleted, which still are records); ok is false when the controller
+	// keeps no records (Delivery off).
+	RecordsToRestore(ctx context.Context) (records []nodeipamv1.NodeIPAM, ok bool, err error)
+	// RetiredChanged says that node's retired blocks changed in the memory: its
+	// record is to be written again.
+	RetiredChanged(node string)
+}
+
+// retiredChanged tells the records that node's retired blocks changed; with mu
+// held (RetiredChanged only queues).
+func (m *Memory) retiredChanged(node string) {
+	if m.Records != nil {
+		m.Records.RetiredChanged(node)
+	}
+}
+
+// restoreRecords adds the retired blocks the records list to the grants and the
+// reservations (one the memory has already stays), before the first plan: the
+// records are written before the status stops listing a block, and are kept
+// whole per node, where the Lease may have lost them (too large, deleted). A
+// record someone other than the controller wrote is not read: its node's report
+// is kept from every other node until the record is written again (see
+// Delivery.UntrustedNodes). With mu held.
+func (m *Memory) restoreRecords(recs []nodeipamv1.NodeIPAM, now time.Time) int {
+	n := 0
+	for i := range recs {
+		rec := &recs[i]
+		if !nodeipamv1.OwnedByController(rec) {
+			continue
+		}
+		for _, rb := range rec.Spec.Retired {
+			r, err := iprange.ParseRange(rb.Range)
+			if err != nil {
+				continue
+			}
+			key := v1alpha1.PoolKey(rb.Kind, rb.Pool)
+			if m.given[key] == nil {
+				m.given[key] = map[string][]grant{}
+			}
+			if !slices.ContainsFunc(m.given[key][rec.Name], func(g grant) bool { return g.Range == r }) {
+				m.given[key][rec.Name] = append(m.given[key][rec.Name], grant{Range: r, Since: rb.Since.Time, UID: rb.PoolUID})
+				n++
+			}
+			if rb.ReservedUntil == nil || !now.Before(rb.ReservedUntil.Time) {
+				continue
+			}
+			resKey := rec.Namespace + "/" + key
+			kept, had := m.reserved[resKey]
+			if had && kept.UID != rb.PoolUID {
+				continue // another pool of the name: it keeps its own
+			}
+			kr := keptRange{Node: rec.Name, Range: r.String(), Until: rb.ReservedUntil.UTC()}
+			if !slices.ContainsFunc(kept.Ranges, func(x keptRange) bool { return x.Node == kr.Node && x.Range == kr.Range }) {
+				kept.UID = rb.PoolUID
+				kept.Ranges = append(kept.Ranges, kr)
+				m.reserved[resKey] = kept
+			}
+		}
+	}
+	if n > 0 {
+		m.version++
+	}
+	return n
+}
+
+// retiredOf returns the retired blocks of node, for its record in namespace:
+// its grants, each reserved until its reservation ends (see keepReservations).
+// ok is false before the memory was loaded: the record keeps what it lists.
+func (m *Memory) retiredOf(namespace, node string) (out []nodeipamv1.RetiredBlock, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.loaded {
+		return nil, false
+	}
+	for key, byNode := range m.given {
+		gs := byNode[node]
+		if len(gs) == 0 {
+			continue
+		}
+		kind, name := v1alpha1.SplitPoolKey(key)
+		res := m.reserved[namespace+"/"+key]
+		cur, hasCur := m.status[key][node]
+		for _, g := range gs {
+			if hasCur && cur == g.Range {
+				continue // its current block (a grant adopted from its report)
+			}
+			rb := nodeipamv1.RetiredBlock{Kind: kind, Pool: name, PoolUID: g.UID, Range: g.Range.String(),
+				Since: metav1.NewTime(g.Since.UTC().Truncate(time.Second))}
+			if rb.PoolUID == "" && m.pools[key].UID != "" {
+				rb.PoolUID = m.pools[key].UID
+			}
+			for _, kr := range res.Ranges {
+				if kr.Node == node && kr.Range == rb.Range && (g.UID == "" || res.UID == g.UID) {
+					rb.ReservedUntil = new(metav1.NewTime(kr.Until.UTC().Truncate(time.Second).Add(time.Second)))
+				}
+			}
+			out = append(out, rb)
+		}
+	}
+	sortRetired(out)
+	return out, true
+}
+
+func sortRetired(rs []nodeipamv1.RetiredBlock) {
+	slices.SortFunc(rs, func(a, b nodeipamv1.RetiredBlock) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Range, b.Range),
+			cmp.Compare(a.PoolUID, b.PoolUID))
+	})
+}
+
+// mergeRetired returns want, each entry reserved at least as long as the record
+// (cur) says: a reservation that ended in the memory needs no write to say so.
+func mergeRetired(want, cur []nodeipamv1.RetiredBlock) []nodeipamv1.RetiredBlock {
+	for i := range want {
+		w := &want[i]
+		for _, c := range cur {
+			if c.Kind == w.Kind && c.Pool == w.Pool && c.Range == w.Range && c.PoolUID == w.PoolUID && c.ReservedUntil != nil &&
+				(w.ReservedUntil == nil || w.ReservedUntil.Before(c.ReservedUntil)) {
+				w.ReservedUntil = c.ReservedUntil.DeepCopy()
+			}
+			if c.Kind == w.Kind && c.Pool == w.Pool && c.Range == w.Range && c.PoolUID == w.PoolUID && c.Since.Before(&w.Since) {
+				w.Since = c.Since
+			}
+		}
+	}
+	return want
+}
+
+// retiredEqual compares two records' retired blocks.
+func retiredEqual(a, b []nodeipamv1.RetiredBlock) bool {
+	return slices.EqualFunc(a, b, func(x, y nodeipamv1.RetiredBlock) bool {
+		return x.Kind == y.Kind && x.Pool == y.Pool && x.PoolUID == y.PoolUID && x.Range == y.Range &&
+			x.Since.Equal(&y.Since) && x.ReservedUntil.Equal(y.ReservedUntil)
+	})
+}
+
+// retiredUID is the UID a grant of the pool with key is given now: the pool's
+// as the memory knows it. With mu held.
+func (m *Memory) retiredUID(key string) types.UID {
+	return m.pools[key].UID
+}
+
+// recordedRange is the range of a block as a record lists it.
+func recordedRange(b nodeipamv1.NodeBlock) (iprange.Range, error) {
+	if b.Prefix != "" {
+		p, err := netip.ParsePrefix(b.Prefix)
+		if err != nil {
+			return iprange.Range{}, err
+		}
+		return iprange.PrefixRange(p.Masked()), nil
+	}
+	return iprange.ParseRange(b.StartIP + "-" + b.EndIP)
+}
+
+// retireRecorded makes grants of node's recorded blocks that its record is
+// about to stop listing (dropped), whatever took them (a plan, a pool deleted
+// before this process reconciled it): a block leaves a record's blocks only to
+// be listed as retired in the same write. It tells whether the memory is loaded:
+// if not, nothing may be dropped.
+func (m *Memory) retireRecorded(node string, dropped []nodeipamv1.NodeBlock) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.loaded {
+		return false
+	}
+	m.init()
+	now := m.now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	for _, b := range dropped {
+		r, err := recordedRange(b)
+		if err != nil {
+			continue
+		}
+		key := v1alpha1.PoolKey(b.Kind, b.Pool)
+		byNode := m.given[key]
+		if byNode == nil {
+			byNode = map[string][]grant{}
+			m.given[key] = byNode
+		}
+		if slices.ContainsFunc(byNode[node], func(g grant) bool { return g.Range == r }) {
+			continue
+		}
+		byNode[node] = append(byNode[node], grant{Range: r, Since: now, UID: b.PoolUID})
+		m.version++
+	}
+	return true
+}
