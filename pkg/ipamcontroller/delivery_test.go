@@ -101,6 +101,9 @@ func TestNodeIPAMDelivery(t *testing.T) {
 	opts.PoolsNamespace, opts.LeaderElectNamespace = ns, ns
 	opts.MetricsBindAddress, opts.HealthProbeBindAddress = "0", "0"
 	opts.ReleaseGracePeriod = 0
+	// A gone node's record lists its blocks as retired until they may be
+	// pruned: at once here.
+	opts.MinGrantAge = time.Millisecond
 	opts.StatusAllocationsMaxNodes = 10
 
 	mkNode := func(i int) string {

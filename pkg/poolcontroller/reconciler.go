@@ -277,6 +277,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			out.RequeueAfter = max(left, retiredRequeue)
 		}
 	}
+	if at := mem.nextPrune(p.storeKey(), r.ReleaseGracePeriod); delivering && !at.IsZero() {
+		// A block taken from a node goes from its record once that is due.
+		if left := max(at.Sub(in.Now), retiredRequeue); out.RequeueAfter == 0 || left < out.RequeueAfter {
+			out.RequeueAfter = left
+		}
+	}
 	for _, n := range out.Replaced {
 		logger.Info("replacing a block that no longer fits the spec", "node", n)
 		r.event(p, corev1.EventTypeWarning, "BlockReplaced", "Replace",

@@ -633,6 +633,29 @@ func (m *Memory) pruneGrants(now time.Time, grace time.Duration) {
 	}
 }
 
+// nextPrune returns when the first grant of the pool with key that no report
+// holds anything in may be pruned (see pruneGrants); zero when none may. A
+// reconcile then, so that a gone node's record does not keep its retired blocks
+// until some other event.
+func (m *Memory) nextPrune(key string, grace time.Duration) time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	age := max(grace, m.grantAge())
+	var next time.Time
+	for node, gs := range m.given[key] {
+		rep, reported := m.reports[node]
+		for _, g := range gs {
+			if reported && rep.holdsIn(key, g.Range) {
+				continue
+			}
+			if at := g.Since.Add(age); next.IsZero() || at.Before(next) {
+				next = at
+			}
+		}
+	}
+	return next
+}
+
 // holdsIn tells whether the report may hold addresses in r in the pool with key.
 func (r seenReport) holdsIn(key string, g iprange.Range) bool {
 	if r.opaque != "" {
