@@ -596,7 +596,18 @@ func TestClusterRecordFindings(t *testing.T) {
 	if err := c.Delete(ctx, held); err != nil {
 		t.Fatal(err)
 	}
+	// n-5's record keeps a retired block, still reserved, inside n-1's block:
+	// two records claim it.
+	until := metav1.NewTime(time.Now().Add(time.Hour))
+	retired := &nodeipamv1.NodeIPAM{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "n-5"},
+		Spec: nodeipamv1.NodeIPAMSpec{Retired: []nodeipamv1.RetiredBlock{{Kind: v1alpha1.KindIPPool, Pool: "rail0", PoolUID: pool.UID,
+			Range: "10.7.0.9-10.7.0.16", Since: metav1.Now(), ReservedUntil: &until}}}}
+	if err := c.Create(ctx, retired, client.FieldOwner(nodeipamv1.FieldManager)); err != nil {
+		t.Fatal(err)
+	}
 	want := map[string]string{
+		"NodeIPAM kube-system/n-1": ipamctl.SeverityError + ": IPPool rail0: node n-1's block 10.7.0.1-10.7.0.16 and node n-5's " +
+			"retired block 10.7.0.9-10.7.0.16 (reserved until",
 		"NodeIPAM kube-system/n-2": ipamctl.SeverityWarning + ": IPPool rail0's status does not list node n-2's block 10.7.0.17-10.7.0.32",
 		"NodeIPAM kube-system/n-3": ipamctl.SeverityError + ": NodeIPAM n-3 was written by someone other than ipam-controller",
 		"NodeIPAM kube-system/n-4": ipamctl.SeverityWarning + ": NodeIPAM n-4 is being deleted: its finalizer ipam.hwipam.io/record keeps it",

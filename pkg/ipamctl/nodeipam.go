@@ -3,13 +3,18 @@ package ipamctl
 import (
 	"context"
 	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/iprange"
 )
 
 // fillFromNodeIPAMs gives the pools whose status lists no block because they
@@ -167,8 +172,84 @@ func recordFindings(ctx context.Context, c *checker, cl client.Client, ns string
 			}
 		}
 	}
-	if problems == 0 {
-		c.add(SeverityOK, "records", "", fmt.Sprintf("%d NodeIPAM(s), each written by ipam-controller, and the pools' status "+
-			"lists what they give", len(list.Items)), "")
+	for _, o := range recordOverlaps(list.Items, time.Now()) {
+		problems++
+		c.add(SeverityError, "records", "NodeIPAM "+ns+"/"+o.node, o.msg,
+			fmt.Sprintf("kubectl get nodeipam -n %s %s %s -o yaml; ipam-controller's log; then ipamctl check on both nodes "+
+				"for the addresses in use there (docs/troubleshooting.md)", ns, o.node, o.other))
 	}
+	if problems == 0 {
+		retired, nodes := 0, 0
+		for i := range list.Items {
+			retired += len(list.Items[i].Spec.Retired)
+			if len(list.Items[i].Spec.Retired) > 0 {
+				nodes++
+			}
+		}
+		c.add(SeverityOK, "records", "", fmt.Sprintf("%d NodeIPAM(s), each written by ipam-controller, none giving a range "+
+			"another holds, and the pools' status lists what they give; %d retired block(s) on %d node(s) kept from other "+
+			"nodes while their daemons may hold addresses there", len(list.Items), retired, nodes), "")
+	}
+}
+
+// overlap is a range two records give (or one keeps retired and reserved while
+// the other gives it).
+type overlap struct{ node, other, msg string }
+
+// recordOverlaps finds, per pool, ranges that two controller-written records
+// claim at once: two nodes' blocks, or a node's block and another node's retired
+// block while it is reserved (no daemon reports are read here, so a retired
+// block past its reservation is not checked).
+func recordOverlaps(recs []nodeipamv1.NodeIPAM, now time.Time) []overlap {
+	type claim struct {
+		node, what string
+		r          iprange.Range
+		current    bool
+	}
+	byPool := map[string][]claim{}
+	for i := range recs {
+		o := &recs[i]
+		if !nodeipamv1.OwnedByController(o) {
+			continue
+		}
+		for _, b := range o.Spec.Blocks {
+			text := b.StartIP + "-" + b.EndIP
+			if b.Prefix != "" {
+				text = b.Prefix
+			}
+			r, err := iprange.ParseRange(b.StartIP + "-" + b.EndIP)
+			if p, perr := netip.ParsePrefix(b.Prefix); b.Prefix != "" && perr == nil {
+				r, err = iprange.PrefixRange(p.Masked()), nil
+			}
+			if err == nil {
+				key := b.Kind + " " + b.Pool
+				byPool[key] = append(byPool[key], claim{node: o.Name, what: "block " + text, r: r, current: true})
+			}
+		}
+		for _, rb := range o.Spec.Retired {
+			r, err := iprange.ParseRange(rb.Range)
+			if err != nil || rb.ReservedUntil == nil || !now.Before(rb.ReservedUntil.Time) {
+				continue
+			}
+			key := rb.Kind + " " + rb.Pool
+			byPool[key] = append(byPool[key], claim{node: o.Name, what: "retired block " + rb.Range + " (reserved until " +
+				rb.ReservedUntil.UTC().Format(time.RFC3339) + ")", r: r})
+		}
+	}
+	var out []overlap
+	for _, pool := range slices.Sorted(maps.Keys(byPool)) {
+		cs := byPool[pool]
+		slices.SortFunc(cs, func(a, b claim) int { return a.r.Start.Compare(b.r.Start) })
+		for i := range cs {
+			for j := i + 1; j < len(cs) && cs[j].r.Start.Compare(cs[i].r.End) <= 0; j++ {
+				a, b := cs[i], cs[j]
+				if a.node == b.node || !(a.current || b.current) {
+					continue
+				}
+				out = append(out, overlap{node: a.node, other: b.node, msg: fmt.Sprintf("%s: node %s's %s and node %s's %s "+
+					"overlap: two daemons may hand out the same addresses", pool, a.node, a.what, b.node, b.what)})
+			}
+		}
+	}
+	return out
 }
