@@ -35,6 +35,10 @@ var (
 	ErrNotAllocated = errors.New("no allocation")
 	// ErrExhausted: the block is full (ResourceExhausted).
 	ErrExhausted = errors.New("pool exhausted")
+	// ErrDeletedMeanwhile: a release of the same interface began while the
+	// allocation waited (Aborted): the runtime gave up on this ADD and ran its
+	// DEL, and an address committed now would be held by no attachment.
+	ErrDeletedMeanwhile = errors.New("the interface was released while this allocation waited")
 )
 
 // Metadata is recorded with an allocation.
@@ -210,6 +214,43 @@ type Manager struct {
 	// provisional block waits.
 	decided    chan struct{}
 	decideOnce sync.Once
+
+	// released: when the last release of each interface (by owner key) began,
+	// for releaseMemory. An allocation of the interface that began before
+	// that and has not reserved its addresses yet gives up (ErrDeletedMeanwhile).
+	relMu    sync.Mutex
+	released map[string]time.Time
+}
+
+// releaseMemory is how long a release is remembered against allocations of the
+// same interface that began before it: longer than any request waits (the
+// compact endpoint's bound is 30 s; a gRPC request ends with its client).
+const releaseMemory = 2 * time.Minute
+
+// markReleased records that a release of the interface begins now.
+func (m *Manager) markReleased(key string) {
+	now := time.Now()
+	m.relMu.Lock()
+	defer m.relMu.Unlock()
+	if m.released == nil {
+		m.released = map[string]time.Time{}
+	}
+	if len(m.released) >= 1024 {
+		for k, t := range m.released {
+			if now.Sub(t) > releaseMemory {
+				delete(m.released, k)
+			}
+		}
+	}
+	m.released[key] = now
+}
+
+// releasedSince tells whether a release of the interface began after began.
+func (m *Manager) releasedSince(key string, began time.Time) bool {
+	m.relMu.Lock()
+	defer m.relMu.Unlock()
+	t, ok := m.released[key]
+	return ok && t.After(began)
 }
 
 // Option tunes a Manager.
@@ -523,8 +564,9 @@ func (m *Manager) Allocate(ctx context.Context, req *Request) ([]Result, error) 
 		return nil, fmt.Errorf("%w: metadata k8s_pod_name and k8s_pod_namespace are required", ErrInvalid)
 	}
 	who := newOwner(req.ContainerID, req.IfName)
+	began := time.Now()
 	for {
-		at, err := m.tryReserve(ctx, keys, req, who)
+		at, err := m.tryReserve(ctx, keys, req, who, began)
 		switch {
 		case err != nil:
 			return nil, err
@@ -550,12 +592,18 @@ type attempt struct {
 }
 
 // tryReserve locks the pools and reserves the request's addresses.
-func (m *Manager) tryReserve(ctx context.Context, keys []string, req *Request, who owner) (attempt, error) {
+func (m *Manager) tryReserve(ctx context.Context, keys []string, req *Request, who owner, began time.Time) (attempt, error) {
 	states, unlock, err := m.lockPools(ctx, keys)
 	if err != nil {
 		return attempt{}, err
 	}
 	defer unlock()
+	// Checked with the pools locked: a release that began after this (and
+	// after the allocation) finds the addresses reserved, waits and frees them.
+	if m.releasedSince(who.key, began) {
+		return attempt{}, fmt.Errorf("%w: container %s interface %s (an ADD the runtime gave up on)", ErrDeletedMeanwhile,
+			who.containerID, who.ifName)
+	}
 	if wait := waitingOn(states, who); wait != nil {
 		return attempt{wait: wait}, nil
 	}
@@ -848,7 +896,9 @@ func (m *Manager) Deallocate(ctx context.Context, req *Request) error {
 	if err != nil {
 		return err
 	}
-	_, err = m.releaseMatching(ctx, keys, newOwner(req.ContainerID, req.IfName), nil)
+	who := newOwner(req.ContainerID, req.IfName)
+	m.markReleased(who.key)
+	_, err = m.releaseMatching(ctx, keys, who, nil)
 	return err
 }
 

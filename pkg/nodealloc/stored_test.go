@@ -128,3 +128,41 @@ func TestBlockTakenAwayStaysAwayAfterRestart(t *testing.T) {
 		t.Errorf("after the block came back and a restart = %v %v, want 10.0.0.3/24", res, err)
 	}
 }
+
+// TestReleaseWhileAllocationWaitsWins: after a restart an ADD waits for the pool
+// sync that confirms the stored block (the API server is away); the runtime gives
+// up on it and runs the DEL, which finds nothing to release. When the sync comes,
+// the waiting ADD must not commit an address that no attachment then holds (whole-
+// system seed 705320 with API faults: the address stayed held for ever). An ADD
+// of the same interface that begins after the DEL allocates as usual.
+func TestReleaseWhileAllocationWaitsWins(t *testing.T) {
+	m, path := newManager(t)
+	if err := m.SetPool(v4Pool("rail0")); err != nil {
+		t.Fatal(err)
+	}
+	m2 := reopen(t, m, path)
+	done := make(chan error, 1)
+	go func() {
+		_, err := m2.Allocate(t.Context(), req("c1", "rail0"))
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the ADD waits for the pools to be decided
+	if err := m2.Deallocate(t.Context(), req("c1", "rail0")); err != nil {
+		t.Fatalf("DEL while the ADD waits: %v", err)
+	}
+	m2.UseStoredBlocks()
+	select {
+	case err := <-done:
+		if !errors.Is(err, nodealloc.ErrDeletedMeanwhile) {
+			t.Fatalf("the ADD that waited through its DEL = %v, want ErrDeletedMeanwhile", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting ADD did not return once the pools were decided")
+	}
+	if err := m2.IsAllocated(t.Context(), req("c1", "rail0")); !errors.Is(err, nodealloc.ErrNotAllocated) {
+		t.Fatalf("the interface after its DEL and the aborted ADD: %v, want ErrNotAllocated", err)
+	}
+	if res, err := m2.Allocate(t.Context(), req("c1", "rail0")); err != nil || len(res) != 1 {
+		t.Fatalf("an ADD that begins after the DEL = %v %v, want an address", res, err)
+	}
+}

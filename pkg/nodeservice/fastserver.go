@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -137,7 +138,11 @@ func (s *FastServer) serveConn(conn net.Conn) {
 			}
 			return
 		}
-		resp, err := s.call(method, msg)
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		stopWatch := watchHangup(conn, r, cancel)
+		resp, err := s.call(ctx, method, msg)
+		stopWatch()
+		cancel()
 		st, _ := status.FromError(err)
 		if err != nil {
 			out = ipamwire.AppendReply(out[:0], ipamwire.Code(st.Code()), []byte(st.Message()))
@@ -157,14 +162,35 @@ func (s *FastServer) serveConn(conn net.Conn) {
 	}
 }
 
-// call runs one request, for at most callTimeout.
-func (s *FastServer) call(method string, msg []byte) (any, error) {
+// watchHangup cancels a request's context when its client hangs up (a plugin
+// that gave up at its own timeout closes the connection), as a gRPC server's
+// context ends with its stream: a request waiting (for the pools' blocks after a
+// restart, for another operation on the interface) then gives up rather than
+// committing, for no one, after the runtime has run its DEL. The returned func
+// stops watching; r may be read again once it returns.
+func watchHangup(conn net.Conn, r *bufio.Reader, cancel context.CancelFunc) (stop func()) {
+	_ = conn.SetReadDeadline(time.Time{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// A client sends its next request only after this one's reply: what
+		// ends this wait is the client going away, or stop.
+		if _, err := r.Peek(1); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			cancel()
+		}
+	}()
+	return func() {
+		_ = conn.SetReadDeadline(time.Now())
+		<-done
+	}
+}
+
+// call runs one request under ctx.
+func (s *FastServer) call(ctx context.Context, method string, msg []byte) (any, error) {
 	m, ok := s.methods[method]
 	if !ok {
 		return nil, status.Errorf(codes.Unimplemented, "unknown method %s", method)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-	defer cancel()
 	dec := func(v any) error {
 		if err := proto.Unmarshal(msg, v.(proto.Message)); err != nil {
 			return status.Errorf(codes.Internal, "decoding the %s request: %v", method, err)

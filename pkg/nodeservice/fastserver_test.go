@@ -89,3 +89,63 @@ func TestAcceptRetriesWhenOutOfDescriptors(t *testing.T) {
 		t.Error("Serve goes on after an error that is not for want of a resource")
 	}
 }
+
+// TestHangupCancelsTheRequest: a plugin that gives up at its own timeout closes
+// the connection; the request it sent must see its context end (as a gRPC
+// request does when its client goes), not run on for the endpoint's 30 s and
+// commit for no one. A request whose client waits runs to its end, and the
+// connection serves the next one.
+func TestHangupCancelsTheRequest(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "daemon.sock")
+	lis, err := net.Listen("unix", ipamwire.FastSocketPath(socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 4)
+	s := nodeservice.NewFastServer(logr.Discard())
+	s.Register(&grpc.ServiceDesc{ServiceName: "test.Slow", Methods: []grpc.MethodDesc{{MethodName: "Wait",
+		Handler: func(_ any, ctx context.Context, _ func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			select {
+			case <-ctx.Done():
+				ended <- ctx.Err()
+				return nil, ctx.Err()
+			case <-time.After(300 * time.Millisecond):
+				ended <- nil
+				return &nodev1.IsAllocatedResponse{}, nil
+			}
+		}}}}, struct{}{})
+	go func() { _ = s.Serve(lis) }()
+	t.Cleanup(func() { s.Stop(time.Second) })
+
+	c, err := ipamwire.Dial("unix://"+socket, time.Now().Add(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if _, err := c.Invoke(t.Context(), "/test.Slow/Wait", nil); err != nil {
+			t.Fatalf("call %d with its client waiting: %v", i, err)
+		}
+		if err := <-ended; err != nil {
+			t.Fatalf("call %d ended with %v while its client waited", i, err)
+		}
+	}
+	_ = c.Close()
+
+	// A client that gives up after 50 ms.
+	raw, err := net.Dial("unix", ipamwire.FastSocketPath(socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame, err := ipamwire.AppendRequest(nil, "/test.Slow/Wait", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	_ = raw.Close()
+	if err := <-ended; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the request of a client that hung up ended with %v, want its context canceled", err)
+	}
+}

@@ -387,6 +387,8 @@ func toStatus(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, nodealloc.ErrExhausted):
 		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, nodealloc.ErrDeletedMeanwhile):
+		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
