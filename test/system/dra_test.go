@@ -113,6 +113,10 @@ type draClaim struct {
 	index            int        // index: the index asked for
 	state            claimState
 	ip               netip.Addr // prepared: what it holds
+	// uncertainIn: the node's blocks when a prepare left the claim uncertain
+	// (its addresses allocated, its status not written): the next prepare
+	// answers with those addresses, also once a layout edit has moved the block.
+	uncertainIn []iprange.Range
 	// ifName is the name its port takes in its pod; pod is its pod's
 	// running sandbox (nil when none runs).
 	ifName string
@@ -618,6 +622,7 @@ func (w *world) draPrepare(c *draClaim) {
 	if err != nil {
 		if status.Code(err) == codes.DeadlineExceeded && c.state != claimPrepared && !apiDown {
 			c.state = claimUncertain
+			c.uncertainIn = append(c.uncertainIn, before, w.nodeBlock(c.node, key))
 		}
 		w.tracef("kubelet: prepare %s failed as a whole after %s (retried later): %v", c, time.Since(start).Round(time.Millisecond), firstLine(err))
 		w.counts["dra-prepare-call-failed"]++
@@ -644,9 +649,11 @@ func (w *world) draPrepare(c *draClaim) {
 			// may have been stored with its answer lost. Settled by the next
 			// prepare, an unprepare, or the claim's deletion.
 			c.state = claimUncertain
+			c.uncertainIn = append(c.uncertainIn, before, w.nodeBlock(c.node, key))
 			w.counts["dra-prepare-status-failed"]++
 		case c.state == claimUncertain:
 			c.state = claimPending // a refusal releases what the claim got
+			c.uncertainIn = nil
 		}
 		w.tracef("kubelet: prepare %s refused: %s", c, r.Error)
 		return
@@ -682,8 +689,10 @@ func (w *world) draPrepare(c *draClaim) {
 		return
 	}
 	after := w.nodeBlock(c.node, key)
+	blocks := append([]iprange.Range{before, after}, c.uncertainIn...)
+	c.uncertainIn = nil
 	var in bool
-	for _, b := range []iprange.Range{before, after} {
+	for _, b := range blocks {
 		in = in || (b.Start.IsValid() && b.Contains(ip))
 	}
 	if !in {
@@ -696,7 +705,7 @@ func (w *world) draPrepare(c *draClaim) {
 		}
 	case "index":
 		var ok bool
-		for _, b := range []iprange.Range{before, after} {
+		for _, b := range blocks {
 			a, _ := iprange.Add(b.Start, iprange.U64(uint64(c.index)))
 			ok = ok || (b.Start.IsValid() && a == ip)
 		}
@@ -913,7 +922,7 @@ func (w *world) draUnprepare(c *draClaim) bool {
 			w.violation("unprepare-leaves-address", "unprepared %s, but the store still holds %s (%s) under its UID", c, ip, h.rec)
 		}
 	}
-	c.state = claimPending
+	c.state, c.uncertainIn = claimPending, nil
 	w.portsUnprepared(c)
 	w.counts["dra-unprepared"]++
 	w.tracef("kubelet: unprepared %s", c)
