@@ -56,6 +56,11 @@ const (
 	// outside their current block (after a layout edit, or a block released while
 	// in use); those ranges are kept from every other node until released.
 	ConditionOrphans = "OrphansHeld"
+	// ConditionRecordsUntrusted is True while nodes whose NodeIPAM someone other
+	// than ipam-controller wrote report holding addresses in the pool: those
+	// ranges are kept from every other node until the controller has written
+	// the records again. Absent otherwise.
+	ConditionRecordsUntrusted = "RecordsUntrusted"
 )
 
 // PoolStatusCommon holds the status fields hwipam adds to both pool kinds. An API

@@ -11,6 +11,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -372,11 +373,30 @@ func TestRecordEditedWhileNoControllerRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.node("node-a")
+	// node-b's record cannot be written again for now: the pool says why its
+	// report counts.
+	w.faults.Add(harness.FaultRule{Path: regexp.MustCompile(`/nodeipams/node-b$`), Fault: harness.FaultRefused, Code: 500})
 	runController(t, w.opts)
 	a := w.waitBlock("node-a")
 	if a == b {
 		t.Fatalf("node-a got %s, node-b's block, while node-b's record was edited by hand and its daemon reports holding it", a)
 	}
+	untrusted := func(want bool) func() (bool, string) {
+		return func() (bool, string) {
+			var p v1alpha1.IPPool
+			if err := w.c.Get(t.Context(), client.ObjectKey{Namespace: w.ns, Name: "rail0"}, &p); err != nil {
+				return false, err.Error()
+			}
+			c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionRecordsUntrusted)
+			if !want {
+				return c == nil, fmt.Sprintf("%+v", c)
+			}
+			return c != nil && c.Status == metav1.ConditionTrue && strings.Contains(c.Message, "(node-b)"), fmt.Sprintf("%+v", c)
+		}
+	}
+	eventually(t, "the pool's RecordsUntrusted condition naming node-b", untrusted(true))
+	w.faults.Clear()
+	eventually(t, "no RecordsUntrusted condition once node-b's record is the controller's again", untrusted(false))
 	eventually(t, "node-b's record written again by the controller, with its block", func() (bool, string) {
 		var o nodeipamv1.NodeIPAM
 		if err := w.c.Get(t.Context(), client.ObjectKey{Namespace: w.ns, Name: "node-b"}, &o); err != nil {

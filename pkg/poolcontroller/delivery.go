@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
@@ -74,6 +75,7 @@ type Delivery struct {
 	// untrusted are the nodes whose NodeIPAM someone other than the controller
 	// wrote, as the cache last saw them (see UntrustedNodes).
 	untrusted map[string]bool
+	trustSubs []chan event.GenericEvent
 	// Memory keeps the blocks retired from nodes that their records list
 	// (see retired.go); nil: records list none.
 	Memory *Memory
@@ -301,12 +303,40 @@ func (d *Delivery) observe(o any, gone bool) {
 		return
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
+	was := d.untrusted[obj.Name]
 	if gone || nodeipamv1.OwnedByController(obj) {
 		delete(d.untrusted, obj.Name)
-		return
+	} else {
+		d.untrusted[obj.Name] = true
 	}
-	d.untrusted[obj.Name] = true
+	changed := was != d.untrusted[obj.Name]
+	subs := d.trustSubs
+	d.mu.Unlock()
+	if changed {
+		// The pools plan with the node's report, or without it, again.
+		for _, ch := range subs {
+			select {
+			case ch <- event.GenericEvent{Object: obj}:
+			default: // one is queued already: that reconcile reads the latest
+			}
+		}
+	}
+}
+
+// TrustChanged returns a channel that receives an event each time a node's
+// NodeIPAM becomes, or stops being, one someone other than the controller
+// wrote (see UntrustedNodes): a source for the pools' reconcilers. nil for a
+// nil Delivery.
+func (d *Delivery) TrustChanged() <-chan event.GenericEvent {
+	if d == nil {
+		return nil
+	}
+	d.init()
+	ch := make(chan event.GenericEvent, 1)
+	d.mu.Lock()
+	d.trustSubs = append(d.trustSubs, ch)
+	d.mu.Unlock()
+	return ch
 }
 
 // UntrustedNodes returns, sorted, the nodes whose NodeIPAM someone other than

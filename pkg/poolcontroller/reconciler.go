@@ -247,7 +247,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	setCondition(&c, v1alpha1.ConditionConflict, false, "NoOverlap", "the pool overlaps no other pool")
 
-	in, orphans, reservedUntil, err := r.planInput(ctx, planned, layout, st, assigned)
+	in, notes, err := r.planInput(ctx, planned, layout, st, assigned)
+	orphans, reservedUntil := notes.orphans, notes.reservedUntil
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -300,6 +301,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		setCondition(&c, v1alpha1.ConditionOrphans, true, "AddressesHeld", msg)
 	} else {
 		setCondition(&c, v1alpha1.ConditionOrphans, false, "NoneHeld", "no node holds addresses outside its block")
+	}
+	if len(notes.untrusted) > 0 {
+		const maxListed = 5
+		listed := notes.untrusted[:min(len(notes.untrusted), maxListed)]
+		setCondition(&c, v1alpha1.ConditionRecordsUntrusted, true, "WrittenByOthers", fmt.Sprintf("the NodeIPAM of %d node(s) "+
+			"(%s) was written by someone other than ipam-controller: their daemons keep the blocks they had, and what they "+
+			"report holding in this pool goes to no other node until the controller has written their records again "+
+			"(ipamctl check --cluster)", len(notes.untrusted), strings.Join(listed, ", ")))
+	} else {
+		meta.RemoveStatusCondition(&c.Conditions, v1alpha1.ConditionRecordsUntrusted)
 	}
 	c.SelectedNodes = int32(len(in.Selected))
 	if msg := setAssignedConditions(&c, layout, out); msg != "" && st.exhausted != len(out.Unassigned) {
@@ -459,19 +470,29 @@ func setAssignedConditions(c *v1alpha1.PoolStatusCommon, layout blocks.Layout, o
 	return ""
 }
 
+// inputNotes is what planInput found beside the plan's input, for the pool's
+// conditions: the nodes holding addresses outside their block (orphans), when
+// the first time-bound reservation ends, and the nodes whose record someone else
+// wrote that report holding something in the pool.
+type inputNotes struct {
+	orphans       []string
+	reservedUntil time.Time
+	untrusted     []string
+}
+
 // planInput gathers the nodes, the daemons' reports and the status of the pool for
 // makePlan. It also returns the nodes' orphans (for the condition) and when the
 // first of the pool's time-bound reservations ends.
-func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout, st *poolState, assigned []assignment) (planInput, []string, time.Time, error) {
+func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout, st *poolState, assigned []assignment) (planInput, inputNotes, error) {
 	selector, err := compileSelector(p.nodeSelector())
 	if err != nil {
-		return planInput{}, nil, time.Time{}, fmt.Errorf("node selector of %s %s: %w", r.Kind, p.object().GetName(), err)
+		return planInput{}, inputNotes{}, fmt.Errorf("node selector of %s %s: %w", r.Kind, p.object().GetName(), err)
 	}
 	var nodes metav1.PartialObjectMetadataList
 	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
 	// Read only: the cache's own objects, not copies of 5,000 nodes per reconcile.
 	if err := r.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
-		return planInput{}, nil, time.Time{}, fmt.Errorf("listing nodes: %w", err)
+		return planInput{}, inputNotes{}, fmt.Errorf("listing nodes: %w", err)
 	}
 	existing, invalid := assigned, []misfit(nil)
 	if assigned == nil {
@@ -493,6 +514,7 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	mem.know(key, p.object().GetUID(), layout.Range())
 	rep, ignored := mem.reportsFor(objs, now, r.ReleaseGracePeriod, key, layout.Range())
 	r.reportIgnored(ctx, p, ignored, nodes.Items)
+	var untrustedHere []string
 	if untrusted := r.Delivery.UntrustedNodes(); len(untrusted) > 0 {
 		// A node whose record someone else wrote: its daemon ignores that
 		// record and keeps the blocks it had, which now only its report says
@@ -518,6 +540,9 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 			rs := slices.Clone(h.held)
 			if h.block.Start.IsValid() {
 				rs = append(rs, h.block)
+			}
+			if len(rs) > 0 {
+				untrustedHere = append(untrustedHere, name)
 			}
 			for _, x := range rs {
 				rep.held[name] = append(rep.held[name], clip(x, []iprange.Range{layout.Range()})...)
@@ -550,7 +575,7 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 		}
 	}
 	slices.Sort(in.Selected)
-	return in, rep.orphans, until, nil
+	return in, inputNotes{orphans: rep.orphans, reservedUntil: until, untrusted: untrustedHere}, nil
 }
 
 // writeStatus writes the desired status unless it is already stored (see

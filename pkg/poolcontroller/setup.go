@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 )
@@ -44,8 +45,21 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, namespace string, maxCon
 	overlapping := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 		return r.overlappingPools(ctx, namespace, o)
 	})
-	err := ctrl.NewControllerManagedBy(mgr).
-		Named(r.Kind).
+	b := ctrl.NewControllerManagedBy(mgr).
+		Named(r.Kind)
+	if ch := r.Delivery.TrustChanged(); ch != nil {
+		// A node's record written by someone else, or by the controller
+		// again: every pool of the kind (the node's report counts, or no
+		// longer does, beyond its grants).
+		b = b.WatchesRawSource(source.Channel(ch, handler.Funcs{
+			GenericFunc: func(ctx context.Context, _ event.GenericEvent, q nodeQueue) {
+				for _, p := range r.poolsOfKind(ctx, namespace) {
+					q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())})
+				}
+			},
+		}))
+	}
+	err := b.
 		For(forObj, builder.WithPredicates(inNamespace, specChanged)).
 		Watches(&v1alpha1.IPPool{}, overlapping, builder.WithPredicates(inNamespace, specChanged)).
 		Watches(&v1alpha1.CIDRPool{}, overlapping, builder.WithPredicates(inNamespace, specChanged)).
