@@ -80,6 +80,15 @@ func faultWeight(weight int) int {
 	return weight
 }
 
+// faultsEnv is what a replay command needs to set for the API faults this run
+// has: "HWIPAM_SYSTEM_FAULTS=... " or "".
+func faultsEnv() string {
+	if v := os.Getenv("HWIPAM_SYSTEM_FAULTS"); v != "" {
+		return "HWIPAM_SYSTEM_FAULTS=" + v + " "
+	}
+	return ""
+}
+
 // apiFaultsClear lets every write through again.
 func (w *world) apiFaultsClear() {
 	w.faults.Clear()

@@ -234,7 +234,8 @@ func TestWholeSystemInvariants(t *testing.T) {
 	}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			t.Logf("replay with: HWIPAM_SYSTEM_SEED=%d HWIPAM_SYSTEM_STEPS=%d go test ./test/system/ -run TestWholeSystemInvariants -v", seed, steps)
+			t.Logf("replay with: %sHWIPAM_SYSTEM_SEED=%d HWIPAM_SYSTEM_STEPS=%d go test ./test/system/ -run TestWholeSystemInvariants -v",
+				faultsEnv(), seed, steps)
 			w := newWorld(t, seed, bins)
 			w.run(steps)
 		})
@@ -537,8 +538,8 @@ func (w *world) fail(format string, args ...any) {
 		}
 		w.t.Logf("pool %s blocks: %s", pool, strings.Join(list, ", "))
 	}
-	w.t.Fatalf("seed %d, step %d: %s\nlast actions:\n  %s\nreplay: HWIPAM_SYSTEM_SEED=%d go test ./test/system/ -run TestWholeSystemInvariants -v",
-		w.seed, w.step, fmt.Sprintf(format, args...), strings.Join(tail, "\n  "), w.seed)
+	w.t.Fatalf("seed %d, step %d: %s\nlast actions:\n  %s\nreplay: %sHWIPAM_SYSTEM_SEED=%d go test ./test/system/ -run TestWholeSystemInvariants -v",
+		w.seed, w.step, fmt.Sprintf(format, args...), strings.Join(tail, "\n  "), faultsEnv(), w.seed)
 }
 
 // run performs steps random actions, checking the invariants after each, then
