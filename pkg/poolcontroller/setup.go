@@ -3,6 +3,7 @@ package poolcontroller
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/util/workqueue"
@@ -120,6 +121,10 @@ func (r *Reconciler) overlappingPools(ctx context.Context, namespace string, o c
 
 type nodeQueue = workqueue.TypedRateLimitingInterface[reconcile.Request]
 
+// reportDelay is how long after a daemon's report changed the pools are
+// reconciled (see nodeHandler).
+const reportDelay = 500 * time.Millisecond
+
 // nodeHandler maps Node events to the pools they concern.
 func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
 	enqueue := func(ctx context.Context, q nodeQueue, nodes ...client.Object) {
@@ -129,12 +134,26 @@ func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
 			}
 		}
 	}
+	// A report that changed, and nothing else: every pool, but at most once a
+	// reportDelay whatever the daemons write (a delayed item is queued once), so
+	// that a daemon rewriting its report in a loop costs each pool one
+	// reconcile a reportDelay, not one per write.
+	enqueueReport := func(ctx context.Context, q nodeQueue) {
+		for _, p := range r.poolsOfKind(ctx, namespace) {
+			q.AddAfter(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())}, reportDelay)
+		}
+	}
 	return handler.Funcs{
 		CreateFunc: func(ctx context.Context, e event.CreateEvent, q nodeQueue) { enqueue(ctx, q, e.Object) },
 		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q nodeQueue) { enqueue(ctx, q, e.Object) },
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q nodeQueue) {
 			o, n := e.ObjectOld, e.ObjectNew
 			if o.GetAnnotations()[v1alpha1.HeldAnnotation] != n.GetAnnotations()[v1alpha1.HeldAnnotation] {
+				if mapsEqual(o.GetLabels(), n.GetLabels()) &&
+					o.GetAnnotations()[v1alpha1.PoolsInUseAnnotation] == n.GetAnnotations()[v1alpha1.PoolsInUseAnnotation] {
+					enqueueReport(ctx, q)
+					return
+				}
 				enqueue(ctx, q, o, n)
 				return
 			}
