@@ -122,7 +122,7 @@ func (m *Memory) retiredOf(namespace, node string) (out []nodeipamv1.RetiredBloc
 			}
 			for _, kr := range res.Ranges {
 				if kr.Node == node && kr.Range == rb.Range && (g.UID == "" || res.UID == g.UID) {
-					rb.ReservedUntil = new(metav1.NewTime(kr.Until.UTC().Truncate(time.Second).Add(time.Second)))
+					rb.ReservedUntil = new(metav1.NewTime(ceilSecond(kr.Until)))
 				}
 			}
 			out = append(out, rb)
@@ -217,4 +217,14 @@ func (m *Memory) retireRecorded(node string, dropped []nodeipamv1.NodeBlock) boo
 		m.version++
 	}
 	return true
+}
+
+// ceilSecond is t rounded up to a whole second, as a record keeps times: a
+// reservation is never shortened by it, and one read back keeps its value.
+func ceilSecond(t time.Time) time.Time {
+	t = t.UTC()
+	if r := t.Truncate(time.Second); !r.Equal(t) {
+		return r.Add(time.Second)
+	}
+	return t
 }
