@@ -58,6 +58,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
 	"github.com/hwipam/hwipam/pkg/nicdra"
 	"github.com/hwipam/hwipam/test/harness"
@@ -980,6 +981,9 @@ func (w *world) draKillDuringPrepare() {
 		return
 	}
 	req := &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{{Namespace: namespace, Uid: string(c.uid), Name: c.name}}}
+	// The prepare cut short may have allocated from the block the daemon has
+	// now (a pool deleted a moment ago included: the daemon learns it later).
+	c.uncertainIn = append(c.uncertainIn, w.nodeBlock(i, v1alpha1.PoolKey(c.pool.kind, c.pool.name)))
 	done := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(w.ctx, draCallTimeout)
 	plugin := n.dra
