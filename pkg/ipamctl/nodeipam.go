@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -217,11 +216,7 @@ func recordOverlaps(recs []nodeipamv1.NodeIPAM, now time.Time) []overlap {
 			if b.Prefix != "" {
 				text = b.Prefix
 			}
-			r, err := iprange.ParseRange(b.StartIP + "-" + b.EndIP)
-			if p, perr := netip.ParsePrefix(b.Prefix); b.Prefix != "" && perr == nil {
-				r, err = iprange.PrefixRange(p.Masked()), nil
-			}
-			if err == nil {
+			if r, err := b.Range(); err == nil {
 				key := b.Kind + " " + b.Pool
 				byPool[key] = append(byPool[key], claim{node: o.Name, what: "block " + text, r: r, current: true})
 			}

@@ -3,12 +3,10 @@ package poolcontroller
 import (
 	"cmp"
 	"context"
-	"net/netip"
 	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
@@ -65,11 +63,7 @@ func (m *Memory) restoreRecords(recs []nodeipamv1.NodeIPAM, now time.Time) int {
 				continue
 			}
 			key := v1alpha1.PoolKey(rb.Kind, rb.Pool)
-			if m.given[key] == nil {
-				m.given[key] = map[string][]grant{}
-			}
-			if !slices.ContainsFunc(m.given[key][rec.Name], func(g grant) bool { return g.Range == r }) {
-				m.given[key][rec.Name] = append(m.given[key][rec.Name], grant{Range: r, Since: rb.Since.Time, UID: rb.PoolUID})
+			if m.addGrant(key, rec.Name, grant{Range: r, Since: rb.Since.Time, UID: rb.PoolUID}) {
 				n++
 			}
 			if rb.ReservedUntil == nil || !now.Before(rb.ReservedUntil.Time) {
@@ -85,11 +79,9 @@ func (m *Memory) restoreRecords(recs []nodeipamv1.NodeIPAM, now time.Time) int {
 				kept.UID = rb.PoolUID
 				kept.Ranges = append(kept.Ranges, kr)
 				m.reserved[resKey] = kept
+				m.version++
 			}
 		}
-	}
-	if n > 0 {
-		m.version++
 	}
 	return n
 }
@@ -165,24 +157,6 @@ func retiredEqual(a, b []nodeipamv1.RetiredBlock) bool {
 	})
 }
 
-// retiredUID is the UID a grant of the pool with key is given now: the pool's
-// as the memory knows it. With mu held.
-func (m *Memory) retiredUID(key string) types.UID {
-	return m.pools[key].UID
-}
-
-// recordedRange is the range of a block as a record lists it.
-func recordedRange(b nodeipamv1.NodeBlock) (iprange.Range, error) {
-	if b.Prefix != "" {
-		p, err := netip.ParsePrefix(b.Prefix)
-		if err != nil {
-			return iprange.Range{}, err
-		}
-		return iprange.PrefixRange(p.Masked()), nil
-	}
-	return iprange.ParseRange(b.StartIP + "-" + b.EndIP)
-}
-
 // retireRecorded makes grants of node's recorded blocks that its record is
 // about to stop listing (dropped), whatever took them (a plan, a pool deleted
 // before this process reconciled it): a block leaves a record's blocks only to
@@ -200,21 +174,11 @@ func (m *Memory) retireRecorded(node string, dropped []nodeipamv1.NodeBlock) boo
 		now = time.Now()
 	}
 	for _, b := range dropped {
-		r, err := recordedRange(b)
+		r, err := b.Range()
 		if err != nil {
 			continue
 		}
-		key := v1alpha1.PoolKey(b.Kind, b.Pool)
-		byNode := m.given[key]
-		if byNode == nil {
-			byNode = map[string][]grant{}
-			m.given[key] = byNode
-		}
-		if slices.ContainsFunc(byNode[node], func(g grant) bool { return g.Range == r }) {
-			continue
-		}
-		byNode[node] = append(byNode[node], grant{Range: r, Since: now, UID: b.PoolUID})
-		m.version++
+		m.addGrant(v1alpha1.PoolKey(b.Kind, b.Pool), node, grant{Range: r, Since: now, UID: b.PoolUID})
 	}
 	return true
 }

@@ -364,22 +364,29 @@ func (m *Memory) retireLocked(key string, taken []misfit, now time.Time) bool {
 			continue
 		}
 		m.presume(t.Node, key, t.Range)
-		byNode := m.given[key]
-		if byNode == nil {
-			byNode = map[string][]grant{}
-			m.given[key] = byNode
+		if m.addGrant(key, t.Node, grant{Range: t.Range, Since: now, UID: m.pools[key].UID}) {
+			added = true
 		}
-		if slices.ContainsFunc(byNode[t.Node], func(g grant) bool { return g.Range == t.Range }) {
-			continue
-		}
-		byNode[t.Node] = append(byNode[t.Node], grant{Range: t.Range, Since: now, UID: m.retiredUID(key)})
-		m.retiredChanged(t.Node)
-		added = true
-	}
-	if added {
-		m.version++
 	}
 	return added
+}
+
+// addGrant gives node g in the pool with key, unless it has a grant of that
+// range already, and tells the records (see retired.go); it says whether it
+// added it. With mu held.
+func (m *Memory) addGrant(key, node string, g grant) bool {
+	byNode := m.given[key]
+	if byNode == nil {
+		byNode = map[string][]grant{}
+		m.given[key] = byNode
+	}
+	if slices.ContainsFunc(byNode[node], func(x grant) bool { return x.Range == g.Range }) {
+		return false
+	}
+	byNode[node] = append(byNode[node], g)
+	m.version++
+	m.retiredChanged(node)
+	return true
 }
 
 // presume records block, taken from node in the pool with key, as reported by
@@ -748,13 +755,7 @@ func (m *Memory) restoreGrants(kept map[string]map[string][]keptGrant) {
 				if err != nil {
 					continue
 				}
-				if m.given[key] == nil {
-					m.given[key] = map[string][]grant{}
-				}
-				if !slices.ContainsFunc(m.given[key][node], func(x grant) bool { return x.Range == r }) {
-					m.given[key][node] = append(m.given[key][node], grant{Range: r, Since: g.Since, UID: g.UID})
-					m.retiredChanged(node)
-				}
+				m.addGrant(key, node, grant{Range: r, Since: g.Since, UID: g.UID})
 			}
 		}
 	}

@@ -1,10 +1,13 @@
 package v1alpha1
 
 import (
+	"net/netip"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	poolv1 "github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/pkg/iprange"
 )
 
 // Kind is NodeIPAM's kind.
@@ -117,6 +120,18 @@ type NodeBlock struct {
 	// (written by a controller before this field).
 	// +optional
 	PoolGeneration int64 `json:"poolGeneration,omitempty"`
+}
+
+// Range is the block's range: an IPPool's startIP-endIP, or a CIDRPool's prefix.
+func (b NodeBlock) Range() (iprange.Range, error) {
+	if b.Prefix != "" {
+		p, err := netip.ParsePrefix(b.Prefix)
+		if err != nil {
+			return iprange.Range{}, err
+		}
+		return iprange.PrefixRange(p.Masked()), nil
+	}
+	return iprange.ParseRange(b.StartIP + "-" + b.EndIP)
 }
 
 // PoolSpecsName is the name of the one PoolSpecs object of a pools' namespace.
