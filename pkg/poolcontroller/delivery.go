@@ -638,10 +638,7 @@ func (d *Delivery) want(ctx context.Context, node string, cur *nodeipamv1.NodeIP
 		// What the record stops listing as a block, it lists as retired.
 		var dropped []nodeipamv1.NodeBlock
 		for _, b := range cur.Spec.Blocks {
-			if !slices.ContainsFunc(blocks, func(n nodeipamv1.NodeBlock) bool {
-				return n.Kind == b.Kind && n.Pool == b.Pool && n.PoolUID == b.PoolUID && n.StartIP == b.StartIP &&
-					n.EndIP == b.EndIP && n.Prefix == b.Prefix
-			}) {
+			if !slices.ContainsFunc(blocks, func(n nodeipamv1.NodeBlock) bool { return sameBlock(n, b) }) {
 				dropped = append(dropped, b)
 			}
 		}
@@ -686,8 +683,8 @@ func (d *Delivery) blocksOf(ctx context.Context, node string, cur *nodeipamv1.No
 			b := pb.val(i)
 			nb := nodeipamv1.NodeBlock{Kind: pb.template.Kind, Pool: pb.template.Pool, PoolUID: pb.template.PoolUID,
 				StartIP: b.start, EndIP: b.end, Prefix: b.prefix, Gateway: b.gateway, PoolGeneration: pb.template.Generation}
-			if o, ok := had[poolRef{nb.Kind, nb.Pool}]; ok && o.PoolUID == nb.PoolUID && o.StartIP == nb.StartIP &&
-				o.EndIP == nb.EndIP && o.Prefix == nb.Prefix && o.Gateway == nb.Gateway && o.PoolGeneration <= nb.PoolGeneration {
+			if o, ok := had[poolRef{nb.Kind, nb.Pool}]; ok && sameBlock(o, nb) && o.Gateway == nb.Gateway &&
+				o.PoolGeneration <= nb.PoolGeneration {
 				nb.PoolGeneration = o.PoolGeneration
 			}
 			out = append(out, nb)
@@ -946,6 +943,13 @@ func (d *Delivery) syncSpecs(ctx context.Context, _ string) error {
 
 func blocksEqual(a, b []nodeipamv1.NodeBlock) bool {
 	return len(a) == len(b) && (len(a) == 0 || reflect.DeepEqual(a, b))
+}
+
+// sameBlock: a and b are the same block of the same pool (gateway and spec
+// generation aside).
+func sameBlock(a, b nodeipamv1.NodeBlock) bool {
+	return a.Kind == b.Kind && a.Pool == b.Pool && a.PoolUID == b.PoolUID && a.StartIP == b.StartIP &&
+		a.EndIP == b.EndIP && a.Prefix == b.Prefix
 }
 
 func specEqual(a, b nodeipamv1.NodeIPAMSpec) bool {
