@@ -1,7 +1,12 @@
 package ipamcontroller_test
 
 import (
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"io"
 	"regexp"
 	"slices"
 	"strings"
@@ -443,13 +448,11 @@ func TestRetiredBlocksKeptByTheRecords(t *testing.T) {
 				return ok, fmt.Sprint(nodeBlocks(t, w.c, w.ns))
 			})
 			stop()
-			if lost == "deleted" {
-				lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: poolcontroller.MemoryLeaseName}}
-				if err := w.c.Delete(t.Context(), lease); err != nil {
-					t.Fatal(err)
-				}
-			} else if len(w.faults.Hits()) == 0 {
-				t.Fatal("no Lease write met the fault")
+			// With records, the controller writes no Lease of held reports
+			// (an earlier version did, and lost them with it).
+			lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: poolcontroller.MemoryLeaseName}}
+			if err := w.c.Delete(t.Context(), lease); !apierrors.IsNotFound(err) {
+				t.Fatalf("deleting the held reports' Lease, which the controller no longer writes: %v", err)
 			}
 			w.node("node-c")
 			runController(t, w.opts)
@@ -479,4 +482,229 @@ func TestRetiredBlocksKeptByTheRecords(t *testing.T) {
 			}
 		})
 	}
+}
+
+// annotate writes node's held report (v1alpha1.HeldAnnotation) as its daemon
+// would.
+func (w *recordsWorld) annotate(node, report string) {
+	w.t.Helper()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{v1alpha1.HeldAnnotation: report}}})
+	if err := w.c.Patch(w.t.Context(), n, client.RawPatch("application/merge-patch+json", patch)); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// record returns node's NodeIPAM.
+func (w *recordsWorld) record(node string) nodeipamv1.NodeIPAM {
+	w.t.Helper()
+	var rec nodeipamv1.NodeIPAM
+	if err := w.c.Get(w.t.Context(), client.ObjectKey{Namespace: w.ns, Name: node}, &rec); err != nil {
+		w.t.Fatal(err)
+	}
+	return rec
+}
+
+// TestFreshInstallTrustsOnlyItsRecords: on a fresh install (no Lease, no
+// records), node-a's report, written before the controller's first start,
+// claims the whole pool. It counts for nothing the controller did not give
+// node-a: node-b and node-c get blocks. The controller that adopted the reports
+// as they stood at its first reconcile (issue 44, item 7) gave them none: one
+// node's forged report kept every other node without a block.
+func TestFreshInstallTrustsOnlyItsRecords(t *testing.T) {
+	w := newRecordsWorld(t, 10)
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		w.node(n)
+	}
+	w.annotate("node-a", `{"rail0":{"held":["10.7.0.1-10.7.0.254"]}}`)
+	w.pool()
+	runController(t, w.opts)
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		w.waitBlock(n)
+	}
+	w.checkOneOwner()
+	var p v1alpha1.IPPool
+	if err := w.c.Get(t.Context(), client.ObjectKey{Namespace: w.ns, Name: "rail0"}, &p); err != nil {
+		t.Fatal(err)
+	}
+	if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionExhausted); c != nil && c.Status == metav1.ConditionTrue {
+		t.Fatalf("the pool is exhausted by node-a's forged report: %s", c.Message)
+	}
+}
+
+// TestSilentNodeKeepsItsRetiredBlockWithoutTheLease: node-a's daemon reports
+// holding its block; a layout edit retires it; the controller stops; node-a's
+// Node is registered again without its report (its daemon is down) and the
+// held-reports Lease is gone. The restarted controller has only the records:
+// node-a's says its daemon reports and held addresses in the retired block, so
+// the block goes to no node that joins, past --min-grant-age, until node-a's
+// daemon reports again. With the Lease as the only memory of the report, node-c
+// got the block once the grant's minimum age had passed.
+func TestSilentNodeKeepsItsRetiredBlockWithoutTheLease(t *testing.T) {
+	w := newRecordsWorld(t, 10)
+	w.opts.MinGrantAge = time.Second
+	w.node("node-a")
+	w.node("node-b")
+	ip := w.pool()
+	stop := runController(t, w.opts)
+	a := w.waitBlock("node-a")
+	w.waitBlock("node-b")
+	w.annotate("node-a", `{"rail0":{"block":"`+a+`"}}`)
+	// The record says so once the controller has read the report (a record
+	// of a controller before DaemonReports says nothing: waited for a while).
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end) && !w.record("node-a").Spec.DaemonReports; {
+		time.Sleep(100 * time.Millisecond)
+	}
+	patch := []byte(`{"spec":{"perNodeBlockSize":32}}`)
+	if err := w.c.Patch(t.Context(), ip, client.RawPatch("application/merge-patch+json", patch)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "node-a with a block of 32, its block of 16 retired", func() (bool, string) {
+		r, err := iprange.ParseRange(w.block("node-a"))
+		return err == nil && r.Size() == iprange.U64(32), fmt.Sprint(nodeBlocks(t, w.c, w.ns))
+	})
+	stop()
+	rec := w.record("node-a")
+	if !rec.Spec.DaemonReports || !slices.ContainsFunc(rec.Spec.Retired, func(r nodeipamv1.RetiredBlock) bool {
+		return r.Range == a && r.Held
+	}) {
+		t.Errorf("node-a's record does not say that its daemon reports and holds addresses in %s: %+v", a, rec.Spec)
+	}
+	// Registered again, without the annotation; the Lease is gone (if there
+	// is one).
+	if err := w.c.Delete(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}); err != nil {
+		t.Fatal(err)
+	}
+	w.node("node-a")
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: poolcontroller.MemoryLeaseName}}
+	if err := w.c.Delete(t.Context(), lease); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	w.node("node-c")
+	runController(t, w.opts)
+	old, _ := iprange.ParseRange(a)
+	c, _ := iprange.ParseRange(w.waitBlock("node-c"))
+	time.Sleep(2 * w.opts.MinGrantAge)
+	w.node("node-d") // a reconcile past the grant's minimum age
+	d, _ := iprange.ParseRange(w.waitBlock("node-d"))
+	for n, r := range map[string]iprange.Range{"node-c": c, "node-d": d} {
+		if r.Overlaps(old) {
+			t.Fatalf("%s got %s, which overlaps %s, retired from node-a whose silent daemon holds addresses in it", n, r, old)
+		}
+	}
+	w.checkOneOwner()
+	if rec := w.record("node-a"); !slices.ContainsFunc(rec.Spec.Retired, func(r nodeipamv1.RetiredBlock) bool { return r.Range == a }) {
+		t.Fatalf("node-a's record no longer lists %s as retired: %+v", a, rec.Spec.Retired)
+	}
+	// node-a's daemon reports again, holding nothing in it: the block goes.
+	w.annotate("node-a", `{"rail0":{"block":"`+w.block("node-a")+`"}}`)
+	eventually(t, "node-a's retired block gone once its daemon reports holding nothing in it", func() (bool, string) {
+		rec := w.record("node-a")
+		return !slices.ContainsFunc(rec.Spec.Retired, func(r nodeipamv1.RetiredBlock) bool { return r.Range == a }), fmt.Sprint(rec.Spec)
+	})
+}
+
+// TestLeaseOfAnEarlierControllerMovesIntoTheRecords: the held-reports Lease of
+// a controller before the records kept a grant of node-a (retired two hours ago,
+// which node-a's silent daemon last reported holding) and a reservation of
+// node-b's retired block. The first controller with records writes both into
+// the nodes' records, then says in the Lease that its content moved (so that a
+// rollback to that earlier controller does not trust grants no longer kept
+// there). Started again, with only the records, it still gives no joining
+// node an address of either block.
+func TestLeaseOfAnEarlierControllerMovesIntoTheRecords(t *testing.T) {
+	w := newRecordsWorld(t, 10)
+	w.opts.MinGrantAge = time.Second
+	w.opts.ReleaseGracePeriod = time.Hour
+	// Neither is selected by the pool any more (node-a's daemon is down: its
+	// Node shows no report).
+	for _, n := range []string{"node-a", "node-b"} {
+		if err := w.c.Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ip := w.pool()
+	now := time.Now().UTC()
+	payload, _ := json.Marshal(map[string]any{
+		"reports": map[string]string{"node-a": `{"rail0":{"held":["10.7.0.1-10.7.0.16"]}}`},
+		"given": map[string]any{"rail0": map[string]any{"node-a": []map[string]any{
+			{"range": "10.7.0.1-10.7.0.16", "since": now.Add(-2 * time.Hour), "uid": ip.UID}}}},
+		"reserved": map[string]any{w.ns + "/rail0": map[string]any{"uid": ip.UID, "ranges": []map[string]any{
+			{"node": "node-b", "range": "10.7.0.17-10.7.0.32", "until": now.Add(time.Hour)}}}},
+		"pools": map[string]any{"rail0": map[string]any{"uid": ip.UID, "network": "10.7.0.0/24"}},
+	})
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write(payload)
+	_ = zw.Close()
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: poolcontroller.MemoryLeaseName,
+		Annotations: map[string]string{poolcontroller.MemoryAnnotation: base64.StdEncoding.EncodeToString(gz.Bytes())}}}
+	if err := w.c.Create(t.Context(), lease); err != nil {
+		t.Fatal(err)
+	}
+	held, _ := iprange.ParseRange("10.7.0.1-10.7.0.32")
+	checkClear := func(nodes ...string) {
+		t.Helper()
+		for _, n := range nodes {
+			if r, _ := iprange.ParseRange(w.waitBlock(n)); r.Overlaps(held) {
+				t.Fatalf("%s got %s, which overlaps node-a's held grant or node-b's reserved block (%s)", n, r, held)
+			}
+		}
+	}
+	w.node("node-c")
+	stop := runController(t, w.opts)
+	checkClear("node-c")
+	eventually(t, "node-a's and node-b's records", func() (bool, string) {
+		errA := w.c.Get(t.Context(), client.ObjectKey{Namespace: w.ns, Name: "node-a"}, &nodeipamv1.NodeIPAM{})
+		errB := w.c.Get(t.Context(), client.ObjectKey{Namespace: w.ns, Name: "node-b"}, &nodeipamv1.NodeIPAM{})
+		return errA == nil && errB == nil, fmt.Sprint(errA, errB)
+	})
+	eventually(t, "the Lease saying its content moved into the records", func() (bool, string) {
+		var l coordinationv1.Lease
+		if err := w.c.Get(t.Context(), client.ObjectKeyFromObject(lease), &l); err != nil {
+			return false, err.Error()
+		}
+		kept := decodeLease(t, l.Annotations[poolcontroller.MemoryAnnotation])
+		return kept["movedToRecords"] == true && kept["given"] == nil && kept["pools"] == nil, fmt.Sprint(kept)
+	})
+	a, b := w.record("node-a").Spec, w.record("node-b").Spec
+	if !a.DaemonReports || !slices.ContainsFunc(a.Retired, func(r nodeipamv1.RetiredBlock) bool {
+		return r.Range == "10.7.0.1-10.7.0.16" && r.Held && r.PoolUID == ip.UID
+	}) {
+		t.Errorf("node-a's record does not keep the grant its silent daemon holds addresses in: %+v", a)
+	}
+	if !slices.ContainsFunc(b.Retired, func(r nodeipamv1.RetiredBlock) bool {
+		return r.Range == "10.7.0.17-10.7.0.32" && r.ReservedUntil != nil && r.ReservedUntil.After(now.Add(50*time.Minute))
+	}) {
+		t.Errorf("node-b's record does not keep the reservation: %+v", b)
+	}
+	stop()
+	w.node("node-d")
+	runController(t, w.opts)
+	time.Sleep(2 * w.opts.MinGrantAge)
+	w.node("node-e")
+	checkClear("node-d", "node-e")
+	w.checkOneOwner()
+}
+
+// decodeLease returns the JSON object a held-reports Lease's annotation holds.
+func decodeLease(t *testing.T, value string) map[string]any {
+	t.Helper()
+	gz, err := base64.StdEncoding.DecodeString(value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(gz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(data, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -651,16 +651,17 @@ func (d *Delivery) want(ctx context.Context, node string, cur *nodeipamv1.NodeIP
 		}
 	}
 	var retired []nodeipamv1.RetiredBlock
-	ok := false
+	reports, ok := false, false
 	if d.Memory != nil {
-		retired, ok = d.Memory.retiredOf(d.Namespace, node)
+		retired, reports, ok = d.Memory.retiredOf(d.Namespace, node)
 	}
 	if ok {
 		retired = mergeRetired(retired, had)
 	} else {
 		retired = slices.Clone(had)
+		reports = cur != nil && cur.Spec.DaemonReports
 	}
-	return nodeipamv1.NodeIPAMSpec{Blocks: blocks, Retired: retired}
+	return nodeipamv1.NodeIPAMSpec{Blocks: blocks, Retired: retired, DaemonReports: reports}
 }
 
 // blocksOf returns the blocks node's NodeIPAM should list, given what it lists
@@ -953,7 +954,7 @@ func sameBlock(a, b nodeipamv1.NodeBlock) bool {
 }
 
 func specEqual(a, b nodeipamv1.NodeIPAMSpec) bool {
-	return blocksEqual(a.Blocks, b.Blocks) && retiredEqual(a.Retired, b.Retired)
+	return blocksEqual(a.Blocks, b.Blocks) && retiredEqual(a.Retired, b.Retired) && a.DaemonReports == b.DaemonReports
 }
 
 // empty: a record that gives its node nothing, and keeps nothing retired.

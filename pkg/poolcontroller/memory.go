@@ -11,6 +11,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -144,6 +145,16 @@ type Memory struct {
 	// Lease names.
 	parts   map[string]string
 	partsOf int
+	// recordsOnly: the per-node records are the memory (Records on): the
+	// Lease is read once, for what a controller before them kept, and not
+	// written again but to say that its content moved (see moveOut).
+	// leaseHad: the Lease held such content; legacy: it held reports but no
+	// grants (a controller before grants were kept), whose reports are
+	// adopted; moved: the Lease says so now.
+	recordsOnly bool
+	leaseHad    bool
+	legacy      bool
+	moved       bool
 }
 
 // seenReport is a node's held report and when the controller last saw it.
@@ -195,6 +206,10 @@ type memoryPayload struct {
 	// Given) are spread over Parts more Leases (see partName), by a hash of
 	// the node's name; 0: all here.
 	Parts int `json:"parts,omitempty"`
+	// MovedToRecords: what the Lease kept is in the NodeIPAMs now, and it
+	// keeps nothing (see moveOut). Without Pools, a controller of an earlier
+	// version that reads it adopts the reports the Nodes show at its start.
+	MovedToRecords bool `json:"movedToRecords,omitempty"`
 }
 
 func newReport(raw string, seen time.Time, live bool) seenReport {
@@ -245,15 +260,28 @@ func (m *Memory) load(ctx context.Context, now time.Time) error {
 			if n := m.restoreRecords(recs, now); n > 0 {
 				m.Log.Info("read the retired blocks the nodes' records keep", "blocks", n, "records", len(recs))
 			}
-			// Every node with a grant has it in its record, whichever store
-			// it was read from (a Lease of a controller before records kept
-			// them, on the first start of this version): loaded first, so
-			// that the writes queued here write them.
+			// The records are the memory from now on. A fresh install, or
+			// one whose Lease was lost, trusts no report beyond them: a node
+			// without a record holds nothing the controller did not give it
+			// (only a Lease of a controller before grants were kept has its
+			// reports adopted, as that controller would have).
+			m.recordsOnly = true
+			if !m.legacy {
+				m.trustFirst = false
+				clear(m.adoptPending)
+			}
+			// Every node with a grant or a kept report has it in its record,
+			// whichever store it was read from (a Lease of a controller
+			// before records kept them, on the first start of this version):
+			// loaded first, so that the writes queued here write them.
 			m.loaded = true
 			for _, byNode := range m.given {
 				for node := range byNode {
 					m.retiredChanged(node)
 				}
+			}
+			for node := range m.reports {
+				m.retiredChanged(node)
 			}
 			m.mu.Unlock()
 		}
@@ -347,6 +375,19 @@ func (m *Memory) read(ctx context.Context, now time.Time) error {
 		}
 	}
 	m.restoreGrants(kept.Given)
+	if m.Records != nil {
+		// A record lists a reservation as a retired block: one the Lease
+		// kept without a grant (a controller before grants were kept) is
+		// made one.
+		for resKey, rs := range kept.Reserved {
+			_, key, _ := strings.Cut(resKey, "/")
+			for _, kr := range rs.Ranges {
+				if r, err := iprange.ParseRange(kr.Range); err == nil && now.Before(kr.Until) {
+					m.addGrant(key, kr.Node, grant{Range: r, Since: now, UID: rs.UID})
+				}
+			}
+		}
+	}
 	for key, kp := range kept.Pools {
 		if _, ok := m.pools[key]; !ok {
 			m.pools[key] = kp
@@ -355,6 +396,9 @@ func (m *Memory) read(ctx context.Context, now time.Time) error {
 	// No grants kept (no Lease, or one from before they were): nothing to check
 	// reports against until each pool's first reconcile adopts them.
 	m.trustFirst = kept.Pools == nil
+	m.leaseHad = payload != "" && !kept.MovedToRecords
+	m.legacy = m.leaseHad && kept.Pools == nil
+	m.moved = kept.MovedToRecords
 	if m.trustFirst {
 		// The pools reconciled before the Lease could be read adopt the
 		// reports it kept too (those of a controller before grants were kept).
@@ -423,6 +467,7 @@ func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Du
 			if !had || rep.raw != raw {
 				delete(m.flags, name) // a new report: what it ignores is reported anew
 			}
+			m.reportsChanged(name, !had)
 			rep = newReport(raw, now, true)
 			m.version++
 		case had:
@@ -447,6 +492,7 @@ func (m *Memory) lastReports(nodes []client.Object, now time.Time, grace time.Du
 			if now.Sub(rep.gone) >= grace {
 				delete(m.reports, name)
 				delete(m.flags, name)
+				m.reportsChanged(name, true)
 				m.version++
 				continue
 			}
@@ -595,6 +641,9 @@ func (m *Memory) Save(ctx context.Context) error {
 	m.mu.Unlock()
 	if !loaded || m.Lease.Name == "" {
 		return nil
+	}
+	if m.isRecordsOnly() {
+		return m.moveOut(ctx)
 	}
 	if unread {
 		if err := m.read(ctx, now); err != nil {

@@ -33,6 +33,8 @@ type Records interface {
 	// RetiredChanged says that node's retired blocks changed in the memory: its
 	// record is to be written again.
 	RetiredChanged(node string)
+	// Idle tells whether every record write queued so far went through.
+	Idle() bool
 }
 
 // retiredChanged tells the records that node's retired blocks changed; with mu
@@ -82,19 +84,108 @@ func (m *Memory) restoreRecords(recs []nodeipamv1.NodeIPAM, now time.Time) int {
 				m.version++
 			}
 		}
+		if _, known := m.reports[rec.Name]; rec.Spec.DaemonReports && !known {
+			m.reports[rec.Name] = recordedReport(rec, now)
+		}
 	}
 	return n
 }
 
+// recordedReport is what a record says of its node's daemon, whose report the
+// controller has seen before (NodeIPAMSpec.DaemonReports), as a report kept from
+// before this process: it holds addresses in the node's blocks and in the
+// retired blocks marked held. It stands in for the report the Node no longer
+// shows (registered again while its daemon is down) until the daemon reports
+// again, or the Node is gone for the grace period (see lastReports).
+func recordedReport(rec *nodeipamv1.NodeIPAM, now time.Time) seenReport {
+	parsed := map[string]parsedHold{}
+	for _, b := range rec.Spec.Blocks {
+		if r, err := b.Range(); err == nil {
+			key := v1alpha1.PoolKey(b.Kind, b.Pool)
+			h := parsed[key]
+			h.block = r
+			parsed[key] = h
+		}
+	}
+	for _, rb := range rec.Spec.Retired {
+		if r, err := iprange.ParseRange(rb.Range); err == nil && rb.Held {
+			key := v1alpha1.PoolKey(rb.Kind, rb.Pool)
+			h := parsed[key]
+			h.held = append(h.held, r)
+			parsed[key] = h
+		}
+	}
+	return seenReport{parsed: parsed, seen: now, kept: true}
+}
+
+func (m *Memory) isRecordsOnly() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.recordsOnly
+}
+
+// moveOut writes, once, in the Lease of a controller before records that what
+// it kept is in the records now (MovedToRecords), as soon as every record
+// write queued since the memory read it went through: a controller of that
+// earlier version started later (a rollback) finds no grants there that are
+// no longer true, and takes the reports the Nodes show at its start instead.
+// The Lease is not written otherwise; its parts are left as they are (the
+// controller may not delete Leases), and a Lease that says its content moved
+// names none.
+func (m *Memory) moveOut(ctx context.Context) error {
+	m.mu.Lock()
+	due := m.leaseHad && !m.moved
+	m.mu.Unlock()
+	if !due || !m.Records.Idle() {
+		return nil
+	}
+	value, err := encodePayload(memoryPayload{Reports: map[string]string{}, MovedToRecords: true})
+	if err != nil {
+		return err
+	}
+	if err := m.write(ctx, value); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.moved = true
+	m.mu.Unlock()
+	m.Log.Info("the held reports, grants and reservations the Lease kept are in the nodes' records (NodeIPAMs) now; "+
+		"the Lease keeps nothing more", "lease", m.Lease.String())
+	return nil
+}
+
+// reportsChanged tells the records that node's report came, changed or went,
+// if it is something a record says (DaemonReports, and which retired blocks
+// are held); with mu held.
+func (m *Memory) reportsChanged(node string, first bool) {
+	if !m.recordsOnly {
+		return
+	}
+	if first {
+		m.retiredChanged(node)
+		return
+	}
+	for _, byNode := range m.given {
+		if len(byNode[node]) > 0 {
+			m.retiredChanged(node)
+			return
+		}
+	}
+}
+
 // retiredOf returns the retired blocks of node, for its record in namespace:
-// its grants, each reserved until its reservation ends (see keepReservations).
-// ok is false before the memory was loaded: the record keeps what it lists.
-func (m *Memory) retiredOf(namespace, node string) (out []nodeipamv1.RetiredBlock, ok bool) {
+// its grants, each reserved until its reservation ends (see keepReservations),
+// and held if its daemon's report (as the memory has it) holds addresses in it;
+// reports tells whether the memory has a report of the node at all (see
+// NodeIPAMSpec.DaemonReports). ok is false before the memory was loaded: the
+// record keeps what it says.
+func (m *Memory) retiredOf(namespace, node string) (out []nodeipamv1.RetiredBlock, reports, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.loaded {
-		return nil, false
+		return nil, false, false
 	}
+	rep, reports := m.reports[node]
 	for key, byNode := range m.given {
 		gs := byNode[node]
 		if len(gs) == 0 {
@@ -117,11 +208,12 @@ func (m *Memory) retiredOf(namespace, node string) (out []nodeipamv1.RetiredBloc
 					rb.ReservedUntil = new(metav1.NewTime(ceilSecond(kr.Until)))
 				}
 			}
+			rb.Held = reports && rep.holdsIn(key, g.Range)
 			out = append(out, rb)
 		}
 	}
 	sortRetired(out)
-	return out, true
+	return out, reports, true
 }
 
 func sortRetired(rs []nodeipamv1.RetiredBlock) {
@@ -153,7 +245,7 @@ func mergeRetired(want, cur []nodeipamv1.RetiredBlock) []nodeipamv1.RetiredBlock
 func retiredEqual(a, b []nodeipamv1.RetiredBlock) bool {
 	return slices.EqualFunc(a, b, func(x, y nodeipamv1.RetiredBlock) bool {
 		return x.Kind == y.Kind && x.Pool == y.Pool && x.PoolUID == y.PoolUID && x.Range == y.Range &&
-			x.Since.Equal(&y.Since) && x.ReservedUntil.Equal(y.ReservedUntil)
+			x.Since.Equal(&y.Since) && x.ReservedUntil.Equal(y.ReservedUntil) && x.Held == y.Held
 	})
 }
 

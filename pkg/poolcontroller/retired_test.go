@@ -61,7 +61,7 @@ func TestRetiredBlocksRoundTripThroughRecords(t *testing.T) {
 	var recs []nodeipamv1.NodeIPAM
 	written := map[string][]nodeipamv1.RetiredBlock{}
 	for _, n := range nodes {
-		out, ok := m.retiredOf(ns, n)
+		out, _, ok := m.retiredOf(ns, n)
 		if !ok {
 			t.Fatal("retiredOf on a loaded memory says it is not loaded")
 		}
@@ -96,7 +96,7 @@ func TestRetiredBlocksRoundTripThroughRecords(t *testing.T) {
 	again.restoreRecords(recs, now)
 	again.mu.Unlock()
 	for _, n := range nodes {
-		out, _ := again.retiredOf(ns, n)
+		out, _, _ := again.retiredOf(ns, n)
 		if fmt.Sprint(mergeRetired(out, written[n])) != fmt.Sprint(written[n]) || !retiredEqual(mergeRetired(out, written[n]), written[n]) {
 			t.Errorf("%s's record after a restart would say\n%+v\nwhere it says\n%+v", n, out, written[n])
 		}

@@ -60,6 +60,16 @@ type NodeIPAMSpec struct {
 	// +optional
 	// +listType=atomic
 	Retired []RetiredBlock `json:"retired,omitempty"`
+	// daemonReports: the controller has seen the node's daemon report what it
+	// holds (the Node's ipam.hwipam.io/held annotation). While the Node shows no
+	// report (registered again while its daemon is down, the controller
+	// restarted meanwhile), the controller takes that daemon to hold addresses
+	// in the node's blocks and in its retired blocks marked held, until the
+	// daemon reports again or the Node is gone for the grace period. Unset for a
+	// daemon that does not report (it may not annotate its Node): its retired
+	// blocks are kept for the grace period only.
+	// +optional
+	DaemonReports bool `json:"daemonReports,omitempty"`
 }
 
 // RetiredBlock is a block a node no longer has but may still hold addresses in.
@@ -87,6 +97,10 @@ type RetiredBlock struct {
 	// already.
 	// +optional
 	ReservedUntil *metav1.Time `json:"reservedUntil,omitempty"`
+	// held: the node's daemon reported holding addresses in the block when the
+	// controller last read its report (see NodeIPAMSpec.DaemonReports).
+	// +optional
+	Held bool `json:"held,omitempty"`
 }
 
 // NodeBlock is the node's block of one pool. What the daemon needs of the pool's
