@@ -713,6 +713,11 @@ func (d *Delivery) blocksOf(ctx context.Context, node string, cur *nodeipamv1.No
 	return out
 }
 
+// PoolExists implements Records.
+func (d *Delivery) PoolExists(ctx context.Context, kind, name string, uid types.UID) bool {
+	return d.poolExists(ctx, kind, name, uid)
+}
+
 func (d *Delivery) poolExists(ctx context.Context, kind, name string, uid types.UID) bool {
 	var obj client.Object = &v1alpha1.IPPool{}
 	if kind == v1alpha1.KindCIDRPool {

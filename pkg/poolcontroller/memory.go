@@ -255,10 +255,18 @@ func (m *Memory) load(ctx context.Context, now time.Time) error {
 			return fmt.Errorf("reading the NodeIPAMs (the nodes' retired blocks) before the first plan: %w", err)
 		}
 		if ok {
+			gone := goneBlocks(ctx, m.Records, recs)
 			m.mu.Lock()
 			m.init()
 			if n := m.restoreRecords(recs, now); n > 0 {
 				m.Log.Info("read the retired blocks the nodes' records keep", "blocks", n, "records", len(recs))
+			}
+			for node, bs := range gone {
+				for _, b := range bs {
+					if r, err := b.Range(); err == nil {
+						m.addGrant(v1alpha1.PoolKey(b.Kind, b.Pool), node, grant{Range: r, Since: now, UID: b.PoolUID})
+					}
+				}
 			}
 			// The records are the memory from now on. A fresh install, or
 			// one whose Lease was lost, trusts no report beyond them: a node

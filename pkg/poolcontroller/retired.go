@@ -7,6 +7,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
@@ -35,6 +36,38 @@ type Records interface {
 	RetiredChanged(node string)
 	// Idle tells whether every record write queued so far went through.
 	Idle() bool
+	// PoolExists tells whether the pool of kind and name exists with uid.
+	PoolExists(ctx context.Context, kind, name string, uid types.UID) bool
+}
+
+// goneBlocks returns the blocks the records list of pools that no longer exist
+// (deleted, or created again under their name, while no controller ran), by
+// node: they are grants of their nodes from the first plan on, before a write
+// of the record lists them as retired.
+func goneBlocks(ctx context.Context, rs Records, recs []nodeipamv1.NodeIPAM) map[string][]nodeipamv1.NodeBlock {
+	type ref struct {
+		kind, name string
+		uid        types.UID
+	}
+	exists := map[ref]bool{}
+	out := map[string][]nodeipamv1.NodeBlock{}
+	for i := range recs {
+		if !nodeipamv1.OwnedByController(&recs[i]) {
+			continue
+		}
+		for _, b := range recs[i].Spec.Blocks {
+			k := ref{b.Kind, b.Pool, b.PoolUID}
+			ok, known := exists[k]
+			if !known {
+				ok = rs.PoolExists(ctx, b.Kind, b.Pool, b.PoolUID)
+				exists[k] = ok
+			}
+			if !ok {
+				out[recs[i].Name] = append(out[recs[i].Name], b)
+			}
+		}
+	}
+	return out
 }
 
 // retiredChanged tells the records that node's retired blocks changed; with mu

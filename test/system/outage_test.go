@@ -288,8 +288,10 @@ func TestCleanerDuringLongOutage(t *testing.T) {
 // registered again and the pool deleted meanwhile; the pool is created again.
 // The Lease kept of the node's live report only what no status records (an
 // empty report), the old status is gone, so the new pool gave the node's
-// block to the node that sorts first. Now the Lease keeps the covered blocks
-// too, while they fit.
+// block to the node that sorts first. Now the node's record says that its
+// daemon reports (daemonReports), and a block it lists of a pool that is gone
+// is a grant of the node from the first plan on, held while the daemon is
+// silent.
 func TestPoolDeletedWhileNoControllerSawIt(t *testing.T) {
 	silentNodeAndPoolRecreated(t, 310242, true)
 }
@@ -310,7 +312,7 @@ func silentNodeAndPoolRecreated(t *testing.T, seed uint64, deleteFirst bool) {
 	if !held.Contains(a.ip) {
 		w.fail("%s is not in sys-n1's block %s", a, held)
 	}
-	time.Sleep(3 * time.Second) // the controller keeps what it knows in its Lease
+	time.Sleep(3 * time.Second) // the controller writes what it knows into the node's record
 	w.check()
 
 	_ = w.ctrl.Process.Kill()
