@@ -69,6 +69,13 @@ const maxMemoryBytes = 200 << 10
 //
 // A Lease, because the controller may already write Leases in that namespace
 // (leader election), under hwipam's RBAC and under network-operator's.
+//
+// With Records (the NodeIPAMs), all of that lives per node in the records
+// instead (see retired.go): grants and reservations as retired blocks, and of
+// the reports whether the node's daemon reports and which retired blocks it
+// held. The Lease is then read once, for what a controller before records kept
+// there, and marked as moved (see moveOut); nothing else is written to it, and no
+// report is adopted: a node without a record holds nothing the controller gave.
 type Memory struct {
 	// Lease names the Lease that keeps the memory; empty: memory only.
 	Lease types.NamespacedName

@@ -1,6 +1,7 @@
 package poolcontroller
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -14,14 +15,16 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
+	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/iprange"
 )
 
 // What the memory writes into the records (retiredOf) and what it reads back
 // from them after a restart (restoreRecords) are the same grants and
 // reservations: a record written from a restored memory is not written again,
-// and no restart moves a reservation. Randomised, with a printed seed
-// (HWIPAM_RETIRED_SEED replays one).
+// and no restart moves a reservation; what the daemons' reports said (whether a
+// node's daemon reports, which retired blocks it held) is read back as it was
+// written. Randomised, with a printed seed (HWIPAM_RETIRED_SEED replays one).
 func TestRetiredBlocksRoundTripThroughRecords(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if s := envSeed(t, "HWIPAM_RETIRED_SEED"); s != 0 {
@@ -57,18 +60,49 @@ func TestRetiredBlocksRoundTripThroughRecords(t *testing.T) {
 		}
 	}
 	m.keepReservations(ns+"/"+key, m.pools[key].UID, rs)
+	// Some daemons report, holding addresses in some of their retired blocks
+	// (which never overlap: each lies in its own /24).
+	heldBy := map[misfit]bool{}
+	reporting := map[string]bool{}
+	m.mu.Lock()
+	for _, n := range nodes {
+		if rng.IntN(3) == 0 {
+			continue
+		}
+		reporting[n] = true
+		var h v1alpha1.PoolHold
+		for _, tk := range taken {
+			if tk.Node == n && rng.IntN(2) == 0 {
+				h.Held = append(h.Held, tk.Range.String())
+				heldBy[tk] = true
+			}
+		}
+		raw, _ := json.Marshal(map[string]v1alpha1.PoolHold{key: h})
+		m.reports[n] = newReport(string(raw), now, true)
+	}
+	m.mu.Unlock()
 
 	var recs []nodeipamv1.NodeIPAM
 	written := map[string][]nodeipamv1.RetiredBlock{}
 	for _, n := range nodes {
-		out, _, ok := m.retiredOf(ns, n)
+		out, reports, ok := m.retiredOf(ns, n)
 		if !ok {
 			t.Fatal("retiredOf on a loaded memory says it is not loaded")
+		}
+		if reports != reporting[n] {
+			t.Fatalf("%s's record would say daemonReports=%v, its daemon reports: %v", n, reports, reporting[n])
 		}
 		written[n] = out
 		recs = append(recs, nodeipamv1.NodeIPAM{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: n,
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: nodeipamv1.FieldManager}}},
-			Spec: nodeipamv1.NodeIPAMSpec{Retired: out}})
+			Spec: nodeipamv1.NodeIPAMSpec{Retired: out, DaemonReports: reports}})
+	}
+	for _, tk := range taken {
+		for _, rb := range written[tk.Node] {
+			if rb.Range == tk.Range.String() && rb.Held != heldBy[tk] {
+				t.Fatalf("%s's retired %s is written held=%v; its report holds addresses in it: %v", tk.Node, tk.Range, rb.Held, heldBy[tk])
+			}
+		}
 	}
 	for _, tk := range taken {
 		found := false
@@ -96,7 +130,10 @@ func TestRetiredBlocksRoundTripThroughRecords(t *testing.T) {
 	again.restoreRecords(recs, now)
 	again.mu.Unlock()
 	for _, n := range nodes {
-		out, _, _ := again.retiredOf(ns, n)
+		out, reports, _ := again.retiredOf(ns, n)
+		if reports != reporting[n] {
+			t.Errorf("%s's record after a restart would say daemonReports=%v, where it says %v", n, reports, reporting[n])
+		}
 		if fmt.Sprint(mergeRetired(out, written[n])) != fmt.Sprint(written[n]) || !retiredEqual(mergeRetired(out, written[n]), written[n]) {
 			t.Errorf("%s's record after a restart would say\n%+v\nwhere it says\n%+v", n, out, written[n])
 		}

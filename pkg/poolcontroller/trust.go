@@ -36,9 +36,10 @@ import (
 // holding every block the controller gave the node: it can cost only the node's
 // own grants, and a daemon that writes one by mistake loses nothing.
 //
-// Two moments have no grants to check against, and there the reports are taken
-// as they stood at the controller's first reconcile after its start, clipped to
-// the pool's network (adoptReports): a controller without a memory of grants (a
+// Without records (see Memory), two moments have no grants to check against,
+// and there the reports are taken as they stood at the controller's first
+// reconcile after its start, clipped to the pool's network (adoptReports): a
+// controller without a memory of grants (a
 // fresh install, a Lease that was deleted or cannot be read), for each pool that
 // existed then at its first reconcile and for a pool that did not when it is
 // created; and a pool the memory knew that was deleted or re-created while no
