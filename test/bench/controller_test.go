@@ -139,30 +139,39 @@ func createNodes(b *testing.B, c client.Client, from, n int) {
 		return
 	}
 	start := time.Now()
+	inParallel(b, "creating nodes", n-from, func(i int) error {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("gpu-node-%05d", from+i),
+			Labels: map[string]string{"nic.hwipam.io/present": "true"}}}
+		return c.Create(context.Background(), node)
+	})
+	b.Logf("created %d nodes (now %d) in %s", n-from, n, time.Since(start).Round(time.Millisecond))
+}
+
+// inParallel calls do for 0 to n-1, 16 at a time, and fails the benchmark on
+// the first error (what says what was being done).
+func inParallel(b *testing.B, what string, n int, do func(i int) error) {
+	b.Helper()
 	var wg sync.WaitGroup
-	errs := make(chan error, n-from)
+	errs := make(chan error, n)
 	work := make(chan int)
 	for range 16 {
 		wg.Go(func() {
 			for i := range work {
-				node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("gpu-node-%05d", i),
-					Labels: map[string]string{"nic.hwipam.io/present": "true"}}}
-				if err := c.Create(context.Background(), node); err != nil {
+				if err := do(i); err != nil {
 					errs <- err
 				}
 			}
 		})
 	}
-	for i := from; i < n; i++ {
+	for i := range n {
 		work <- i
 	}
 	close(work)
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		b.Fatalf("creating nodes: %v", err)
+		b.Fatalf("%s: %v", what, err)
 	}
-	b.Logf("created %d nodes (now %d) in %s", n-from, n, time.Since(start).Round(time.Millisecond))
 }
 
 // etcdRequestLimit is etcd's default --max-request-bytes: an object larger than this

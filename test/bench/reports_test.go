@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -98,26 +97,11 @@ func (w *scaleWorld) unreportAll(b *testing.B, nodes []string) {
 // patchNodes merge-patches each node with its patch, 16 at a time.
 func patchNodes(b *testing.B, c client.Client, nodes []string, patch func(string) []byte) {
 	b.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, len(nodes))
-	work := make(chan string)
-	for range 16 {
-		wg.Go(func() {
-			for n := range work {
-				obj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}
-				if err := c.Patch(context.Background(), obj, client.RawPatch("application/merge-patch+json", patch(n))); err != nil {
-					errs <- fmt.Errorf("node %s: %w", n, err)
-				}
-			}
-		})
-	}
-	for _, n := range nodes {
-		work <- n
-	}
-	close(work)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		b.Fatalf("patching nodes: %v", err)
-	}
+	inParallel(b, "patching nodes", len(nodes), func(i int) error {
+		obj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodes[i]}}
+		if err := c.Patch(context.Background(), obj, client.RawPatch("application/merge-patch+json", patch(nodes[i]))); err != nil {
+			return fmt.Errorf("node %s: %w", nodes[i], err)
+		}
+		return nil
+	})
 }
