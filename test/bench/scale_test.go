@@ -317,6 +317,29 @@ func (w *scaleWorld) run(b *testing.B, d scaleDesign, nodes int) map[string]floa
 	return out
 }
 
+// dropFinalizers takes the controller's finalizer off the NodeIPAMs of ns (the
+// controller has stopped), as an uninstall does, so that they can go.
+func (w *scaleWorld) dropFinalizers(b *testing.B, ns string) {
+	b.Helper()
+	var list metav1.PartialObjectMetadataList
+	list.SetGroupVersionKind(nodeipamv1.GroupVersion.WithKind("NodeIPAMList"))
+	if err := w.cp.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		b.Fatalf("listing the NodeIPAMs of %s: %v", ns, err)
+	}
+	patch := []byte(`{"metadata":{"finalizers":null}}`)
+	inParallel(b, "taking the finalizer off the NodeIPAMs", len(list.Items), func(i int) error {
+		if len(list.Items[i].Finalizers) == 0 {
+			return nil
+		}
+		obj := &nodeipamv1.NodeIPAM{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: list.Items[i].Name}}
+		err := w.cp.Client.Patch(context.Background(), obj, client.RawPatch("application/merge-patch+json", patch))
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	})
+}
+
 // createdNodeName is the name createNodes gives node i.
 func createdNodeName(i int) string { return fmt.Sprintf("gpu-node-%05d", i) }
 
@@ -596,6 +619,9 @@ func (w *scaleWorld) remove(b *testing.B, ns string, nodes []string) {
 			}
 			if meta.LenList(k.list) > 0 {
 				left = fmt.Sprintf("%T", k.obj)
+				if _, ok := k.obj.(*nodeipamv1.NodeIPAM); ok {
+					w.dropFinalizers(b, ns)
+				}
 				deleteAll(k.obj)
 			}
 		}
