@@ -2,7 +2,10 @@ package nicdra_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -82,4 +85,63 @@ func TestHooksAnswerBesideASlowPrepare(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A checkpoint write that fails (a full disk) while an attach waits to record
+// itself refuses that prepare, clearly, and nothing else: ipam-node goes on (an
+// attach's record used to clone the checkpoint the failed write had dropped from
+// memory, in its own goroutine, and the process panicked, the CNI path with it);
+// the attach's MAC and MTU stay in memory and reach the file with the next
+// write that goes through (issue 45, item 3).
+func TestFailedCheckpointWriteBesideAnAttach(t *testing.T) {
+	n := newNode(t)
+	p := n.preparer()
+	a := claim("ready", map[string]string{"nic": "pci-0000-18-00-0"})
+	a.Status.ReservedFor[0].UID = "pod-ready"
+	if _, err := p.Prepare(t.Context(), a); err != nil {
+		t.Fatal(err)
+	}
+	var full atomic.Bool
+	p.WriteCheckpoint = func(c *nicdra.Checkpoint) error {
+		if full.Load() {
+			return fmt.Errorf("writing the checkpoint: %w", syscall.ENOSPC)
+		}
+		return p.Checkpoint.Save(c)
+	}
+	b := claim("slow", map[string]string{"nic": "pci-0000-40-00-0"},
+		opaque(resourceapi.AllocationConfigSourceClaim, nicdra.DriverName, `{`+head+`, "pool": "spare"}`))
+	b.Status.ReservedFor[0].UID = "pod-slow"
+	slow := &blockingAllocator{Allocator: n.alloc, entered: make(chan struct{}), release: make(chan struct{})}
+	p.Allocator = slow
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Prepare(context.Background(), b)
+		done <- err
+	}()
+	<-slow.entered
+	d := p.PodDevices("pod-ready")[0]
+	d.MAC, d.MTU = "02:00:00:00:00:01", 2044
+	p.DeviceAttached("pod-ready", d) // its write waits for the prepare
+	full.Store(true)
+	close(slow.release)
+	if err := <-done; err == nil || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("the prepare whose checkpoint write failed returned %v, want the write's error", err)
+	}
+	time.Sleep(200 * time.Millisecond) // the attach's write runs, and fails too
+	if got := p.PodDevices("pod-ready"); len(got) != 1 || got[0].MAC != d.MAC || got[0].MTU != 2044 {
+		t.Errorf("after the failed writes, memory has %+v for the attached pod", got)
+	}
+	// The kubelet tries the prepare again, once the disk has room.
+	full.Store(false)
+	p.Allocator = n.alloc
+	if _, err := p.Prepare(t.Context(), b); err != nil {
+		t.Fatalf("the prepare tried again once the disk has room: %v", err)
+	}
+	if got := n.fileClaims(t)[b.UID]; len(got.Devices) != 1 {
+		t.Errorf("the prepare tried again is not in the checkpoint file: %+v", got)
+	}
+	pc := n.fileClaims(t)[a.UID]
+	if len(pc.Devices) != 1 || pc.Devices[0].MAC != d.MAC || pc.Devices[0].MTU != 2044 {
+		t.Errorf("the attach's record is not in the checkpoint file after the next write: %+v", pc.Devices)
+	}
 }

@@ -87,6 +87,10 @@ type Preparer struct {
 	state   *Checkpoint
 	loadErr error
 	dirty   bool
+	// dropped is memory as it was when a write failed (state is then read
+	// again from the file): what DeviceAttached recorded in it is carried
+	// into the checkpoint read back (see carryAttach).
+	dropped *Checkpoint
 	// refused are the pods reserved on a prepared claim besides the pod it
 	// was prepared for, by pod UID (see Refusal).
 	refused map[string]error
@@ -125,8 +129,37 @@ func (p *Preparer) current() (*Checkpoint, error) {
 		p.loadErr = err
 		return nil, err
 	}
+	if p.dropped != nil {
+		if c.carryAttach(p.dropped) {
+			p.dirty = true // written with the next write that goes through
+		}
+		p.dropped = nil
+	}
 	p.state, p.loadErr = c, nil
 	return c, nil
+}
+
+// carryAttach copies into c what the attach recorded (see DeviceAttached) of
+// the devices of from's claims that c has too; it tells whether it copied any.
+func (c *Checkpoint) carryAttach(from *Checkpoint) bool {
+	carried := false
+	for uid, pc := range c.Claims {
+		old, ok := from.Claims[uid]
+		if !ok || old.PodUID != pc.PodUID {
+			continue
+		}
+		for i, d := range pc.Devices {
+			j := slices.IndexFunc(old.Devices, func(o PreparedDevice) bool { return o.Device == d.Device })
+			if j < 0 || !d.recordAttach(old.Devices[j]) {
+				continue
+			}
+			pc.Devices = slices.Clone(pc.Devices)
+			pc.Devices[i] = d
+			c.Claims[uid] = pc
+			carried = true
+		}
+	}
+	return carried
 }
 
 // CheckpointError is the error reading the checkpoint (nil when it was
@@ -141,13 +174,21 @@ func (p *Preparer) CheckpointError() error {
 // change in memory: memory never says what the file does not. With work held.
 func (p *Preparer) commit(change func(claims map[types.UID]PreparedClaim)) error {
 	p.mu.RLock()
-	next := p.state.clone()
+	st := p.state
 	p.mu.RUnlock()
+	if st == nil {
+		return errors.New("the DRA checkpoint is not in memory (a write of it failed); it is read again at the next prepare or unprepare")
+	}
+	next := st.clone()
 	change(next.Claims)
 	if err := p.write(next); err != nil {
 		// The file may have been written all the same (a failed sync, a lost
-		// reply): memory reads it again at the next call, as a restart would.
+		// reply): memory reads it again at the next call, as a restart would,
+		// and keeps what the attach recorded meanwhile (see carryAttach).
 		p.mu.Lock()
+		if p.state != nil {
+			p.dropped = p.state
+		}
 		p.state = nil
 		p.mu.Unlock()
 		return err
@@ -541,8 +582,14 @@ func (p *Preparer) DeviceAttached(podUID string, d PreparedDevice) {
 func (p *Preparer) persist() {
 	p.work.Lock()
 	defer p.work.Unlock()
+	if _, err := p.current(); err != nil {
+		// A failed write dropped memory, and the file cannot be read back:
+		// what the attach recorded is carried in once it can.
+		p.Log.Error(err, "recording the MAC and MTU of attached devices in the DRA checkpoint; kept, written with the next change")
+		return
+	}
 	p.mu.Lock()
-	if !p.dirty {
+	if !p.dirty || p.state == nil {
 		p.mu.Unlock()
 		return
 	}
