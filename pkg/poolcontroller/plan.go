@@ -128,17 +128,11 @@ func makePlan(in planInput) plan {
 		}
 	}
 	// free: no other node may hold addresses in the block; n itself may.
-	free := func(n string, b iprange.Range) bool {
-		if overlapsAny(b, in.Foreign) {
-			return false
-		}
-		for m, rs := range held {
-			if m != n && overlapsAny(b, rs) {
-				return false
-			}
-		}
-		return true
-	}
+	// Asked once the ranges held are all known (below), from an index of them:
+	// after a layout edit every node may hold a range, and a scan of them all
+	// for each of the nodes' new blocks was quadratic in the node count.
+	var index heldIndex
+	free := func(n string, b iprange.Range) bool { return !index.othersIn(n, b) }
 	// own finds, for node n, the lowest usable block not taken that overlaps a
 	// range n's daemon holds and is free for n (at most maxOwnScan blocks looked
 	// at per held range: a node holds a few ranges of about a block each).
@@ -216,6 +210,7 @@ func makePlan(in planInput) plan {
 			out.Released = append(out.Released, m.Node)
 		}
 	}
+	index = newHeldIndex(held, in.Foreign)
 	// Pinned blocks first, so that a static allocation never loses its prefix to a
 	// node that sorts earlier.
 	var cursor uint64
@@ -302,6 +297,66 @@ func blockAt(l blocks.Layout, a netip.Addr) uint64 {
 		}
 	}
 	return lo
+}
+
+// heldIndex holds the ranges nodes may hold addresses in, and the foreign
+// ranges, sorted by start, with the highest end up to each: what overlaps a
+// block is found by a binary search and a walk back over the ranges that may
+// reach it, not a scan of every node's.
+type heldIndex struct {
+	spans  []heldSpan
+	maxEnd []netip.Addr
+}
+
+type heldSpan struct {
+	r       iprange.Range
+	node    string
+	foreign bool // a Foreign range: no node may have it
+}
+
+func newHeldIndex(held map[string][]iprange.Range, foreign []iprange.Range) heldIndex {
+	var x heldIndex
+	for n, rs := range held {
+		for _, r := range rs {
+			if r.Start.IsValid() {
+				x.spans = append(x.spans, heldSpan{r: r, node: n})
+			}
+		}
+	}
+	for _, r := range foreign {
+		if r.Start.IsValid() {
+			x.spans = append(x.spans, heldSpan{r: r, foreign: true})
+		}
+	}
+	slices.SortFunc(x.spans, func(a, b heldSpan) int { return a.r.Start.Compare(b.r.Start) })
+	x.maxEnd = make([]netip.Addr, len(x.spans))
+	for i, sp := range x.spans {
+		x.maxEnd[i] = sp.r.End
+		if i > 0 && x.maxEnd[i].Less(x.maxEnd[i-1]) {
+			x.maxEnd[i] = x.maxEnd[i-1]
+		}
+	}
+	return x
+}
+
+// othersIn tells whether a range of a node other than n, or a foreign range,
+// overlaps b.
+func (x heldIndex) othersIn(n string, b iprange.Range) bool {
+	// The ranges that start at or before b's end; of those, walked back, only
+	// while one of them (or one before) ends at or after b's start.
+	i, _ := slices.BinarySearchFunc(x.spans, b.End, func(sp heldSpan, a netip.Addr) int {
+		if a.Less(sp.r.Start) {
+			return 1
+		}
+		return -1
+	})
+	for j := i - 1; j >= 0 && !x.maxEnd[j].Less(b.Start); j-- {
+		sp := x.spans[j]
+		if (sp.foreign || sp.node != n) && sp.r.Overlaps(b) {
+			return true
+		}
+	}
+	return false
 }
 
 func overlapsAny(r iprange.Range, rs []iprange.Range) bool {

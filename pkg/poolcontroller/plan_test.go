@@ -3,6 +3,7 @@ package poolcontroller
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"testing"
 	"time"
@@ -220,11 +221,17 @@ func BenchmarkMakePlan(b *testing.B) {
 			orphans[a.Node] = []iprange.Range{layout.Block(a.Index)}
 		}
 	}
+	// every-node-holds: a layout edit (or a pool re-created) while every
+	// node's daemon still holds its old block.
+	everyone := map[string][]iprange.Range{}
+	for _, a := range first.Assignments {
+		everyone[a.Node] = []iprange.Range{layout.Block(a.Index)}
+	}
 	for _, c := range []struct {
 		name     string
 		existing []assignment
 		held     map[string][]iprange.Range
-	}{{"new-pool", nil, nil}, {"all-assigned", first.Assignments, nil}, {"orphans", nil, orphans}} {
+	}{{"new-pool", nil, nil}, {"all-assigned", first.Assignments, nil}, {"orphans", nil, orphans}, {"every-node-holds", nil, everyone}} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -235,5 +242,52 @@ func BenchmarkMakePlan(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// The index of held ranges tells what a scan of every node's ranges and the
+// foreign ones tells: whether a range of another node, or a foreign one,
+// overlaps a block. Randomised, with a printed seed (HWIPAM_HELD_SEED replays
+// one).
+func TestHeldIndexAgreesWithAScan(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := envSeed(t, "HWIPAM_HELD_SEED"); s != 0 {
+		seed = s
+	}
+	t.Logf("seed %d (replay with HWIPAM_HELD_SEED=%d)", seed, seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	addr := func(v int) netip.Addr { return netip.AddrFrom4([4]byte{10, 0, byte(v >> 8), byte(v)}) }
+	span := func(maxLen int) iprange.Range {
+		start := rng.IntN(4000)
+		return iprange.Range{Start: addr(start), End: addr(start + rng.IntN(maxLen))}
+	}
+	for round := range 200 {
+		nodes := []string{"a", "b", "c", "d", "e"}
+		held := map[string][]iprange.Range{}
+		for range rng.IntN(40) {
+			n := nodes[rng.IntN(len(nodes))]
+			maxLen := 16
+			if rng.IntN(10) == 0 {
+				maxLen = 2000 // now and then a wide one, which reaches far ahead
+			}
+			held[n] = append(held[n], span(maxLen))
+		}
+		var foreign []iprange.Range
+		for range rng.IntN(4) {
+			foreign = append(foreign, span(64))
+		}
+		x := newHeldIndex(held, foreign)
+		for range 100 {
+			b := span(32)
+			n := append(nodes, "")[rng.IntN(len(nodes)+1)]
+			want := overlapsAny(b, foreign)
+			for m, rs := range held {
+				want = want || (m != n && overlapsAny(b, rs))
+			}
+			if got := x.othersIn(n, b); got != want {
+				t.Fatalf("round %d: others than %q in %s: index says %v, a scan %v (held %v, foreign %v)", round, n, b, got, want,
+					held, foreign)
+			}
+		}
 	}
 }
