@@ -20,8 +20,15 @@ import (
 // allocation; a prepare that finds its claim here recomputes nothing it
 // already did.
 
-// checkpointVersion is the format this build writes and reads.
-const checkpointVersion = 1
+// checkpointVersion is the format this build writes. Version 2 gave
+// PrepareStarted entries their devices and pools (written before anything is
+// allocated) and added the unpreparing state; a build that reads only version 1
+// would misread them, so it refuses the file instead. This build reads both:
+// a version 1 entry means what it meant then (see PrepareStarted).
+const checkpointVersion = 2
+
+// oldestCheckpointVersion is the oldest format this build reads.
+const oldestCheckpointVersion = 1
 
 // ErrCheckpoint is what Load returns, wrapped, for a checkpoint it cannot
 // read: damaged, of another format, or unreadable. The driver then refuses to
@@ -133,9 +140,10 @@ func (f CheckpointFile) Load() (*Checkpoint, error) {
 			"claims prepared before are released only by the claim garbage collection, and their netdevs come back "+
 			"to the host when their pods stop)", ErrCheckpoint, f.Path, err)
 	}
-	if c.Version != checkpointVersion {
-		return nil, fmt.Errorf("%w: the DRA checkpoint %s has format version %d; this ipam-node reads version %d: "+
-			"run the ipam-node that wrote it, or one that reads it", ErrCheckpoint, f.Path, c.Version, checkpointVersion)
+	if c.Version < oldestCheckpointVersion || c.Version > checkpointVersion {
+		return nil, fmt.Errorf("%w: the DRA checkpoint %s has format version %d; this ipam-node reads versions %d to %d: "+
+			"run the ipam-node that wrote it, or one that reads it", ErrCheckpoint, f.Path, c.Version,
+			oldestCheckpointVersion, checkpointVersion)
 	}
 	if c.Claims == nil {
 		c.Claims = map[types.UID]PreparedClaim{}

@@ -40,7 +40,7 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Version = 1; !reflect.DeepEqual(got, c) {
+	if c.Version = 2; !reflect.DeepEqual(got, c) {
 		t.Errorf("read back\n%+v\nwant\n%+v", got, c)
 	}
 	entries, _ := os.ReadDir(dir)
@@ -54,7 +54,8 @@ func TestCheckpointRoundTrip(t *testing.T) {
 func TestCheckpointRefused(t *testing.T) {
 	for _, c := range []struct{ content, want string }{
 		{`{"version": 1, "claims": {`, "is damaged"},
-		{`{"version": 2, "claims": {}}`, "has format version 2"},
+		{`{"version": 3, "claims": {}}`, "has format version 3"},
+		{`{"version": 0, "claims": {}}`, "has format version 0"},
 	} {
 		path := filepath.Join(t.TempDir(), "checkpoint.json")
 		if err := os.WriteFile(path, []byte(c.content), 0o600); err != nil {
@@ -69,6 +70,35 @@ func TestCheckpointRefused(t *testing.T) {
 	err := nicdra.CheckpointFile{Path: filepath.Join(t.TempDir(), "missing", "checkpoint.json")}.Save(&nicdra.Checkpoint{})
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("save into a missing directory: %v", err)
+	}
+}
+
+// A checkpoint an earlier ipam-node wrote (version 1) is read, and written
+// back as version 2, which that ipam-node refuses rather than misreads
+// (issue 45).
+func TestCheckpointOfAnEarlierVersion(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+	v1 := `{"version": 1, "bootID": "b1", "claims": {"uid-1": {"namespace": "ml", "name": "nic", "state": "PrepareStarted"}}}`
+	if err := os.WriteFile(path, []byte(v1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := nicdra.CheckpointFile{Path: path}
+	c, err := f.Load()
+	if err != nil {
+		t.Fatalf("a version 1 checkpoint: %v", err)
+	}
+	if pc := c.Claims["uid-1"]; pc.Name != "nic" || pc.State != nicdra.PrepareStarted {
+		t.Fatalf("read %+v", c.Claims)
+	}
+	if err := f.Save(c); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"version":2`) {
+		t.Errorf("written back as %s, want version 2", b)
 	}
 }
 

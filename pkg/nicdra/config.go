@@ -269,7 +269,8 @@ func (c Config) Check() error {
 
 // podOwnName says why a netdev name cannot be a device's name in a pod, ""
 // when it can: eth0 is the pod's primary (CNI) interface and lo its loopback,
-// which every pod has before its sandbox starts. (Multus names a NAD's
+// which every pod has before its sandbox starts, as it has the tunnel drivers'
+// fallback devices (tunl0, sit0, gre0, ...) on a node that loaded them. (Multus names a NAD's
 // interfaces net1, net2, ...; those are free in a pod without NADs, so a clash
 // with one is found when the sandbox starts, docs/dra.md.)
 func podOwnName(name string) string {
@@ -278,6 +279,11 @@ func podOwnName(name string) string {
 		return "the pod's primary interface, its CNI network's"
 	case "lo":
 		return "the pod's loopback interface"
+	case "tunl0", "sit0", "ip6tnl0", "gre0", "gretap0", "erspan0", "ip6gre0", "ip_vti0", "ip6_vti0":
+		// The tunnel drivers' fallback devices, which the kernel creates in
+		// every network namespace once their module is loaded
+		// (net.core.fb_tunnels_only_for_init_net=0, the default).
+		return "a tunnel device the kernel creates in every pod's network namespace once its module is loaded"
 	}
 	return ""
 }
