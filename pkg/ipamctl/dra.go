@@ -552,6 +552,11 @@ func checkDRAFailures(c *checker, failures []nicdra.Failure, now time.Time) {
 			subject, what = "pod "+f.Pod, "moving pod "+f.Pod+"'s NIC ports into its network namespace"
 			fix = "the runtime retries the pod's sandbox; the pod does not start without its ports (see the message, " +
 				"and docs/dra.md's limits of the attach)"
+		case nicdra.WaitingRelease:
+			c.add(SeverityWarning, "claim", "claim "+f.Claim, "deleted, not released: "+f.Message,
+				"nothing to do: the claim's addresses and ports go back once its pod stops (delete the pod to "+
+					"release them now); another claim gets none of them meanwhile")
+			continue
 		case nicdra.FailedDetach:
 			subject, what = "pod "+f.Pod, "bringing pod "+f.Pod+"'s NIC ports back to the host"
 			fix = "see the message; a port left in the pod's namespace comes back when the namespace goes, and the " +

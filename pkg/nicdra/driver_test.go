@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -63,6 +64,14 @@ func (k *kubelet) unprepare(t *testing.T, c *resourceapi.ResourceClaim) string {
 // reserved for a pod.
 func allocated(t *testing.T, cs kubernetes.Interface, name, device string, configs ...resourceapi.DeviceAllocationConfiguration) *resourceapi.ResourceClaim {
 	t.Helper()
+	return allocatedFor(t, cs, name, device, "pod-"+name, "", configs...)
+}
+
+// allocatedFor is allocated, reserved for the pod podName with podUID (when
+// empty, "uid-pod-" and the claim's UID).
+func allocatedFor(t *testing.T, cs kubernetes.Interface, name, device, podName string, podUID types.UID,
+	configs ...resourceapi.DeviceAllocationConfiguration) *resourceapi.ResourceClaim {
+	t.Helper()
 	ctx := t.Context()
 	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
@@ -73,7 +82,10 @@ func allocated(t *testing.T, cs kubernetes.Interface, name, device string, confi
 	}
 	c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
 		{Request: "nic", Driver: nicdra.DriverName, Pool: "dgx-1", Device: device}}, Config: configs}}
-	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "pod-" + name, UID: "uid-pod-" + c.UID}}
+	if podUID == "" {
+		podUID = "uid-pod-" + c.UID
+	}
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: podName, UID: podUID}}
 	if c, err = cs.ResourceV1().ResourceClaims("ml").UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

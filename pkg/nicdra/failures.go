@@ -12,6 +12,9 @@ const (
 	FailedUnprepare = "unprepare"
 	FailedAttach    = "attach"
 	FailedDetach    = "detach"
+	// WaitingRelease is not a failure: a claim deleted while its pod still
+	// runs, whose release waits for the pod's sandbox to stop.
+	WaitingRelease = "release"
 )
 
 // Failure is a prepare, unprepare, attach or detach that failed, as the

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -139,12 +140,25 @@ func (d *Driver) collect(ctx context.Context) (ok bool) {
 	}
 	for _, uid := range gone {
 		pc := claims[uid]
+		claim := pc.Namespace + "/" + pc.Name
+		if why := d.podStillRuns(ctx, pc); why != "" {
+			// A claim deleted past its finalizer while its pod runs (its
+			// tenant may remove the finalizer): the ports and addresses are
+			// the pod's until its sandbox stops.
+			err := fmt.Errorf("claim %s (UID %s) was deleted while %s: its addresses stay held, and its ports in the pod, "+
+				"until the pod's sandbox stops", claim, uid, why)
+			d.Failures.Add(WaitingRelease, claim, "", err)
+			d.Log.V(1).Info("claim garbage collection: a deleted claim's pod still runs; released once it stops", "claim", claim,
+				"uid", uid, "pod", pc.Namespace+"/"+pc.PodName)
+			continue
+		}
 		if err := d.Preparer.Unprepare(ctx, uid); err != nil {
 			d.Log.Error(err, "claim garbage collection: releasing a deleted claim", "claim", pc.Namespace+"/"+pc.Name, "uid", uid)
 			continue
 		}
 		gcReleases.Inc()
-		d.Log.Info("released the addresses of a claim that no longer exists", "claim", pc.Namespace+"/"+pc.Name, "uid", uid,
+		d.Failures.Succeeded(WaitingRelease, claim, "")
+		d.Log.Info("released the addresses of a claim that no longer exists", "claim", claim, "uid", uid,
 			"devices", len(pc.Devices))
 	}
 	for _, o := range orphans {
@@ -163,6 +177,35 @@ func (d *Driver) collect(ctx context.Context) (ok bool) {
 		}
 	}
 	return true
+}
+
+// podStillRuns says why the pod a prepared claim was prepared for may still
+// run ("" when it does not): the runtime runs its sandbox (as the NRI plugin
+// heard), or the API server has the pod (by UID) in a phase other than
+// Succeeded or Failed, or cannot say. Its ports and addresses are in use while
+// it runs, whatever became of the claim.
+func (d *Driver) podStillRuns(ctx context.Context, pc PreparedClaim) string {
+	if pc.PodUID == "" {
+		return ""
+	}
+	if d.NRI != nil && d.NRI.SandboxRuns(pc.PodUID) {
+		return "the runtime still runs pod " + pc.Namespace + "/" + pc.PodName + "'s sandbox"
+	}
+	if pc.PodName == "" {
+		return ""
+	}
+	pod, err := d.Client.CoreV1().Pods(pc.Namespace).Get(ctx, pc.PodName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return ""
+	case err != nil:
+		return fmt.Sprintf("the API server could not say whether pod %s/%s still runs (%v)", pc.Namespace, pc.PodName, err)
+	case string(pod.UID) != pc.PodUID:
+		return "" // another pod of that name
+	case pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed:
+		return ""
+	}
+	return fmt.Sprintf("pod %s/%s still runs (phase %s)", pc.Namespace, pc.PodName, pod.Status.Phase)
 }
 
 // known says whether the checkpoint's claim records the allocation's

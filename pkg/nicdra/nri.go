@@ -58,6 +58,37 @@ type NRIPlugin struct {
 
 	readyInit, readyOnce sync.Once
 	ready                chan struct{}
+
+	// running are the pods with devices whose sandbox the runtime runs, by
+	// UID, as the plugin heard (RunPodSandbox, Synchronize; until
+	// StopPodSandbox detached them all, or RemovePodSandbox).
+	runMu   sync.Mutex
+	running map[string]bool
+}
+
+// SandboxRuns tells whether the runtime runs the sandbox of the pod with this
+// UID, which has devices of the driver, as far as the plugin heard.
+func (p *NRIPlugin) SandboxRuns(podUID string) bool {
+	if p == nil {
+		return false
+	}
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	return p.running[podUID]
+}
+
+// runs records whether the pod's sandbox runs.
+func (p *NRIPlugin) runs(podUID string, running bool) {
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	if p.running == nil {
+		p.running = map[string]bool{}
+	}
+	if running {
+		p.running[podUID] = true
+	} else {
+		delete(p.running, podUID)
+	}
 }
 
 // podNetNS is the path of the sandbox's network namespace, "" when it has
@@ -84,7 +115,11 @@ func (p *NRIPlugin) RunPodSandbox(_ context.Context, pod *api.PodSandbox) error 
 		p.Failures.Add(FailedAttach, "", podName(pod), err)
 		return err
 	}
-	return p.recorded(FailedAttach, pod, p.ensureAttached(pod, "", true))
+	err := p.ensureAttached(pod, "", true)
+	if err == nil && len(p.Devices.PodDevices(pod.GetUid())) > 0 {
+		p.runs(pod.GetUid(), true)
+	}
+	return p.recorded(FailedAttach, pod, err)
 }
 
 // recorded records err (a failure of op for the pod) or clears the pod's
@@ -165,12 +200,17 @@ func (p *NRIPlugin) ensureAttached(pod *api.PodSandbox, container string, rollba
 // StopPodSandbox detaches the pod's devices back to the host. Every device is
 // tried; the error (which containerd only logs) names those that failed.
 func (p *NRIPlugin) StopPodSandbox(_ context.Context, pod *api.PodSandbox) error {
-	return p.recorded(FailedDetach, pod, p.detach(pod, "stop"))
+	err := p.detach(pod, "stop")
+	if err == nil {
+		p.runs(pod.GetUid(), false) // every port back on the host
+	}
+	return p.recorded(FailedDetach, pod, err)
 }
 
 // RemovePodSandbox detaches what a StopPodSandbox left (it finds nothing to
 // do when that ran); its namespace may be gone by then.
 func (p *NRIPlugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	defer p.runs(pod.GetUid(), false)
 	return p.recorded(FailedDetach, pod, p.detach(pod, "remove"))
 }
 
@@ -248,12 +288,19 @@ func (p *NRIPlugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr 
 // run, Ready is closed.
 func (p *NRIPlugin) Synchronize(_ context.Context, pods []*api.PodSandbox, _ []*api.Container) ([]*api.ContainerUpdate, error) {
 	defer p.setReady()
+	running := map[string]bool{}
+	defer func() {
+		p.runMu.Lock()
+		p.running = running
+		p.runMu.Unlock()
+	}()
 	for _, pod := range pods {
 		devs := p.Devices.PodDevices(pod.GetUid())
 		path := podNetNS(pod)
 		if len(devs) == 0 || path == "" {
 			continue
 		}
+		running[pod.GetUid()] = true
 		for _, d := range devs {
 			a, err := p.Attacher.Attach(path, d)
 			if a.RecordIn(&d) {

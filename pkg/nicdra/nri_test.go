@@ -122,6 +122,9 @@ func TestNRIHandlers(t *testing.T) {
 		if got := e.pod.Addrs(t, "net2", 0); !slices.Equal(got, []string{"10.26.0.4/24"}) {
 			t.Errorf("net2: %v", got)
 		}
+		if !e.plugin.SandboxRuns("uid-a") {
+			t.Error("the sandbox of a pod with devices is not known to run after RunPodSandbox")
+		}
 	}
 	if want := "uid-a pci-0000-18-00-0 " + mac0 + " 9000"; len(e.devs.attached) != 2 || e.devs.attached[0] != want {
 		t.Errorf("recorded: %q, want %q first, and one for rail1 (the second run found them attached)", e.devs.attached, want)
@@ -148,6 +151,9 @@ func TestNRIHandlers(t *testing.T) {
 		e.checkOnHost(t, d, 9000)
 		if link(t, e.host, "rail1") == nil {
 			t.Error("rail1 not back on the host")
+		}
+		if e.plugin.SandboxRuns("uid-a") {
+			t.Error("the sandbox is known to run after StopPodSandbox brought its devices back")
 		}
 	}
 	if err := e.plugin.RemovePodSandbox(ctx, pod); err != nil {

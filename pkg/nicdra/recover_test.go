@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -329,5 +330,76 @@ func TestDriverRecovers(t *testing.T) {
 		if got.UID != again.UID || len(got.Status.Devices) != 0 {
 			t.Errorf("the re-created claim got a status: %+v", got.Status.Devices)
 		}
+	})
+}
+
+// A tenant may remove its claim's delete-protection finalizer and delete the
+// claim while its pod runs. The claim garbage collection then keeps the claim's
+// addresses (and ports) until the pod stops, and the driver's status says why;
+// once the pod has stopped it releases them. It used to release them at once:
+// the pool handed the address still up on the port in the running pod to the
+// next claim (issue 45, item 1).
+func TestDeletedClaimOfARunningPodIsKept(t *testing.T) {
+	n := newNode(t)
+	cfg, _ := controlPlane(t)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	d, k := runDriver(t, cs, n)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "trainer", Namespace: "ml"},
+		Spec: corev1.PodSpec{NodeName: "dgx-1", Containers: []corev1.Container{{Name: "train", Image: "busybox"}}}}
+	if pod, err = cs.CoreV1().Pods("ml").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	setPhase := func(phase corev1.PodPhase) {
+		t.Helper()
+		pod.Status.Phase = phase
+		if pod, err = cs.CoreV1().Pods("ml").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setPhase(corev1.PodRunning)
+	c := allocatedFor(t, cs, "c-run", "pci-0000-18-00-0", pod.Name, pod.UID)
+	if e := k.prepare(t, c).GetError(); e != "" {
+		t.Fatal(e)
+	}
+	held := heldOf(t, n, c.UID)
+	if len(held) == 0 {
+		t.Fatal("the prepared claim holds no address")
+	}
+	if err := cs.ResourceV1().ResourceClaims("ml").Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the driver's status saying why the deleted claim is kept", func() error {
+		for _, f := range driverStatus(t, d).Failures {
+			if f.Op == nicdra.WaitingRelease && f.Claim == "ml/c-run" && strings.Contains(f.Message, "ml/trainer still runs") {
+				return nil
+			}
+		}
+		return fmt.Errorf("status %+v", driverStatus(t, d).Failures)
+	})
+	time.Sleep(time.Second) // more collections (every 300ms)
+	if got := heldOf(t, n, c.UID); !slices.Equal(got, held) {
+		t.Fatalf("the claim of a running pod, deleted, holds %v; it held %v", got, held)
+	}
+	if _, ok := n.fileClaims(t)[c.UID]; !ok {
+		t.Fatal("the claim of a running pod, deleted, is no longer in the checkpoint")
+	}
+	setPhase(corev1.PodSucceeded)
+	waitFor(t, "the claim released once its pod stopped", func() error {
+		if h := heldOf(t, n, c.UID); len(h) != 0 {
+			return fmt.Errorf("held %v", h)
+		}
+		if _, ok := n.fileClaims(t)[c.UID]; ok {
+			return errors.New("still in the checkpoint")
+		}
+		for _, f := range driverStatus(t, d).Failures {
+			if f.Op == nicdra.WaitingRelease {
+				return fmt.Errorf("the status still says it waits: %+v", f)
+			}
+		}
+		return nil
 	})
 }
