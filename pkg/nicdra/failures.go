@@ -35,7 +35,7 @@ func (f Failure) subject() string { return f.Op + " " + f.Claim + f.Pod }
 
 // FailureLog keeps the driver's recent failures: the last of each operation
 // and claim or pod, until the same operation succeeds for it or it is older
-// than FailureWindow. The zero value is ready; a nil *FailureLog records
+// than FailureWindow, at most maxFailures of each operation. The zero value is ready; a nil *FailureLog records
 // nothing.
 type FailureLog struct {
 	mu   sync.Mutex
@@ -46,7 +46,9 @@ type FailureLog struct {
 // FailureWindow is how long a failure is kept.
 const FailureWindow = 15 * time.Minute
 
-// maxFailures bounds the failures kept (the status file is rewritten every 10 s).
+// maxFailures bounds the failures kept of each operation (the status file is
+// rewritten every 10 s): one tenant's claims failing to prepare, again and
+// again, never push another pod's failed detach out of the list.
 const maxFailures = 32
 
 func (l *FailureLog) clock() time.Time {
@@ -66,8 +68,18 @@ func (l *FailureLog) Add(op, claim, pod string, err error) {
 	defer l.mu.Unlock()
 	l.list = slices.DeleteFunc(l.list, func(o Failure) bool { return o.subject() == f.subject() })
 	l.list = append(l.list, f)
-	if len(l.list) > maxFailures {
-		l.list = slices.Delete(l.list, 0, len(l.list)-maxFailures)
+	same := 0
+	for _, o := range l.list {
+		if o.Op == f.Op {
+			same++
+		}
+	}
+	for i := 0; same > maxFailures; i++ {
+		if l.list[i].Op == f.Op { // the oldest of this operation
+			l.list = slices.Delete(l.list, i, i+1)
+			i--
+			same--
+		}
 	}
 }
 

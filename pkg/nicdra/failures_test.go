@@ -1,6 +1,8 @@
 package nicdra_test
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -39,5 +41,32 @@ func TestFailedPrepareIsKeptUntilTheClaimPrepares(t *testing.T) {
 	log.Succeeded(nicdra.FailedPrepare, "ml/c-u1", "")
 	if got := log.Recent(); len(got) != 1 || got[0].Claim != "ml/c-u2" {
 		t.Fatalf("failures after ml/c-u1 succeeded: %+v", got)
+	}
+}
+
+// One tenant's claims failing to prepare again and again do not push another
+// pod's failed detach out of what ipamctl check shows: the failures are
+// bounded per operation, not in one list (issue 45, item 9).
+func TestFailuresAreBoundedPerOperation(t *testing.T) {
+	log := &nicdra.FailureLog{}
+	log.Add(nicdra.FailedDetach, "", "web/frontend", errors.New("netdev not found"))
+	for i := range 100 {
+		log.Add(nicdra.FailedPrepare, fmt.Sprintf("tenant/c-%03d", i), "", errors.New("no pool for the rail"))
+	}
+	got := log.Recent()
+	prepares, detach := 0, false
+	for _, f := range got {
+		switch f.Op {
+		case nicdra.FailedPrepare:
+			prepares++
+		case nicdra.FailedDetach:
+			detach = f.Pod == "web/frontend"
+		}
+	}
+	if !detach {
+		t.Errorf("the failed detach of web/frontend was pushed out by 100 failed prepares: %d failures kept", len(got))
+	}
+	if prepares != 32 || got[0].Claim != "tenant/c-099" {
+		t.Errorf("%d failed prepares kept, the newest %q; want the newest 32", prepares, got[0].Claim)
 	}
 }
