@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -286,7 +288,7 @@ func (p *NRIPlugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr 
 // while the plugin was away) gets them now. Errors are logged, not returned:
 // they would fail the registration, and with it every later pod. Once it has
 // run, Ready is closed.
-func (p *NRIPlugin) Synchronize(_ context.Context, pods []*api.PodSandbox, _ []*api.Container) ([]*api.ContainerUpdate, error) {
+func (p *NRIPlugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	defer p.setReady()
 	running := map[string]bool{}
 	defer func() {
@@ -301,6 +303,7 @@ func (p *NRIPlugin) Synchronize(_ context.Context, pods []*api.PodSandbox, _ []*
 			continue
 		}
 		running[pod.GetUid()] = true
+		late := 0
 		for _, d := range devs {
 			a, err := p.Attacher.Attach(path, d)
 			if a.RecordIn(&d) {
@@ -312,11 +315,39 @@ func (p *NRIPlugin) Synchronize(_ context.Context, pods []*api.PodSandbox, _ []*
 				continue
 			}
 			if a.Outcome == Attached {
+				late++
 				p.Log.Info("device of a running pod attached late", "pod", podName(pod), "device", d.Device)
 			}
 		}
+		if late > 0 {
+			p.lackingDevices(pod, containers)
+		}
 	}
 	return nil, nil
+}
+
+// lackingDevices records, as a failed attach of the pod, that its containers
+// the runtime already runs were created while the plugin was away (its ports
+// were on the host, just attached late): they lack the ports' RDMA character
+// devices, which only a container's creation can give. Nothing is recorded for
+// a pod without containers yet: its containers get them when created.
+func (p *NRIPlugin) lackingDevices(pod *api.PodSandbox, containers []*api.Container) {
+	var names []string
+	for _, c := range containers {
+		if c.GetPodSandboxId() == pod.GetId() {
+			names = append(names, c.GetName())
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	slices.Sort(names)
+	err := fmt.Errorf("%s: pod %s: its NIC ports were still on the host when the NRI plugin connected (its sandbox started while "+
+		"the plugin was away): they are in the pod now, but its containers %s were created without their RDMA devices "+
+		"(/dev/infiniband/...), which only a container's creation gives: restart the pod", DriverName, podName(pod),
+		strings.Join(names, ", "))
+	p.Failures.Add(FailedAttach, "", podName(pod), err)
+	p.Log.Error(err, "a running pod's containers lack their RDMA devices", "pod", podName(pod))
 }
 
 // Ready is closed once the plugin has synchronized with the runtime (it is

@@ -442,3 +442,36 @@ func TestNRIEndToEnd(t *testing.T) {
 	}
 	e.checkInPod(t, e.rail0)
 }
+
+// A pod whose sandbox and containers started while the plugin was away gets its
+// ports at synchronization, but its containers were created without the ports'
+// RDMA devices: that is recorded as a failed attach of the pod, naming the
+// containers, for ipamctl check (it was only logged, at info level). A pod
+// whose ports were already in it (the plugin restarted) records nothing
+// (issue 45, item 8).
+func TestSynchronizeRecordsContainersWithoutDevices(t *testing.T) {
+	e := newNRIEnv(t)
+	e.plugin.Failures = &nicdra.FailureLog{}
+	late := sandbox("uid-late", "late", e.pod.Path)
+	e.devs.set("uid-late", e.rail0)
+	containers := []*api.Container{{Id: "c1", PodSandboxId: late.Id, Name: "train"}, {Id: "c2", PodSandboxId: late.Id, Name: "sidecar"},
+		{Id: "c3", PodSandboxId: "sb-other", Name: "web"}}
+	if _, err := e.plugin.Synchronize(t.Context(), []*api.PodSandbox{late}, containers); err != nil {
+		t.Fatal(err)
+	}
+	e.checkInPod(t, e.rail0)
+	got := e.plugin.Failures.Recent()
+	if len(got) != 1 || got[0].Op != nicdra.FailedAttach || got[0].Pod != "default/late" ||
+		!strings.Contains(got[0].Message, "sidecar, train") || !strings.Contains(got[0].Message, "restart the pod") {
+		t.Fatalf("failures after a late attach: %+v", got)
+	}
+	// The plugin restarts: the ports are in the pod already, the containers
+	// had their devices from their creation.
+	e.plugin.Failures = &nicdra.FailureLog{}
+	if _, err := e.plugin.Synchronize(t.Context(), []*api.PodSandbox{late}, containers); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.plugin.Failures.Recent(); len(got) != 0 {
+		t.Errorf("failures after a synchronization that found the ports in the pod: %+v", got)
+	}
+}
