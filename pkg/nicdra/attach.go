@@ -305,6 +305,15 @@ func (a *Attacher) Attach(podNetNS string, d PreparedDevice) (Attachment, error)
 		if err != nil {
 			return Attachment{}, fmt.Errorf("looking up %s on the host: %w", d.HostNetdev, err)
 		}
+		if hostLink == nil {
+			// Not under its name: a port the kernel returned under its pod
+			// name (or devN) when an earlier sandbox's namespace went without
+			// StopPodSandbox reaching the plugin. Found by its recorded
+			// identity, as the detach finds it.
+			if hostLink, err = linkByIdentity(p.host, d); err != nil {
+				return Attachment{}, fmt.Errorf("looking for device %s (%s) on the host: %w", d.Device, d.identity(), err)
+			}
+		}
 		named, err := linkByName(p.pod, ifName)
 		if err != nil {
 			return Attachment{}, fmt.Errorf("looking up %s in the pod's network namespace %s: %w", ifName, podNetNS, err)

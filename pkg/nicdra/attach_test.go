@@ -292,6 +292,36 @@ func TestDetachReturnedByKernel(t *testing.T) {
 	}
 }
 
+// A pod's namespace went away without StopPodSandbox reaching the plugin, and
+// no unprepare came: the kernel returned the port under its pod name. The
+// runtime then starts a new sandbox for the pod: the attach finds the port by
+// its recorded identity (here its MAC: a veth on the "host" named net1 stands
+// for the returned port), as the detach does, not only by its host name, and
+// moves it in. It used to fail with "no netdev rail0 on the host", and the pod
+// never started again (issue 45, item 10).
+func TestAttachFindsAPortReturnedUnderItsPodName(t *testing.T) {
+	e := newAttachEnv(t, "net1", 9000)
+	l := link(t, e.host, "net1")
+	d := railDevice()
+	d.MAC, d.MTU, d.PodIfIndex = l.Attrs().HardwareAddr.String(), 9000, 4242 // as the first sandbox's attach recorded
+	a, err := e.att.Attach(e.pod.Path, d)
+	if err != nil {
+		t.Fatalf("attach into the pod's new sandbox: %v", err)
+	}
+	if a.Outcome != nicdra.Attached || a.MAC != d.MAC {
+		t.Errorf("attach: %+v", a)
+	}
+	e.checkInPod(t, d)
+	if link(t, e.host, "net1") != nil {
+		t.Error("net1 is still on the host")
+	}
+	// A link of another identity under another name is never taken.
+	other := newAttachEnv(t, "net7", 9000)
+	if _, err := other.att.Attach(other.pod.Path, railDevice()); !errors.Is(err, nicdra.ErrNetdevMissing) {
+		t.Errorf("attach with nothing of the device's identity on the host: %v, want ErrNetdevMissing", err)
+	}
+}
+
 func TestAttachErrors(t *testing.T) {
 	t.Run("netdev missing", func(t *testing.T) {
 		e := newAttachEnv(t, "", 0)
