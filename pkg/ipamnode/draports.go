@@ -3,6 +3,8 @@ package ipamnode
 import (
 	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/vishvananda/netlink"
@@ -56,8 +58,8 @@ func portsInUse(m *nodealloc.Manager) map[string]string {
 // address (not a link-local or loopback one), a default route, and a route
 // through a gateway or one set up by other than the kernel (the kernel's own
 // routes follow from the addresses, and every IPv6 link has fe80::/64), in
-// any routing table but the local one; and a link enslaved to a bond or
-// bridge that carries any of those.
+// any routing table but the local one; and a link below one that carries any
+// of those, at any depth, or a port of Open vSwitch (see uplinks).
 func hostPorts(h *netlink.Handle) (map[string]string, error) {
 	links, err := h.LinkList()
 	if err != nil {
@@ -101,21 +103,98 @@ func hostPorts(h *netlink.Handle) (map[string]string, error) {
 			}
 		}
 	}
-	names := map[int]string{}
+	return uplinks(links, why), nil
+}
+
+// stackedKinds are the link kinds that sit on a parent link (IFLA_LINK): the
+// parent carries their traffic, so what they carry, it does. (A veth's link is
+// its peer, which is not stacked on it.)
+var stackedKinds = map[string]bool{"vlan": true, "macvlan": true, "macvtap": true, "ipvlan": true, "ipvtap": true,
+	"vxlan": true, "ipoib": true}
+
+// uplinks returns, by name, the links that carry the host's addresses or
+// routes (why, by index), and those below such a link at any depth: enslaved
+// to a bond or bridge, the parent of a VLAN, macvlan or the like, or any chain
+// of those (port → bond → VLAN with the host's address). A port of Open
+// vSwitch (its master is ovs-system) is counted too: which OVS bridge uses it
+// cannot be read from the kernel's links, and an OVS bridge commonly carries
+// the node's address (br-ex on OpenShift).
+func uplinks(links []netlink.Link, why map[int]string) map[string]string {
+	byIndex := make(map[int]netlink.Link, len(links))
+	uppers := map[int][]int{} // index → the links directly above it
 	for _, l := range links {
-		names[l.Attrs().Index] = l.Attrs().Name
+		a := l.Attrs()
+		byIndex[a.Index] = l
 	}
+	for _, l := range links {
+		a := l.Attrs()
+		if _, ok := byIndex[a.MasterIndex]; ok && a.MasterIndex != a.Index {
+			uppers[a.Index] = append(uppers[a.Index], a.MasterIndex)
+		}
+		if _, ok := byIndex[a.ParentIndex]; ok && a.ParentIndex != a.Index && stackedKinds[l.Type()] {
+			uppers[a.ParentIndex] = append(uppers[a.ParentIndex], a.Index)
+		}
+	}
+	name := func(i int) string { return byIndex[i].Attrs().Name }
 	out := map[string]string{}
 	for _, l := range links {
 		a := l.Attrs()
-		switch {
-		case why[a.Index] != "":
+		if why[a.Index] != "" {
 			out[a.Name] = why[a.Index]
-		case a.MasterIndex > 0 && why[a.MasterIndex] != "":
-			out[a.Name] = "is enslaved to " + names[a.MasterIndex] + ", which " + why[a.MasterIndex]
+			continue
+		}
+		// The nearest link above that carries something, breadth first, with
+		// the path to it.
+		type step struct {
+			index int
+			path  []int
+		}
+		seen := map[int]bool{a.Index: true}
+		queue := []step{{a.Index, []int{a.Index}}}
+		var ovs string
+		for len(queue) > 0 && out[a.Name] == "" {
+			s := queue[0]
+			queue = queue[1:]
+			for _, u := range uppers[s.index] {
+				if seen[u] {
+					continue
+				}
+				seen[u] = true
+				path := append(slices.Clone(s.path), u)
+				if byIndex[u].Type() == "openvswitch" && ovs == "" {
+					ovs = name(u)
+				}
+				if why[u] == "" {
+					queue = append(queue, step{u, path})
+					continue
+				}
+				out[a.Name] = aboveReason(byIndex, path, why[u])
+				break
+			}
+		}
+		if out[a.Name] == "" && ovs != "" {
+			out[a.Name] = "is a port of Open vSwitch (under " + ovs + "): whether an OVS bridge that uses it carries the " +
+				"host's addresses cannot be read from the kernel's links, so it is withheld; take it out of OVS to hand it to claims"
 		}
 	}
-	return out, nil
+	return out
+}
+
+// aboveReason says why a link (path[0]) is the host's: the link at the end of
+// path, above it, carries what why says.
+func aboveReason(byIndex map[int]netlink.Link, path []int, why string) string {
+	first, top := byIndex[path[0]].Attrs(), byIndex[path[len(path)-1]].Attrs()
+	if len(path) == 2 {
+		if first.MasterIndex == top.Index {
+			return "is enslaved to " + top.Name + ", which " + why
+		}
+		return "has " + top.Name + " (" + byIndex[top.Index].Type() + ") on it, which " + why
+	}
+	names := make([]string, len(path))
+	for i, idx := range path {
+		names[i] = byIndex[idx].Attrs().Name
+	}
+	return "is below " + top.Name + " (" + strings.Join(names, " → ") + "), which " + why
 }
 
 func isDefault(dst *net.IPNet) bool {
