@@ -49,10 +49,10 @@ func TestHostPortsFindsTheUplink(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]string{
-		"up0": "carries the host address 192.0.2.10/24",
-		"gw0": "carries the host's default route",
-		"rt0": "carries the host's route to 203.0.113.0/24",
-		"br0": "carries the host address 2001:db8::5/64",
+		"up0":   "carries the host address 192.0.2.10/24",
+		"gw0":   "carries the host's default route",
+		"rt0":   "carries the host's route to 203.0.113.0/24",
+		"br0":   "carries the host address 2001:db8::5/64",
 		"sl0":   "is enslaved to br0, which carries the host address 2001:db8::5/64",
 		"mv0":   "has mvhost (macvlan) on it, which carries the host address 198.51.100.7/24",
 		"deep0": "is below mvdeep (deep0 → br1 → mvdeep), which carries the host address 198.51.100.9/24",

@@ -28,6 +28,32 @@ func (b *blockingAllocator) Allocate(ctx context.Context, req *nodealloc.Request
 	return b.Allocator.Allocate(ctx, req)
 }
 
+// readyAndStuck prepares claim "ready" (pod-ready) with p, then starts
+// preparing claim "slow" (pod-slow, pool spare), whose allocation waits until
+// slow.release is closed; it returns once that prepare is stuck there, with
+// the channel its outcome comes on.
+func readyAndStuck(t *testing.T, n *node, p *nicdra.Preparer) (a, b *resourceapi.ResourceClaim, slow *blockingAllocator,
+	done chan error) {
+	t.Helper()
+	a = claim("ready", map[string]string{"nic": "pci-0000-18-00-0"})
+	a.Status.ReservedFor[0].UID = "pod-ready"
+	if _, err := p.Prepare(t.Context(), a); err != nil {
+		t.Fatal(err)
+	}
+	b = claim("slow", map[string]string{"nic": "pci-0000-40-00-0"},
+		opaque(resourceapi.AllocationConfigSourceClaim, nicdra.DriverName, `{`+head+`, "pool": "spare"}`))
+	b.Status.ReservedFor[0].UID = "pod-slow"
+	slow = &blockingAllocator{Allocator: n.alloc, entered: make(chan struct{}), release: make(chan struct{})}
+	p.Allocator = slow
+	done = make(chan error, 1)
+	go func() {
+		_, err := p.Prepare(context.Background(), b)
+		done <- err
+	}()
+	<-slow.entered
+	return a, b, slow, done
+}
+
 // The runtime's hooks answer from memory while a prepare is stuck (in the
 // store, the sysfs scan, the checkpoint's fsyncs): PodDevices and
 // DeviceAttached of a prepared pod return within milliseconds, not after the
@@ -36,22 +62,7 @@ func (b *blockingAllocator) Allocate(ctx context.Context, req *nodealloc.Request
 func TestHooksAnswerBesideASlowPrepare(t *testing.T) {
 	n := newNode(t)
 	p := n.preparer()
-	a := claim("ready", map[string]string{"nic": "pci-0000-18-00-0"})
-	a.Status.ReservedFor[0].UID = "pod-ready"
-	if _, err := p.Prepare(t.Context(), a); err != nil {
-		t.Fatal(err)
-	}
-	b := claim("slow", map[string]string{"nic": "pci-0000-40-00-0"},
-		opaque(resourceapi.AllocationConfigSourceClaim, nicdra.DriverName, `{`+head+`, "pool": "spare"}`))
-	b.Status.ReservedFor[0].UID = "pod-slow"
-	slow := &blockingAllocator{Allocator: n.alloc, entered: make(chan struct{}), release: make(chan struct{})}
-	p.Allocator = slow
-	done := make(chan error, 1)
-	go func() {
-		_, err := p.Prepare(context.Background(), b)
-		done <- err
-	}()
-	<-slow.entered
+	a, b, slow, done := readyAndStuck(t, n, p)
 	const bound = 100 * time.Millisecond // containerd gives a hook 2 s; a few ms is the goal
 	start := time.Now()
 	devs := p.PodDevices("pod-ready")
@@ -96,11 +107,6 @@ func TestHooksAnswerBesideASlowPrepare(t *testing.T) {
 func TestFailedCheckpointWriteBesideAnAttach(t *testing.T) {
 	n := newNode(t)
 	p := n.preparer()
-	a := claim("ready", map[string]string{"nic": "pci-0000-18-00-0"})
-	a.Status.ReservedFor[0].UID = "pod-ready"
-	if _, err := p.Prepare(t.Context(), a); err != nil {
-		t.Fatal(err)
-	}
 	var full atomic.Bool
 	p.WriteCheckpoint = func(c *nicdra.Checkpoint) error {
 		if full.Load() {
@@ -108,17 +114,7 @@ func TestFailedCheckpointWriteBesideAnAttach(t *testing.T) {
 		}
 		return p.Checkpoint.Save(c)
 	}
-	b := claim("slow", map[string]string{"nic": "pci-0000-40-00-0"},
-		opaque(resourceapi.AllocationConfigSourceClaim, nicdra.DriverName, `{`+head+`, "pool": "spare"}`))
-	b.Status.ReservedFor[0].UID = "pod-slow"
-	slow := &blockingAllocator{Allocator: n.alloc, entered: make(chan struct{}), release: make(chan struct{})}
-	p.Allocator = slow
-	done := make(chan error, 1)
-	go func() {
-		_, err := p.Prepare(context.Background(), b)
-		done <- err
-	}()
-	<-slow.entered
+	a, b, slow, done := readyAndStuck(t, n, p)
 	d := p.PodDevices("pod-ready")[0]
 	d.MAC, d.MTU = "02:00:00:00:00:01", 2044
 	p.DeviceAttached("pod-ready", d) // its write waits for the prepare

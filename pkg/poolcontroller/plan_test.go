@@ -250,12 +250,7 @@ func BenchmarkMakePlan(b *testing.B) {
 // overlaps a block. Randomised, with a printed seed (HWIPAM_HELD_SEED replays
 // one).
 func TestHeldIndexAgreesWithAScan(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := envSeed(t, "HWIPAM_HELD_SEED"); s != 0 {
-		seed = s
-	}
-	t.Logf("seed %d (replay with HWIPAM_HELD_SEED=%d)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, 1))
+	rng := seededRand(t, "HWIPAM_HELD_SEED", 1)
 	addr := func(v int) netip.Addr { return netip.AddrFrom4([4]byte{10, 0, byte(v >> 8), byte(v)}) }
 	span := func(maxLen int) iprange.Range {
 		start := rng.IntN(4000)

@@ -26,12 +26,7 @@ import (
 // node's daemon reports, which retired blocks it held) is read back as it was
 // written. Randomised, with a printed seed (HWIPAM_RETIRED_SEED replays one).
 func TestRetiredBlocksRoundTripThroughRecords(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := envSeed(t, "HWIPAM_RETIRED_SEED"); s != 0 {
-		seed = s
-	}
-	t.Logf("seed %d (replay with HWIPAM_RETIRED_SEED=%d)", seed, seed)
-	rng := rand.New(rand.NewPCG(seed, 0))
+	rng := seededRand(t, "HWIPAM_RETIRED_SEED", 0)
 	const ns = "kube-system"
 	now := time.Date(2026, 11, 29, 7, 0, 0, int(rng.IntN(1e9)), time.UTC)
 	m := &Memory{}
@@ -141,6 +136,18 @@ func TestRetiredBlocksRoundTripThroughRecords(t *testing.T) {
 	if got := again.reservationsOf(ns+"/"+key, m.pools[key].UID, now, 2*time.Hour); len(got) != len(rs) {
 		t.Errorf("%d reservations read back from the records, want %d", len(got), len(rs))
 	}
+}
+
+// seededRand returns a generator of a seed from the clock, or the one the
+// environment variable env names, logged so that a failure can be replayed.
+func seededRand(t *testing.T, env string, stream uint64) *rand.Rand {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := envSeed(t, env); s != 0 {
+		seed = s
+	}
+	t.Logf("seed %d (replay with %s=%d)", seed, env, seed)
+	return rand.New(rand.NewPCG(seed, stream))
 }
 
 // envSeed is the seed an environment variable names; 0 when unset.

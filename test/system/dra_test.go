@@ -634,6 +634,13 @@ func (w *world) draPrepare(c *draClaim) {
 	}
 	if r.Error != "" {
 		switch {
+		case again && strings.Contains(r.Error, "its addresses are held, but writing its status failed"):
+			// The claim stays prepared, with its addresses: only its status
+			// write (again, after a restart or a changed device) met an API
+			// fault; the kubelet tries again (seed 124587).
+			w.counts["dra-prepare-again-status-failed"]++
+			w.tracef("kubelet: prepare %s again: its status write failed, retried later: %s", c, r.Error)
+			return
 		case again:
 			w.fail("prepare of %s again was refused: %s", c, r.Error)
 		case c.bad || c.refuseFirst:
