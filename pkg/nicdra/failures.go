@@ -68,18 +68,17 @@ func (l *FailureLog) Add(op, claim, pod string, err error) {
 	defer l.mu.Unlock()
 	l.list = slices.DeleteFunc(l.list, func(o Failure) bool { return o.subject() == f.subject() })
 	l.list = append(l.list, f)
+	// One added at a time: at most one over the bound, the oldest of its
+	// operation goes.
 	same := 0
 	for _, o := range l.list {
 		if o.Op == f.Op {
 			same++
 		}
 	}
-	for i := 0; same > maxFailures; i++ {
-		if l.list[i].Op == f.Op { // the oldest of this operation
-			l.list = slices.Delete(l.list, i, i+1)
-			i--
-			same--
-		}
+	if same > maxFailures {
+		i := slices.IndexFunc(l.list, func(o Failure) bool { return o.Op == f.Op })
+		l.list = slices.Delete(l.list, i, i+1)
 	}
 }
 
