@@ -10,10 +10,10 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 )
 
 // DeviceData is what a device's status entry holds in data: what networkData
@@ -37,21 +37,29 @@ var ErrClaimReplaced = errors.New("the claim was replaced by another of the same
 // prepared (pool: the node's resource pool): this driver's entries of
 // status.devices are replaced, other drivers' entries stay as they are.
 //
-// It reads the claim and patches status.devices whole with the claim's
-// resourceVersion as precondition, trying again on a conflict, and writes
-// nothing when the entries are already there. (Server-side apply would be the
-// natural tool, but the API server of 1.37 refuses an apply to the status of a
-// claim whose allocation holds opaque configuration: "status.allocation:
-// Invalid value: null: field cannot be modified once set"; TestApplyClaimStatus.)
-// It needs no more than get on resourceclaims and patch on
+// It reads the claim and writes its status back whole (an update of
+// resourceclaims/status) with the claim's resourceVersion as precondition,
+// trying again on a conflict, and writes nothing when the entries are already
+// there. Both the read and the write are protobuf, whatever the client's
+// content type: the API server keeps a configuration's opaque parameters byte
+// for byte as the tenant sent them (with spaces, from json.dumps or an
+// indenting client), and the scheduler copies them into status.allocation so.
+// A patch of any kind, or a JSON round trip, is applied to the claim encoded
+// as compact JSON, which changes those bytes, and the API server refuses the
+// write as a change of status.allocation ("field cannot be modified once
+// set"); server-side apply is refused the same way for any opaque
+// configuration. Protobuf carries the bytes through unchanged, so the write
+// changes status.devices and nothing else (TestClaimStatusWithSpacedParameters).
+//
+// It needs no more than get on resourceclaims and update on
 // resourceclaims/status, which the API server lets a node's service account
 // use only for claims allocated on its node (resourceclaims/driver,
-// associated-node:patch, docs/rbac.md).
+// associated-node:update, docs/rbac.md).
 //
 // It writes only to the claim with the given UID, the one prepared: a claim
 // of the same name with another UID (deleted and re-created, for instance
 // while ipam-node was down) is left alone, and the error is ErrClaimReplaced.
-// The patch carries the UID as a precondition too.
+// The update carries the UID read with the claim, and its resourceVersion.
 func ApplyClaimStatus(ctx context.Context, c kubernetes.Interface, namespace, name string, uid types.UID, pool string,
 	devs []PreparedDevice) error {
 	var ours []resourceapi.AllocatedDeviceStatus
@@ -65,11 +73,13 @@ func ApplyClaimStatus(ctx context.Context, c kubernetes.Interface, namespace, na
 			Data: &runtime.RawExtension{Raw: raw}, NetworkData: &resourceapi.NetworkDeviceData{InterfaceName: d.InterfaceName,
 				IPs: d.Addresses, HardwareAddress: d.MAC}})
 	}
-	claims := c.ResourceV1().ResourceClaims(namespace)
+	rc := c.ResourceV1().RESTClient()
 	var err error
 	for range 5 {
-		var claim *resourceapi.ResourceClaim
-		if claim, err = claims.Get(ctx, name, metav1.GetOptions{}); err != nil {
+		claim := &resourceapi.ResourceClaim{}
+		err = rc.Get().SetHeader("Accept", protobufType).Namespace(namespace).Resource("resourceclaims").Name(name).
+			Do(ctx).Into(claim)
+		if err != nil {
 			return fmt.Errorf("reading claim %s/%s for its status: %w", namespace, name, err)
 		}
 		if claim.UID != uid {
@@ -86,14 +96,14 @@ func ApplyClaimStatus(ctx context.Context, c kubernetes.Interface, namespace, na
 		if sameStatus(mine, ours) {
 			return nil
 		}
-		next = append(next, ours...)
-		patch, merr := json.Marshal(map[string]any{
-			"metadata": map[string]any{"uid": uid, "resourceVersion": claim.ResourceVersion},
-			"status":   map[string]any{"devices": next}})
-		if merr != nil {
-			return merr
+		claim.Status.Devices = append(next, ours...)
+		body, eerr := encodeClaim(claim)
+		if eerr != nil {
+			return fmt.Errorf("encoding the status of claim %s/%s: %w", namespace, name, eerr)
 		}
-		_, err = claims.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: DriverName}, "status")
+		err = rc.Put().SetHeader("Content-Type", protobufType).SetHeader("Accept", protobufType).
+			Namespace(namespace).Resource("resourceclaims").Name(name).SubResource("status").
+			Param("fieldManager", DriverName).Body(body).Do(ctx).Error()
 		if !apierrors.IsConflict(err) {
 			break
 		}
@@ -102,6 +112,18 @@ func ApplyClaimStatus(ctx context.Context, c kubernetes.Interface, namespace, na
 		return fmt.Errorf("writing the status of claim %s/%s: %w", namespace, name, err)
 	}
 	return nil
+}
+
+// protobufType is the API server's protobuf media type.
+const protobufType = "application/vnd.kubernetes.protobuf"
+
+// encodeClaim is the claim as resource.k8s.io/v1 in protobuf.
+func encodeClaim(claim *resourceapi.ResourceClaim) ([]byte, error) {
+	info, ok := runtime.SerializerInfoForMediaType(scheme.Codecs.SupportedMediaTypes(), protobufType)
+	if !ok {
+		return nil, errors.New("client-go's scheme has no protobuf serializer")
+	}
+	return runtime.Encode(scheme.Codecs.EncoderForVersion(info.Serializer, resourceapi.SchemeGroupVersion), claim)
 }
 
 // sameStatus says whether the claim already has exactly these entries.

@@ -3,6 +3,8 @@ package nicdra_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +12,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/hwipam/hwipam/pkg/nicdra"
 )
@@ -117,5 +122,77 @@ func TestApplyClaimStatusOnlyToItsUID(t *testing.T) {
 	// Its own UID: written.
 	if err := nicdra.ApplyClaimStatus(ctx, cs, "ml", "re", again.UID, "dgx-1", []nicdra.PreparedDevice{dev}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A claim whose opaque parameters were sent with spaces (json.dumps in a
+// Python client, or any client that does not compact) keeps them byte for
+// byte, and so does the scheduler's copy in status.allocation. The status of
+// its devices is written all the same (issue 45, item 6: a merge patch is
+// applied by the API server to the claim encoded as JSON again, which compacts
+// the allocation's parameters, and the server refused the write as a change
+// of status.allocation, so the pod never started). Both a JSON client, as
+// kubectl is, and a protobuf client write it.
+func TestClaimStatusWithSpacedParameters(t *testing.T) {
+	cfg, jsonClient := controlPlane(t)
+	ctx := t.Context()
+	pcfg := rest.CopyConfig(cfg)
+	pcfg.ContentType = "application/vnd.kubernetes.protobuf"
+	protoClient, err := kubernetes.NewForConfig(pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	params := map[string]string{
+		"python":  `{"apiVersion": "nic.hwipam.io/v1alpha1", "kind": "NicConfig", "interfaceName": "net1"}`,
+		"indent":  "{\n  \"apiVersion\": \"nic.hwipam.io/v1alpha1\",\n  \"kind\": \"NicConfig\",\n  \"interfaceName\": \"net1\"\n}",
+		"kubectl": `{"apiVersion":"nic.hwipam.io/v1alpha1","interfaceName":"net1","kind":"NicConfig"}`,
+	}
+	for _, name := range slices.Sorted(maps.Keys(params)) {
+		for ci, writer := range []kubernetes.Interface{jsonClient, protoClient} {
+			claimName := fmt.Sprintf("%s-%d", name, ci)
+			// The tenant's claim, as its client sends it: the parameters as they are.
+			body := `{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "` + claimName + `"},
+  "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "nic.hwipam.io"}}],
+    "config": [{"requests": ["nic"], "opaque": {"driver": "nic.hwipam.io", "parameters": ` + params[name] + `}}]}}}`
+			raw, err := jsonClient.ResourceV1().RESTClient().Post().Namespace("ml").Resource("resourceclaims").
+				Body([]byte(body)).SetHeader("Content-Type", "application/json").DoRaw(ctx)
+			if err != nil {
+				t.Fatalf("%s: creating the claim: %v: %s", claimName, err, raw)
+			}
+			// The scheduler's allocation (a protobuf client) copies the claim's
+			// configuration as it is stored.
+			claim, err := protoClient.ResourceV1().ResourceClaims("ml").Get(ctx, claimName, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := string(claim.Spec.Devices.Config[0].Opaque.Parameters.Raw); got != params[name] {
+				t.Fatalf("%s: the API server stored the parameters as %q, not as sent", claimName, got)
+			}
+			claim.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+				Results: []resourceapi.DeviceRequestAllocationResult{{Request: "nic", Driver: nicdra.DriverName, Pool: "dgx-1", Device: "pci-0000-18-00-0"}},
+				Config: []resourceapi.DeviceAllocationConfiguration{{Source: resourceapi.AllocationConfigSourceClaim, Requests: []string{"nic"},
+					DeviceConfiguration: claim.Spec.Devices.Config[0].DeviceConfiguration}}}}
+			claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "pod-" + claimName, UID: "uid-" + types.UID(claimName)}}
+			if claim, err = protoClient.ResourceV1().ResourceClaims("ml").UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			dev := nicdra.PreparedDevice{Request: "nic", Device: "pci-0000-18-00-0", PCIAddress: "0000:18:00.0", InterfaceName: "net1",
+				Pools: []string{"rail0"}, PoolType: "ippool", Addresses: []string{"10.24.0.2/16"}, MAC: "00:00:10:29:fe:80"}
+			if err := nicdra.ApplyClaimStatus(ctx, writer, "ml", claimName, claim.UID, "dgx-1", []nicdra.PreparedDevice{dev}); err != nil {
+				t.Errorf("%s: %v", claimName, err)
+				continue
+			}
+			got, err := protoClient.ResourceV1().ResourceClaims("ml").Get(ctx, claimName, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got.Status.Devices) != 1 || got.Status.Devices[0].NetworkData == nil ||
+				!slices.Equal(got.Status.Devices[0].NetworkData.IPs, dev.Addresses) {
+				t.Errorf("%s: status devices %+v", claimName, got.Status.Devices)
+			}
+			if p := string(got.Status.Allocation.Devices.Config[0].Opaque.Parameters.Raw); p != params[name] {
+				t.Errorf("%s: the allocation's parameters became %q", claimName, p)
+			}
+		}
 	}
 }

@@ -171,12 +171,13 @@ func TestDRARights(t *testing.T) {
 		right{verb: "deletecollection", resource: slicesR},
 		right{verb: "create", resource: claimsR, namespace: "default"}, right{verb: "update", resource: claimsR, namespace: "default"},
 		right{verb: "patch", resource: claimsR, namespace: "default"}, right{verb: "delete", resource: claimsR, namespace: "default"},
-		right{verb: "update", resource: claimsR, subresource: "status", namespace: "default"},
+		right{verb: "patch", resource: claimsR, subresource: "status", namespace: "default"},
 		right{verb: "patch", resource: claimsR, subresource: "binding", namespace: "default"},
 		right{verb: "update", resource: claimsR, subresource: "binding", namespace: "default"},
+		right{verb: "arbitrary-node:update", resource: driverR, subresource: "driver", namespace: "default"},
 		right{verb: "arbitrary-node:patch", resource: driverR, subresource: "driver", namespace: "default"},
-		right{verb: "associated-node:update", resource: driverR, subresource: "driver", namespace: "default"},
-		right{verb: "associated-node:patch", resource: claimsR + "/gpu.nvidia.com", subresource: "driver", namespace: "default"},
+		right{verb: "associated-node:patch", resource: driverR, subresource: "driver", namespace: "default"},
+		right{verb: "associated-node:update", resource: claimsR + "/gpu.nvidia.com", subresource: "driver", namespace: "default"},
 		right{verb: "create", resource: "deviceclasses.resource.k8s.io"},
 		right{verb: "create", resource: "devicetaintrules.resource.k8s.io"},
 		right{verb: "create", resource: "resourceclaimtemplates.resource.k8s.io", namespace: "default"},
@@ -204,8 +205,8 @@ func TestDRARights(t *testing.T) {
 			}
 		}
 		want = append(want, "list "+slicesR, "watch "+slicesR, "create "+slicesR, "update "+slicesR, "delete "+slicesR,
-			"get "+claimsR, "list "+claimsR, "watch "+claimsR, "patch "+claimsR+"/status",
-			"associated-node:patch "+claimsR+"/driver:nic.hwipam.io")
+			"get "+claimsR, "list "+claimsR, "watch "+claimsR, "update "+claimsR+"/status",
+			"associated-node:update "+claimsR+"/driver:nic.hwipam.io")
 		slices.Sort(want)
 		if !slices.Equal(extra, want) {
 			t.Errorf("kubectl auth can-i --list -n default for %s, beyond a service account without bindings:\n got  %q\n want %q",
@@ -425,10 +426,10 @@ func checkClaimStatusConfined(t *testing.T, e *env, asA, asB, asNone *rest.Confi
 	onB.Device = "pci-0000-40-00-0"
 	// The words of the refusals: the API server's own, or the policy's.
 	notAssociated := func(_, _ string) string {
-		return `changing status.devices requires resource="resourceclaims/driver", verb="[arbitrary-node:patch]"`
+		return `changing status.devices requires resource="resourceclaims/driver", verb="[arbitrary-node:update]"`
 	}
 	noNode := notAssociated("", "")
-	otherDriver := `changing status.devices requires resource="resourceclaims/driver", verb="[associated-node:patch arbitrary-node:patch]"`
+	otherDriver := `changing status.devices requires resource="resourceclaims/driver", verb="[associated-node:update arbitrary-node:update]"`
 	binding := `changing status.allocation or status.reservedFor requires resource="resourceclaims/binding"`
 	if !granular {
 		notAssociated = func(node, allocated string) string {
@@ -438,9 +439,9 @@ func checkClaimStatusConfined(t *testing.T, e *env, asA, asB, asNone *rest.Confi
 		otherDriver = "may change only the status.devices entries of driver nic.hwipam.io"
 		binding = "may not change a claim's status.allocation or status.reservedFor"
 		eventually(t, 30*time.Second, "the claim status policy in force", func() error {
-			_, err := csA.ResourceV1().ResourceClaims("ml").Patch(ctx, "on-b", types.MergePatchType,
-				[]byte(`{"status":{"reservedFor":[{"resource":"pods","name":"p","uid":"u1"}]}}`),
-				metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+			err := updateClaimStatus(ctx, e.cs, csA, "on-b", func(c *resourceapi.ResourceClaim) {
+				c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: "p", UID: "u1"})
+			}, metav1.DryRunAll)
 			if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "hwipam-node-own-claim-status") {
 				return nil
 			}
@@ -468,30 +469,35 @@ func checkClaimStatusConfined(t *testing.T, e *env, asA, asB, asNone *rest.Confi
 			return nicdra.ApplyClaimStatus(ctx, cs, "ml", "on-a-by-label", uidOf("on-a-by-label"), "node-a", []nicdra.PreparedDevice{dev})
 		}, asA, notAssociated("node-a", "without naming a node by metadata.name")},
 		{"another driver's entry on a claim of its node", func(cs kubernetes.Interface) error {
-			claim := resourcev1ac.ResourceClaim("on-a", "ml").WithStatus(resourcev1ac.ResourceClaimStatus().WithDevices(
-				resourcev1ac.AllocatedDeviceStatus().WithDriver("gpu.nvidia.com").WithPool("node-a").WithDevice("gpu-0").
-					WithData(runtime.RawExtension{Raw: []byte(`{"uuid":"forged"}`)})))
-			_, err := cs.ResourceV1().ResourceClaims("ml").ApplyStatus(ctx, claim, metav1.ApplyOptions{FieldManager: nicdra.DriverName, Force: true})
-			return err
+			return updateClaimStatus(ctx, e.cs, cs, "on-a", func(c *resourceapi.ResourceClaim) {
+				for i := range c.Status.Devices {
+					c.Status.Devices[i].Data = &runtime.RawExtension{Raw: []byte(`{"uuid":"forged"}`)}
+				}
+			}, "")
 		}, asA, otherDriver},
 		{"status.allocation", func(cs kubernetes.Interface) error {
-			return mergePatchClaim(ctx, cs, "unallocated", `{"status":{"allocation":{"devices":{"results":[`+
-				`{"request":"nic","driver":"nic.hwipam.io","pool":"node-a","device":"pci-0000-18-00-0"}]}}}}`, "status")
+			return updateClaimStatus(ctx, e.cs, cs, "unallocated", func(c *resourceapi.ResourceClaim) {
+				c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+					{Request: "nic", Driver: nicdra.DriverName, Pool: "node-a", Device: "pci-0000-18-00-0"}}}}
+			}, "")
 		}, asA, binding},
 		{"status.reservedFor", func(cs kubernetes.Interface) error {
-			return mergePatchClaim(ctx, cs, "on-a", `{"status":{"reservedFor":[{"resource":"pods","name":"p","uid":"u1"}]}}`, "status")
+			return updateClaimStatus(ctx, e.cs, cs, "on-a", func(c *resourceapi.ResourceClaim) {
+				c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: "p", UID: "u1"})
+			}, "")
 		}, asA, binding},
 		{"the claim's spec or metadata", func(cs kubernetes.Interface) error {
 			return mergePatchClaim(ctx, cs, "on-a", `{"metadata":{"labels":{"x":"y"}}}`, "")
 		}, asA, `cannot patch resource "resourceclaims"`},
-		{"an update of the claim's status", func(cs kubernetes.Interface) error {
-			c, err := e.cs.ResourceV1().ResourceClaims("ml").Get(ctx, "on-a", metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			_, err = cs.ResourceV1().ResourceClaims("ml").UpdateStatus(ctx, c, metav1.UpdateOptions{})
+		{"a patch of the claim's status", func(cs kubernetes.Interface) error {
+			return mergePatchClaim(ctx, cs, "on-a", `{"status":{"devices":[]}}`, "status")
+		}, asA, `cannot patch resource "resourceclaims/status"`},
+		{"a server-side apply of the claim's status", func(cs kubernetes.Interface) error {
+			claim := resourcev1ac.ResourceClaim("on-a", "ml").WithStatus(resourcev1ac.ResourceClaimStatus().WithDevices(
+				resourcev1ac.AllocatedDeviceStatus().WithDriver(nicdra.DriverName).WithPool("node-a").WithDevice("pci-0000-18-00-0")))
+			_, err := cs.ResourceV1().ResourceClaims("ml").ApplyStatus(ctx, claim, metav1.ApplyOptions{FieldManager: nicdra.DriverName, Force: true})
 			return err
-		}, asA, `cannot update resource "resourceclaims/status"`},
+		}, asA, `cannot patch resource "resourceclaims/status"`},
 	} {
 		t.Run("refused: "+tc.name, func(t *testing.T) {
 			wantRefused(t, tc.do(clientset(t, tc.cfg)), tc.want)
@@ -533,10 +539,11 @@ func TestBaseGrantsNoDRA(t *testing.T) {
 	_, err = csA.ResourceV1().ResourceClaims("ml").Get(ctx, "on-a", metav1.GetOptions{})
 	wantForbidden(t, err, `cannot get resource "resourceclaims"`)
 	// ApplyClaimStatus reads the claim first (refused above); the write itself:
-	_, err = csA.ResourceV1().ResourceClaims("ml").Patch(ctx, "on-a", types.MergePatchType,
-		[]byte(`{"status":{"devices":[{"driver":"nic.hwipam.io","pool":"node-a","device":"pci-0000-18-00-0"}]}}`),
-		metav1.PatchOptions{}, "status")
-	wantForbidden(t, err, `cannot patch resource "resourceclaims/status"`)
+	err = updateClaimStatus(ctx, e.cs, csA, "on-a", func(c *resourceapi.ResourceClaim) {
+		c.Status.Devices = append(c.Status.Devices, resourceapi.AllocatedDeviceStatus{Driver: nicdra.DriverName, Pool: "node-a",
+			Device: "pci-0000-18-00-0"})
+	}, "")
+	wantForbidden(t, err, `cannot update resource "resourceclaims/status"`)
 }
 
 // slice is a ResourceSlice with one device, node-local to node ("" for none).
@@ -619,6 +626,23 @@ func (e *env) statusDrivers(t *testing.T, name string) []string {
 	}
 	slices.Sort(d)
 	return d
+}
+
+// updateClaimStatus reads the claim as the admin (the daemon could too) and
+// writes its status, changed by change, with cs (dryRun: metav1.DryRunAll or "").
+func updateClaimStatus(ctx context.Context, admin, cs kubernetes.Interface, name string, change func(*resourceapi.ResourceClaim),
+	dryRun string) error {
+	c, err := admin.ResourceV1().ResourceClaims("ml").Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	change(c)
+	opts := metav1.UpdateOptions{}
+	if dryRun != "" {
+		opts.DryRun = []string{dryRun}
+	}
+	_, err = cs.ResourceV1().ResourceClaims("ml").UpdateStatus(ctx, c, opts)
+	return err
 }
 
 func mergePatchClaim(ctx context.Context, cs kubernetes.Interface, name, patch, subresource string) error {

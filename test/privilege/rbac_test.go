@@ -44,8 +44,8 @@ var draRights = []right{
 	{verb: "update", resource: slicesR}, {verb: "delete", resource: slicesR},
 	{verb: "get", resource: claimsR, namespace: "default"}, {verb: "list", resource: claimsR},
 	{verb: "watch", resource: claimsR},
-	{verb: "patch", resource: claimsR, subresource: "status", namespace: "default"},
-	{verb: "associated-node:patch", resource: driverR, subresource: "driver", namespace: "default"},
+	{verb: "update", resource: claimsR, subresource: "status", namespace: "default"},
+	{verb: "associated-node:update", resource: driverR, subresource: "driver", namespace: "default"},
 }
 
 // What each service account needs (every API call of its binary) and a list of

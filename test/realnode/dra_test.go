@@ -250,6 +250,36 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		Expect(err).NotTo(HaveOccurred())
 	})
 
+	// Issue 45, item 6: a claim whose opaque parameters a client sent with
+	// spaces (Python's json.dumps) keeps them byte for byte, and so does the
+	// real kube-scheduler's copy in status.allocation; the driver's status
+	// write must leave them so, or the API server refuses it and the pod never
+	// starts.
+	It("starts a pod whose claim's configuration was sent with spaces", func(ctx SpecContext) {
+		const name = "spaced-pod"
+		body := `{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "` + name + `"},
+  "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "nic.hwipam.io",
+      "selectors": [{"cel": {"expression": "device.attributes[\"nic.hwipam.io\"].rail == \"ibp79s0\""}}]}}],
+    "config": [{"requests": ["nic"], "opaque": {"driver": "nic.hwipam.io",
+      "parameters": {"apiVersion": "nic.hwipam.io/v1alpha1", "kind": "NicConfig", "interfaceName": "net7"}}}]}}}`
+		out, err := node.Clientset.ResourceV1().RESTClient().Post().Namespace(ns).Resource("resourceclaims").
+			SetHeader("Content-Type", "application/json").Body([]byte(body)).DoRaw(ctx)
+		Expect(err).NotTo(HaveOccurred(), "creating claim %s: %s", name, out)
+		createPodFor(ctx, name)
+		got := expectDRAPod(ctx, name, "net7")
+		Expect(got.rail).To(Equal("ibp79s0"))
+		raw, err := node.Clientset.ResourceV1().RESTClient().Get().Namespace(ns).Resource("resourceclaims").Name(name).
+			SetHeader("Accept", "application/vnd.kubernetes.protobuf").DoRaw(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		// In the claim's spec and in the scheduler's copy in status.allocation.
+		Expect(strings.Count(string(raw), `"interfaceName": "net7"`)).To(Equal(2), "the spaces of the claim's parameters")
+		deletePod(ctx, name)
+		Eventually(ctx, func() error {
+			_, err := netlink.LinkByName("ibp79s0")
+			return err
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed(), "ibp79s0 is not back on the host")
+	})
+
 	It("loses and leaks nothing when ipam-node is killed between prepare and the sandbox's start", func(ctx SpecContext) {
 		createClaimPod(ctx, "kill-pod", railClaim("ibp79s0"))
 		// Killed as soon as the claim's status shows its address: its sandbox
@@ -726,17 +756,23 @@ func createClaimPod(ctx context.Context, name string, spec resourceapi.ResourceC
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: spec}
 	_, err := node.Clientset.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{})
 	Expect(err).NotTo(HaveOccurred())
+	createPodFor(ctx, name)
+}
+
+// createPodFor creates a busybox pod that uses the claim of its name; both are
+// deleted when the spec ends.
+func createPodFor(ctx context.Context, name string) {
 	DeferCleanup(func(ctx SpecContext) {
 		deletePod(ctx, name)
 		Expect(client.IgnoreNotFound(node.Clientset.ResourceV1().ResourceClaims(ns).Delete(ctx, name, metav1.DeleteOptions{}))).To(Succeed())
 	})
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.PodSpec{
-			ResourceClaims:                []corev1.PodResourceClaim{{Name: "c", ResourceClaimName: &claim.Name}},
+			ResourceClaims:                []corev1.PodResourceClaim{{Name: "c", ResourceClaimName: &name}},
 			Containers:                    []corev1.Container{{Name: "app", Image: node.BusyboxImage(), Command: []string{"sleep", "1000000"}}},
 			TerminationGracePeriodSeconds: new(int64(1)),
 		}}
-	_, err = node.Clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	_, err := node.Clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 	Expect(err).NotTo(HaveOccurred())
 }
 
