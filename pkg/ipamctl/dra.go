@@ -266,6 +266,10 @@ func checkClaims(c *checker, d *draState, storeFile string, netnsDirs []string) 
 	for _, uid := range uids {
 		pc := cp.Claims[uid]
 		subject := claimOf(cp.Claims, string(uid)).String()
+		if pc.PortsHeld {
+			checkHeldPorts(c, links, subject, uid, pc)
+			continue
+		}
 		if pc.Unpreparing {
 			c.add(SeverityWarning, "claim", subject, fmt.Sprintf("claim %s (UID %s, pod %s/%s): its unprepare did not finish: "+
 				"some of its addresses may be released already", subject, uid, pc.Namespace, dash(pc.PodName)),
@@ -347,6 +351,30 @@ func claimsVsStore(cp *nicdra.Checkpoint, snap map[string]*store.PoolState, stor
 // checkNetdev says where a prepared device's netdev is: on the host under its
 // host name (the pod's sandbox has not started, or has stopped), or in a
 // network namespace (the pod's), found by its MAC address; nowhere is an error.
+// checkHeldPorts reports a claim unprepared while some of its ports were on
+// the host nowhere (PortsHeld): each port, the addresses held for it, and
+// where it is when a namespace ipamctl can read has it.
+func checkHeldPorts(c *checker, links *linkFinder, subject string, uid types.UID, pc nicdra.PreparedClaim) {
+	links.load()
+	for _, pd := range pc.Devices {
+		where := "in no network namespace ipamctl can read (" + strings.Join(links.dirs, ", ") + "): one that outlived pod " +
+			pc.Namespace + "/" + dash(pc.PodName) + " and is not mounted there; `lsns -t net` and " +
+			"`ip -all netns exec ip -br link` find it"
+		if pd.MAC != "" {
+			if l := links.hostByMAC(pd.MAC); l != nil {
+				where = "back on the host as " + l.Attrs().Name + ": ipam-node releases it at its next refresh (10 s)"
+			} else if ns, l := links.inNamespace(pd.MAC); l != nil {
+				where = "in network namespace " + ns + " as " + l.Attrs().Name
+			}
+		}
+		c.add(SeverityWarning, "claim", subject, fmt.Sprintf("claim %s (UID %s) was unprepared while its port %s (%s, host netdev %s) "+
+			"was not on the host; the addresses %s stay held, since they may still be up on the port: the port is %s",
+			subject, uid, pd.Device, pd.PCIAddress, dash(pd.HostNetdev), strings.Join(pd.Addresses, ", "), where),
+			"delete that namespace (`ip netns del <name>`, or stop what holds it) or move the port back (`ip -n <name> link set "+
+				"<link> netns 1`): ipam-node then renames it "+dash(pd.HostNetdev)+", releases the addresses and publishes the device again")
+	}
+}
+
 func checkNetdev(c *checker, links *linkFinder, subject string, pc nicdra.PreparedClaim, pd nicdra.PreparedDevice) {
 	pod := pc.Namespace + "/" + dash(pc.PodName)
 	if pd.HostNetdev == "" {
@@ -557,6 +585,8 @@ func checkDRAFailures(c *checker, failures []nicdra.Failure, now time.Time) {
 				"nothing to do: the claim's addresses and ports go back once its pod stops (delete the pod to "+
 					"release them now); another claim gets none of them meanwhile")
 			continue
+		case nicdra.PortHeld:
+			continue // the checkpoint's claims say it, with where the port is
 		case nicdra.FailedDetach:
 			subject, what = "pod "+f.Pod, "bringing pod "+f.Pod+"'s NIC ports back to the host"
 			fix = "see the message; a port left in the pod's namespace comes back when the namespace goes, and the " +

@@ -338,6 +338,17 @@ func TestCheckDRA(t *testing.T) {
 	wantOnly(t, "in the pod", r, code)
 	wantFinding(t, "in the pod", r, ipamctl.SeverityOK, fmt.Sprintf("(MAC %s) is in network namespace %s as net1 (pod ml/trainer-0)", n.mac, pod.Path))
 
+	// The claim unprepared while the namespace outlived its pod (issue 45,
+	// item 7): the port's addresses held, and where the port is.
+	held := n.claim
+	held.Unpreparing, held.PortsHeld = true, true
+	n.saveCheckpoint(t, map[types.UID]nicdra.PreparedClaim{n.uid: held})
+	r, code = checkRun(t, "--socket", n.sock, "--netns-dir", "/run/netns")
+	wantOnly(t, "port held", r, code, fmt.Sprintf("claim ml/trainer-0-nic (UID %s) was unprepared while its port %s (", n.uid, draDevice))
+	wantFinding(t, "port held", r, ipamctl.SeverityWarning, fmt.Sprintf("stay held, since they may still be up on the port: the port is "+
+		"in network namespace %s as net1", pod.Path))
+	n.saveCheckpoint(t, map[types.UID]nicdra.PreparedClaim{n.uid: n.claim})
+
 	// Where ipamctl sees no namespace, it cannot tell: said, not a problem.
 	r, code = checkRun(t, "--socket", n.sock, "--netns-dir", filepath.Join(n.dir, "no-netns"))
 	wantOnly(t, "no namespaces seen", r, code)

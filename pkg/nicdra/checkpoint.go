@@ -24,8 +24,15 @@ import (
 // PrepareStarted entries their devices and pools (written before anything is
 // allocated) and added the unpreparing state; a build that reads only version 1
 // would misread them, so it refuses the file instead. This build reads both:
-// a version 1 entry means what it meant then (see PrepareStarted).
-const checkpointVersion = 2
+// a version 1 entry means what it meant then (see PrepareStarted). Version 3
+// added portsHeld, which a build that reads up to version 2 would take for a
+// claim it may release; it is written only while a claim has it (otherwise
+// the file is version 2, which such a build still reads).
+const checkpointVersion = 3
+
+// checkpointVersionWithoutHeldPorts is what a checkpoint without a claim
+// whose ports are held is written as.
+const checkpointVersionWithoutHeldPorts = 2
 
 // oldestCheckpointVersion is the oldest format this build reads.
 const oldestCheckpointVersion = 1
@@ -70,8 +77,15 @@ type PreparedClaim struct {
 	// Unpreparing is set before Unprepare releases the claim's addresses:
 	// some may be released already, so a Prepare allocates them again (in the
 	// recorded pools) instead of returning what is recorded.
-	Unpreparing bool             `json:"unpreparing,omitempty"`
-	Devices     []PreparedDevice `json:"devices"`
+	Unpreparing bool `json:"unpreparing,omitempty"`
+	// PortsHeld is set when Unprepare found ports of the claim on the host
+	// nowhere: each is in a network namespace that outlived its pod, where
+	// its addresses may still be configured and up. Devices are then those
+	// ports alone, whose addresses stay held; the claim is unprepared for the
+	// kubelet, and the driver releases them once the port is back on the
+	// host (Preparer.ReleaseHeldPorts). Written only in checkpoint version 3.
+	PortsHeld bool             `json:"portsHeld,omitempty"`
+	Devices   []PreparedDevice `json:"devices"`
 }
 
 // PreparedDevice is one allocated device of a claim.
@@ -155,7 +169,12 @@ func (f CheckpointFile) Load() (*Checkpoint, error) {
 // then renamed over it, and the directory synced, so that a crash leaves the
 // old checkpoint or the new one, never a part.
 func (f CheckpointFile) Save(c *Checkpoint) error {
-	c.Version = checkpointVersion
+	c.Version = checkpointVersionWithoutHeldPorts
+	for _, pc := range c.Claims {
+		if pc.PortsHeld {
+			c.Version = checkpointVersion
+		}
+	}
 	b, err := json.Marshal(c)
 	if err != nil {
 		return err

@@ -54,7 +54,7 @@ func TestCheckpointRoundTrip(t *testing.T) {
 func TestCheckpointRefused(t *testing.T) {
 	for _, c := range []struct{ content, want string }{
 		{`{"version": 1, "claims": {`, "is damaged"},
-		{`{"version": 3, "claims": {}}`, "has format version 3"},
+		{`{"version": 4, "claims": {}}`, "has format version 4"},
 		{`{"version": 0, "claims": {}}`, "has format version 0"},
 	} {
 		path := filepath.Join(t.TempDir(), "checkpoint.json")

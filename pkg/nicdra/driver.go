@@ -192,6 +192,7 @@ func (d *Driver) Run(ctx context.Context) error {
 				return err
 			}
 			d.checkPublished(ctx)
+			d.releaseHeldPorts(ctx)
 			d.writeStatus()
 			d.reconcileStatus(ctx)
 		case <-d.Kick:
@@ -205,6 +206,30 @@ func (d *Driver) Run(ctx context.Context) error {
 				gcFailures++
 			}
 			gc.Reset(gcBackoff(gcFailures, d.GCInterval))
+		}
+	}
+}
+
+// releaseHeldPorts releases the addresses of ports held since their claim was
+// unprepared while they were in a namespace that outlived their pod, once
+// they are back on the host; while they are not, ipamctl check says where
+// to look (a PortHeld entry, kept fresh).
+func (d *Driver) releaseHeldPorts(ctx context.Context) {
+	claims, _ := d.Preparer.Claims()
+	for uid, err := range d.Preparer.ReleaseHeldPorts(ctx) {
+		pc := claims[uid]
+		claim := pc.Namespace + "/" + pc.Name
+		switch {
+		case err == nil:
+			d.Failures.Succeeded(PortHeld, claim, "")
+			d.Log.Info("a port held since its claim was unprepared is back on the host; its addresses are released",
+				"claim", claim, "uid", uid)
+			d.refreshHeld()
+		case errors.Is(err, ErrPortsHeld):
+			d.Failures.Add(PortHeld, claim, "", err)
+		default:
+			d.Failures.Add(FailedUnprepare, claim, "", err)
+			d.Log.Error(err, "releasing a claim's held port", "claim", claim, "uid", uid)
 		}
 	}
 }
@@ -393,7 +418,7 @@ func (d *Driver) reconcileStatus(ctx context.Context) {
 		}
 	}
 	for uid, pc := range claims {
-		if pc.State != PrepareCompleted || reflect.DeepEqual(d.applied[uid], pc.Devices) {
+		if pc.State != PrepareCompleted || pc.Unpreparing || reflect.DeepEqual(d.applied[uid], pc.Devices) {
 			continue
 		}
 		err := ApplyClaimStatus(ctx, d.Client, pc.Namespace, pc.Name, uid, d.NodeName, pc.Devices)
@@ -450,14 +475,24 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
+		claim := c.NamespacedName.String() // as a failed prepare names it
 		err := d.Preparer.Unprepare(ctx, c.UID)
-		if err != nil {
-			d.Log.Error(err, "unpreparing a claim", "claim", c.String(), "uid", c.UID)
-			d.Failures.Add(FailedUnprepare, c.String(), "", err)
+		if errors.Is(err, ErrPortsHeld) {
+			// Unprepared for the kubelet: retrying cannot bring the port
+			// back. Its addresses stay held; the refresh releases them once
+			// the port is back.
+			d.Log.Error(err, "a claim's port is not on the host; the claim is unprepared, its port's addresses stay held",
+				"claim", claim, "uid", c.UID)
+			d.Failures.Add(PortHeld, claim, "", err)
+			d.Failures.Succeeded(FailedUnprepare, claim, "")
+			err = nil
+		} else if err != nil {
+			d.Log.Error(err, "unpreparing a claim", "claim", claim, "uid", c.UID)
+			d.Failures.Add(FailedUnprepare, claim, "", err)
 		} else {
-			d.Log.Info("claim unprepared", "claim", c.String(), "uid", c.UID)
-			d.Failures.Succeeded(FailedUnprepare, c.String(), "")
-			d.Failures.Succeeded(FailedPrepare, c.String(), "")
+			d.Log.Info("claim unprepared", "claim", claim, "uid", c.UID)
+			d.Failures.Succeeded(FailedUnprepare, claim, "")
+			d.Failures.Succeeded(FailedPrepare, claim, "")
 		}
 		out[c.UID] = err
 	}

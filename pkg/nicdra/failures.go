@@ -15,6 +15,10 @@ const (
 	// WaitingRelease is not a failure: a claim deleted while its pod still
 	// runs, whose release waits for the pod's sandbox to stop.
 	WaitingRelease = "release"
+	// PortHeld is not a failure of the driver either: a claim unprepared
+	// while its port was in a network namespace that outlived its pod; the
+	// port's addresses stay held until it is back on the host (ErrPortsHeld).
+	PortHeld = "held"
 )
 
 // Failure is a prepare, unprepare, attach or detach that failed, as the

@@ -2,6 +2,7 @@ package nicdra
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -152,7 +153,11 @@ func (d *Driver) collect(ctx context.Context) (ok bool) {
 				"uid", uid, "pod", pc.Namespace+"/"+pc.PodName)
 			continue
 		}
-		if err := d.Preparer.Unprepare(ctx, uid); err != nil {
+		if err := d.Preparer.Unprepare(ctx, uid); errors.Is(err, ErrPortsHeld) {
+			d.Failures.Add(PortHeld, claim, "", err) // the refresh releases it once the port is back
+			d.Failures.Succeeded(WaitingRelease, claim, "")
+			continue
+		} else if err != nil {
 			d.Log.Error(err, "claim garbage collection: releasing a deleted claim", "claim", pc.Namespace+"/"+pc.Name, "uid", uid)
 			continue
 		}

@@ -242,6 +242,18 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	if started && prev.State == PrepareCompleted && !prev.Unpreparing {
 		return slices.Clone(prev.Devices), nil
 	}
+	if started && prev.PortsHeld {
+		// Unprepared before with ports left in a namespace: what it
+		// recorded is those ports alone, not the claim. Released first (the
+		// ports must be back), then prepared anew.
+		if err := p.finishRelease(ctx, claim.UID, prev); err != nil {
+			return nil, fmt.Errorf("claim %s/%s is not prepared: %w", claim.Namespace, claim.Name, err)
+		}
+		started = false
+		if st, err = p.current(); err != nil {
+			return nil, fmt.Errorf("claim %s/%s is not prepared: %w", claim.Namespace, claim.Name, err)
+		}
+	}
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
@@ -300,7 +312,11 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 // when it cannot, the claim stays recorded as started, with its devices, so
 // that Unprepare or the claim garbage collection finish it. With work held.
 func (p *Preparer) abandon(ctx context.Context, uid types.UID, pc PreparedClaim, cause error) error {
-	if err := p.release(ctx, uid, pc); err != nil {
+	held, missing, err := p.release(ctx, uid, pc)
+	if err == nil && len(held) > 0 {
+		err = fmt.Errorf("%w: %w", ErrPortsHeld, missing)
+	}
+	if err != nil {
 		return errors.Join(cause, fmt.Errorf("releasing what claim %s/%s got failed too (%w): it stays recorded as "+
 			"started, and its unprepare, or the claim garbage collection once it is deleted, releases it", pc.Namespace, pc.Name, err))
 	}
@@ -435,26 +451,119 @@ func (p *Preparer) request(uid types.UID, d PreparedDevice, pod podRef) *nodeall
 
 // release releases the devices of a claim (each once more, whatever it
 // holds: releasing what is not held succeeds); the first error stops it.
-func (p *Preparer) release(ctx context.Context, uid types.UID, pc PreparedClaim) error {
+// Each device's port is reclaimed first (a port left under its pod name gets
+// its own back). A port that is on the host nowhere (ErrNetdevMissing: it is
+// in a network namespace that outlived its pod, where its addresses may still
+// be configured and up) keeps its device's addresses held: those devices are
+// returned, with the reclaim's errors, which say where to look.
+func (p *Preparer) release(ctx context.Context, uid types.UID, pc PreparedClaim) (held []PreparedDevice, missing, err error) {
+	var free []PreparedDevice
+	var why []error
 	for _, d := range pc.Devices {
-		if p.Reclaim != nil {
-			if err := p.Reclaim(d); err != nil { // a port left under its pod name gets its own back
-				return fmt.Errorf("claim %s/%s: %w", pc.Namespace, pc.Name, err)
-			}
+		if p.Reclaim == nil {
+			free = append(free, d)
+			continue
+		}
+		err := p.Reclaim(d)
+		switch {
+		case errors.Is(err, ErrNetdevMissing):
+			held = append(held, d)
+			why = append(why, err)
+		case err != nil:
+			return nil, nil, fmt.Errorf("claim %s/%s: %w", pc.Namespace, pc.Name, err)
+		default:
+			free = append(free, d)
 		}
 	}
-	for _, d := range pc.Devices {
+	for _, d := range free {
 		if err := p.Allocator.Deallocate(ctx, p.request(uid, d, podRef{})); err != nil {
-			return fmt.Errorf("releasing claim %s/%s's device %s: %w", pc.Namespace, pc.Name, d.Device, err)
+			return nil, nil, fmt.Errorf("releasing claim %s/%s's device %s: %w", pc.Namespace, pc.Name, d.Device, err)
 		}
+	}
+	return held, errors.Join(why...), nil
+}
+
+// ErrPortsHeld is Unprepare's answer for a claim some of whose ports are on
+// the host nowhere: the claim is unprepared for the kubelet (it cannot bring
+// the ports back by retrying, and a failed unprepare would keep the pod
+// terminating), but those ports' addresses stay held, since they may still be
+// configured and up in the namespace that holds the port, until the port is
+// back on the host (ReleaseHeldPorts). The error names the ports and where
+// to look.
+var ErrPortsHeld = errors.New("a claim's port is in a network namespace that outlived its pod; its addresses stay held")
+
+// finishRelease releases what the claim holds (release) and forgets it; the
+// devices whose ports are nowhere on the host stay recorded, PortsHeld, and
+// the error is ErrPortsHeld. With work held.
+func (p *Preparer) finishRelease(ctx context.Context, uid types.UID, pc PreparedClaim) error {
+	held, missing, err := p.release(ctx, uid, pc)
+	if err != nil {
+		return err
+	}
+	if len(held) > 0 {
+		kept := pc
+		kept.Unpreparing, kept.PortsHeld, kept.Devices = true, true, held
+		if err := p.commit(func(cs map[types.UID]PreparedClaim) { cs[uid] = kept }); err != nil {
+			return fmt.Errorf("claim %s/%s is not unprepared: recording which of its ports are held: %w", pc.Namespace, pc.Name, err)
+		}
+		var ports []string
+		for _, d := range held {
+			ports = append(ports, d.HostNetdev+" ("+d.PCIAddress+")")
+		}
+		return fmt.Errorf("%w: claim %s/%s (UID %s), port(s) %s: the addresses %s stay held until the port is back on "+
+			"the host, which the driver checks every refresh; move it back or delete that namespace: %w", ErrPortsHeld,
+			pc.Namespace, pc.Name, uid, strings.Join(ports, ", "), strings.Join(heldAddresses(held), ", "), missing)
+	}
+	if err := p.commit(func(cs map[types.UID]PreparedClaim) { delete(cs, uid) }); err != nil {
+		return fmt.Errorf("claim %s/%s holds nothing now, but forgetting it failed (the kubelet tries again): %w",
+			pc.Namespace, pc.Name, err)
 	}
 	return nil
+}
+
+func heldAddresses(devs []PreparedDevice) []string {
+	var out []string
+	for _, d := range devs {
+		out = append(out, d.Addresses...)
+	}
+	if len(out) == 0 {
+		out = []string{"of the device"}
+	}
+	return out
+}
+
+// ReleaseHeldPorts tries again, for each claim whose ports are held
+// (PortsHeld), to bring them back and release their addresses: a port
+// back on the host (its namespace deleted, or the port moved back) is
+// released, and a claim with no port left is forgotten. It returns, by claim
+// UID, what is still held (ErrPortsHeld) or failed; a released claim maps to
+// nil.
+func (p *Preparer) ReleaseHeldPorts(ctx context.Context) map[types.UID]error {
+	st, err := p.current()
+	if err != nil {
+		return nil
+	}
+	var uids []types.UID
+	for uid, pc := range st.Claims {
+		if pc.PortsHeld {
+			uids = append(uids, uid)
+		}
+	}
+	if len(uids) == 0 {
+		return nil
+	}
+	out := map[types.UID]error{}
+	for _, uid := range uids {
+		out[uid] = p.Unprepare(ctx, uid)
+	}
+	return out
 }
 
 // Unprepare releases a claim's addresses and forgets it; a claim it does not
 // know (prepared by no one, or unprepared already) is no error. A claim whose
 // prepare started (and was cut short, by an error or a crash) has what it may
-// hold released the same way.
+// hold released the same way. A port on the host nowhere keeps its addresses
+// held, and the error is ErrPortsHeld (finishRelease).
 func (p *Preparer) Unprepare(ctx context.Context, uid types.UID) error {
 	p.work.Lock()
 	defer p.work.Unlock()
@@ -474,12 +583,8 @@ func (p *Preparer) Unprepare(ctx context.Context, uid types.UID) error {
 			return fmt.Errorf("claim %s/%s is not unprepared: recording it: %w", pc.Namespace, pc.Name, err)
 		}
 	}
-	if err := p.release(ctx, uid, pc); err != nil {
+	if err := p.finishRelease(ctx, uid, pc); err != nil {
 		return err
-	}
-	if err := p.commit(func(cs map[types.UID]PreparedClaim) { delete(cs, uid) }); err != nil {
-		return fmt.Errorf("claim %s/%s holds nothing now, but forgetting it failed (the kubelet tries again): %w",
-			pc.Namespace, pc.Name, err)
 	}
 	p.mu.Lock()
 	for pod, err := range p.refused {
@@ -504,6 +609,12 @@ func (p *Preparer) checkNotInUse(st *Checkpoint, claim *resourceapi.ResourceClai
 				continue
 			}
 			for _, d := range other.Devices {
+				if d.Device == r.Device && other.PortsHeld {
+					return fmt.Errorf("%w: device %s of claim %s/%s: its port is held for claim %s/%s (UID %s), unprepared "+
+						"while the port was in a network namespace that outlived its pod (ipamctl check names it); the "+
+						"device is prepared again once the port is back on the host", ErrNetdevMissing, r.Device,
+						claim.Namespace, claim.Name, other.Namespace, other.Name, uid)
+				}
 				if d.Device == r.Device {
 					return fmt.Errorf("%w: device %s of claim %s/%s is in use by claim %s/%s (UID %s), prepared on this node "+
 						"and not unprepared: delete one of the two claims", nodealloc.ErrInvalid, r.Device, claim.Namespace,
@@ -525,7 +636,7 @@ func (p *Preparer) PodDevices(podUID string) []PreparedDevice {
 	}
 	var out []PreparedDevice
 	for _, pc := range st.Claims {
-		if pc.PodUID == podUID && pc.State == PrepareCompleted {
+		if pc.PodUID == podUID && pc.State == PrepareCompleted && !pc.PortsHeld {
 			out = append(out, pc.Devices...)
 		}
 	}

@@ -1,7 +1,6 @@
 package nicdra
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -23,19 +22,15 @@ import (
 
 // ReclaimFunc is a Preparer's Reclaim on the attacher: a port on the host
 // under another name is renamed back (logged); a port that is on the host
-// nowhere is logged and does not fail the Unprepare (it is in a namespace
-// that outlived its pod: a retry cannot bring it back, and holding the
-// claim would keep its pod terminating; a later prepare of the device is
-// refused until it is back, CheckNetdev); any other error (another link has
-// the port's name) fails it, and the kubelet retries.
+// nowhere is ErrNetdevMissing, saying where to look (it is in a namespace
+// that outlived its pod, its addresses maybe still up there: Unprepare keeps
+// them held, ErrPortsHeld, and a later prepare of the device is refused until
+// it is back, CheckNetdev); any other error (another link has the port's
+// name) fails the Unprepare, and the kubelet retries.
 func ReclaimFunc(a *Attacher, log logr.Logger) func(PreparedDevice) error {
 	return func(d PreparedDevice) error {
 		out, err := a.Reclaim(d)
 		switch {
-		case errors.Is(err, ErrNetdevMissing):
-			log.Error(err, "a claim's port is not on the host; the claim is unprepared without it", "device", d.Device,
-				"hostNetdev", d.HostNetdev)
-			return nil
 		case err != nil:
 			return err
 		case out == ReturnedByKernel:

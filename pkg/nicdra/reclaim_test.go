@@ -19,7 +19,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/hwipam/hwipam/nicdiscovery"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
@@ -580,5 +582,103 @@ func TestDriverRegistersAfterNRI(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Issue 45, item 7: a claim is unprepared (the kubelet's, or the garbage
+// collection's) while its physical port is in a network namespace that
+// outlived its pod, with its addresses configured and up there. Before, the
+// unprepare logged that the netdev was missing and released the addresses:
+// the pool gave them to the next claim while they were still up on the port.
+// Now the unprepare succeeds for the kubelet but the port's addresses stay
+// held, the device is refused to another claim, and the claim is recorded as
+// holding that port (checkpoint version 3) until the port is back on the
+// host; then the refresh releases them and forgets the claim.
+func TestUnpreparedPortInALeakedNamespaceKeepsItsAddresses(t *testing.T) {
+	n := newReclaimNode(t)
+	ctx := t.Context()
+	devs, err := n.p.Prepare(ctx, claim("u1", map[string]string{"nic": "pci-0000-18-00-0"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The attach moved the port into the pod's namespace, which outlived the
+	// pod (a bind mount, a process left in it): there as net1, up, with the
+	// claim's address. The record identifies it as a physical port does.
+	leaked := harness.NewNetNS(t)
+	harness.NewVethPair(t, leaked, "net1", n.wire, "peer-u1")
+	if _, err := leaked.Exec("ip", "addr", "add", devs[0].Addresses[0], "dev", "net1"); err != nil {
+		t.Fatal(err)
+	}
+	l := link(t, leaked, "net1")
+	up := true
+	d := devs[0]
+	d.MAC, d.MTU, d.HostUp, d.PodIfIndex, d.ParentDev = l.Attrs().HardwareAddr.String(), l.Attrs().MTU, &up, l.Attrs().Index, d.PCIAddress
+	n.p.DeviceAttached("pod-uid", d)
+	before := n.held(t)
+	if len(before) != 2 {
+		t.Fatalf("held after prepare: %v", before)
+	}
+
+	// The kubelet's unprepare: done for it, the addresses held.
+	dr := &nicdra.Driver{Preparer: n.p, Failures: &nicdra.FailureLog{}, Log: testr.New(t)}
+	res, err := dr.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: "u1",
+		NamespacedName: types.NamespacedName{Namespace: "ml", Name: "c-u1"}}})
+	if err != nil || res["u1"] != nil {
+		t.Fatalf("unprepare for the kubelet: %v, %v; want done", res, err)
+	}
+	if got := n.held(t); !slices.Equal(got, before) {
+		t.Fatalf("held after unpreparing a claim whose port is in a leaked namespace: %v, want %v (still up on the port)", got, before)
+	}
+	failures := dr.Failures.Recent()
+	if len(failures) != 1 || failures[0].Op != nicdra.PortHeld || failures[0].Claim != "ml/c-u1" ||
+		!strings.Contains(failures[0].Message, "ip -all netns exec") || !strings.Contains(failures[0].Message, devs[0].Addresses[0]) {
+		t.Fatalf("failures %+v, want the held port of ml/c-u1 with its address and where to look", failures)
+	}
+	t.Log(failures[0].Message)
+	claims, err := n.p.Claims()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc := claims["u1"]; !pc.PortsHeld || len(pc.Devices) != 1 || pc.Devices[0].Device != "pci-0000-18-00-0" {
+		t.Fatalf("checkpoint's claim %+v, want its held port", pc)
+	}
+	if got := n.p.PodDevices("pod-uid"); len(got) != 0 {
+		t.Errorf("a new sandbox of the pod would get the held port: %+v", got)
+	}
+	cp, err := nicdra.CheckpointFile{Path: n.p.Checkpoint.Path}.Load()
+	if err != nil || cp.Version != 3 {
+		t.Errorf("checkpoint version %v (%v), want 3 while a port is held", cp, err)
+	}
+	// Another claim for that device: refused, saying why. The same claim
+	// prepared again: refused while its port is not back.
+	if _, err := n.p.Prepare(ctx, claim("u2", map[string]string{"nic": "pci-0000-18-00-0"})); !errors.Is(err, nicdra.ErrNetdevMissing) ||
+		!strings.Contains(err.Error(), "held for claim ml/c-u1") {
+		t.Errorf("prepare of another claim for the held port: %v", err)
+	}
+	if _, err := n.p.Prepare(ctx, claim("u1", map[string]string{"nic": "pci-0000-18-00-0"})); !errors.Is(err, nicdra.ErrPortsHeld) {
+		t.Errorf("prepare again of the claim whose port is held: %v", err)
+	}
+	// A refresh while it is still there changes nothing.
+	if got := n.p.ReleaseHeldPorts(ctx); !errors.Is(got["u1"], nicdra.ErrPortsHeld) || !slices.Equal(n.held(t), before) {
+		t.Fatalf("refresh with the port still away: %v, held %v", got, n.held(t))
+	}
+
+	// The port comes back to the host (its namespace deleted; a physical
+	// port's return is what a veth cannot show, so the reclaim is told).
+	n.p.Reclaim = func(nicdra.PreparedDevice) error { return nil }
+	if got := n.p.ReleaseHeldPorts(ctx); len(got) != 1 || got["u1"] != nil {
+		t.Fatalf("refresh with the port back: %v", got)
+	}
+	if got := n.held(t); len(got) != 0 {
+		t.Errorf("held once the port is back: %v", got)
+	}
+	if claims, _ := n.p.Claims(); len(claims) != 0 {
+		t.Errorf("claims once the port is back: %+v", claims)
+	}
+	if cp, err := (nicdra.CheckpointFile{Path: n.p.Checkpoint.Path}).Load(); err != nil || cp.Version != 2 {
+		t.Errorf("checkpoint version %v (%v), want 2 with no port held", cp, err)
+	}
+	if got := n.p.ReleaseHeldPorts(ctx); got != nil {
+		t.Errorf("refresh with nothing held: %v", got)
 	}
 }
