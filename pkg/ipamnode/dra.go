@@ -50,7 +50,11 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 		Inventory: inventory, Rails: rails, BootID: bootID, Log: logger.WithName("dra"),
 		Ports: &nicdra.PortUse{InUse: func() map[string]string { return portsInUse(m) }, HostPorts: host.read, HostLinks: host.links,
 			Exclude: o.DRAExcludeDevices},
-		PoolsForRail: func(rail, kind string) ([]string, bool) { return pools.poolsOfRail(kind, rail) }}
+		PoolsForRail: func(rail, kind string) ([]string, bool) { return pools.poolsOfRail(kind, rail) },
+		Ledger:       &nicdra.PortLedger{InUse: func() map[string]string { return portsInUse(m) }}}
+	// The claims' ports are known before the CNI path serves: read now (a
+	// checkpoint that cannot be read is said by the driver, and read again).
+	_ = p.CheckpointError()
 	var nri *nicdra.NRIPlugin
 	if o.DRANRISocket != "" {
 		att := &nicdra.Attacher{HostNetNS: o.DRAHostNetNS}

@@ -265,12 +265,12 @@ func (r *hostPortsReader) open() error {
 
 // cniPorts is nodeservice.Ports: the PCI function of a request's device through
 // the rail resolver's locator (a sysfs link or two, no NIC scan), the DRA
-// claims' ports from the driver's memory, and a kick that has the driver
-// publish again.
+// claims' ports from the driver's ledger (taken there, under the lock its
+// prepares take ports under), and a kick that has the driver publish again.
 type cniPorts struct {
 	loc rails.Locator
-	// heldBy is the DRA driver's HeldBy; nil without the driver.
-	heldBy func(names ...string) string
+	// ledger is the DRA driver's; nil without the driver.
+	ledger *nicdra.PortLedger
 	kick   chan<- struct{}
 }
 
@@ -283,12 +283,9 @@ func (p *cniPorts) Port(dev rails.Device) string {
 	return f
 }
 
-// HeldBy implements nodeservice.Ports.
-func (p *cniPorts) HeldBy(dev rails.Device, port string) string {
-	if p.heldBy == nil {
-		return ""
-	}
-	return p.heldBy(port, dev.DeviceID, dev.PCIBusID, dev.Master, dev.Netdev)
+// Take implements nodeservice.Ports.
+func (p *cniPorts) Take(dev rails.Device, port string) (string, func()) {
+	return p.ledger.TakeForCNI(port, dev.DeviceID, dev.PCIBusID, dev.Master, dev.Netdev)
 }
 
 // Changed implements nodeservice.Ports.

@@ -208,7 +208,7 @@ func Run(ctx context.Context, o *Options) error {
 		}
 		kick := make(chan struct{}, 1)
 		pools.railsChanged, dra.Kick = kick, kick
-		ports.heldBy, ports.kick = dra.HeldBy, kick
+		ports.ledger, ports.kick = dra.Preparer.Ledger, kick
 		registerDRAMetrics()
 	}
 	if o.CleanupInterval > 0 {

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -84,9 +83,6 @@ type Driver struct {
 
 	helper *kubeletplugin.Helper
 	fatal  chan error
-	// held are the ports of the prepared claims (HeldBy), as last read.
-	held atomic.Pointer[map[string]string]
-
 	mu        sync.Mutex
 	published map[string]resourceapi.Device // by device name, as last published
 	devices   []resourceapi.Device
@@ -224,7 +220,6 @@ func (d *Driver) releaseHeldPorts(ctx context.Context) {
 			d.Failures.Succeeded(PortHeld, claim, "")
 			d.Log.Info("a port held since its claim was unprepared is back on the host; its addresses are released",
 				"claim", claim, "uid", uid)
-			d.refreshHeld()
 		case errors.Is(err, ErrPortsHeld):
 			d.Failures.Add(PortHeld, claim, "", err)
 		default:
@@ -265,7 +260,6 @@ func (d *Driver) refresh() bool {
 	var devs []resourceapi.Device
 	var withheld []WithheldDevice
 	if err == nil {
-		d.updateHeld(claims)
 		pub, perr := d.publishInputs(inv, claims, pools)
 		if perr != nil {
 			d.Log.Error(perr, "the last published devices stay")
@@ -467,7 +461,6 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			"duration", time.Since(start).String())
 		out[c.UID] = res
 	}
-	d.refreshHeld()
 	return out, nil
 }
 
@@ -496,7 +489,6 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		}
 		out[c.UID] = err
 	}
-	d.refreshHeld()
 	return out, nil
 }
 

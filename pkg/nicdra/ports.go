@@ -155,41 +155,9 @@ func (d *Driver) publishInputs(inv *nicdiscovery.Inventory, claims map[types.UID
 	return exempt(pub, prepared), nil
 }
 
-// updateHeld records the ports of the prepared claims, for HeldBy.
-func (d *Driver) updateHeld(claims map[types.UID]PreparedClaim) {
-	held := map[string]string{}
-	for _, pc := range claims {
-		for _, dev := range pc.Devices {
-			for _, k := range []string{dev.PCIAddress, dev.HostNetdev, dev.Device} {
-				if k != "" {
-					held[k] = pc.Namespace + "/" + pc.Name
-				}
-			}
-		}
-	}
-	d.held.Store(&held)
-}
-
-// refreshHeld reads the prepared claims again for HeldBy.
-func (d *Driver) refreshHeld() {
-	if claims, err := d.Preparer.Claims(); err == nil {
-		d.updateHeld(claims)
-	}
-}
-
-// HeldBy names the prepared claim (namespace/name) that holds a port, by the
-// PCI address or host netdev name of one of its devices; "" when none does.
-// It answers from memory (updated at each prepare, unprepare and refresh),
-// for the CNI path, which refuses such a port.
+// HeldBy names the prepared claim (namespace/name) that holds a port, or the
+// claim being prepared with it, by the PCI address or host netdev name of one
+// of its devices; "" when none does (the Preparer's ledger; "" without one).
 func (d *Driver) HeldBy(names ...string) string {
-	held := d.held.Load()
-	if held == nil {
-		return ""
-	}
-	for _, n := range names {
-		if c, ok := (*held)[n]; ok && n != "" {
-			return c
-		}
-	}
-	return ""
+	return d.Preparer.Ledger.HeldBy(names...)
 }

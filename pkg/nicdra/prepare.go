@@ -70,6 +70,11 @@ type Preparer struct {
 	// driver missed leaves a port under its pod name); an error fails the
 	// Unprepare, which the kubelet retries.
 	Reclaim func(PreparedDevice) error
+	// Ledger, when set, is where a prepare takes its ports, under the lock
+	// the CNI path takes them under (PortLedger): set, a CNI ADD and a
+	// prepare never both get one port. It learns the checkpoint's claims
+	// from the Preparer.
+	Ledger *PortLedger
 	// WriteCheckpoint, when set, writes the checkpoint instead of
 	// Checkpoint.Save (tests inject failed and torn writes with it).
 	WriteCheckpoint func(*Checkpoint) error
@@ -136,6 +141,7 @@ func (p *Preparer) current() (*Checkpoint, error) {
 		p.dropped = nil
 	}
 	p.state, p.loadErr = c, nil
+	p.Ledger.setClaims(c.Claims)
 	return c, nil
 }
 
@@ -199,6 +205,7 @@ func (p *Preparer) commit(change func(claims map[types.UID]PreparedClaim)) error
 	change(now.Claims)
 	now.BootID = p.BootID
 	p.state = now
+	p.Ledger.setClaims(now.Claims)
 	return nil
 }
 
@@ -286,6 +293,15 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 		}
 		pc.Devices = plans
 	}
+	// The ports are taken under the ledger's lock, where the CNI path takes
+	// its own: no CNI ADD is adding on them or has them, and none gets them
+	// from here on (taken until the record below is written, held by it
+	// from then on).
+	took, err := p.Ledger.takeForClaim(claim.UID, claim.Namespace+"/"+claim.Name, pc.Devices)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	defer took()
 	// Recorded before anything is allocated: after a crash from here on,
 	// Unprepare releases these devices' addresses, and the next Prepare
 	// finishes them.

@@ -82,9 +82,13 @@ type Ports interface {
 	// Port returns the PCI address of the NIC function dev names, "" when it
 	// names none this node has.
 	Port(dev rails.Device) string
-	// HeldBy names the prepared DRA claim (namespace/name) that holds the
-	// device dev names or the port, "" when none does.
-	HeldBy(dev rails.Device, port string) string
+	// Take names the DRA claim (namespace/name) that holds the device dev
+	// names or the port, or is being prepared with it; "" when none does,
+	// and then done, which the ADD calls once its allocation is committed or
+	// failed: until then no claim is prepared with the port. The check and
+	// the mark are one step, under the lock the DRA driver's prepare takes
+	// its ports under (nicdra.PortLedger).
+	Take(dev rails.Device, port string) (claim string, done func())
 	// Changed is told after an allocation or release that names a device:
 	// the DRA driver then publishes its free ports again.
 	Changed()
@@ -96,19 +100,21 @@ func device(p *nodev1.IPAMParameters) rails.Device {
 }
 
 // port resolves and records the port of an Allocate, and refuses a device a
-// DRA claim holds.
-func (s *Service) port(p *nodev1.IPAMParameters, req *nodealloc.Request) error {
+// DRA claim holds or is being prepared with. Otherwise the port counts as
+// being added to until done is called (after the allocation's commit).
+func (s *Service) port(p *nodev1.IPAMParameters, req *nodealloc.Request) (done func(), err error) {
 	dev := device(p)
 	if s.Ports == nil || dev.Empty() || dev.Check() != nil {
-		return nil // a malformed device is refused where it is used (rail "auto"), or not used at all
+		return func() {}, nil // a malformed device is refused where it is used (rail "auto"), or not used at all
 	}
 	req.Meta.Port = s.Ports.Port(dev)
-	if claim := s.Ports.HeldBy(dev, req.Meta.Port); claim != "" {
-		return status.Errorf(codes.FailedPrecondition, "%s is held by DRA claim %s (driver %s): its port is in that "+
-			"claim's pod, so this attachment cannot use it; use another device, or delete the claim's pod and claim",
-			dev, claim, ipamwire.ReservedNetworkName)
+	claim, done := s.Ports.Take(dev, req.Meta.Port)
+	if claim != "" {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s is held by DRA claim %s (driver %s): its port is in that "+
+			"claim's pod, or being prepared for it, so this attachment cannot use it; use another device, or delete "+
+			"the claim's pod and claim", dev, claim, ipamwire.ReservedNetworkName)
 	}
-	return nil
+	return done, nil
 }
 
 // railOf is s.Rails.RailOf, "" without Rails.
@@ -198,14 +204,17 @@ func (s *Service) Allocate(ctx context.Context, in *nodev1.AllocateRequest) (*no
 	if err := s.byRail(in.GetParameters(), req, false); err != nil {
 		return nil, err
 	}
-	if err := s.port(in.GetParameters(), req); err != nil {
+	done, err := s.port(in.GetParameters(), req)
+	if err != nil {
 		s.failures.record(req, err)
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
+		done()
 		return nil, status.FromContextError(err).Err()
 	}
 	res, err := s.Manager.Allocate(ctx, req)
+	done() // committed (or failed): the store says it from here on
 	if err != nil {
 		st := toStatus(err)
 		s.failures.record(req, st)

@@ -76,6 +76,7 @@ type fakePorts struct {
 	pci     map[string]string // netdev → PCI address
 	held    map[string]string // netdev or PCI address → claim
 	changed int
+	taking  int // ADDs between Take and done
 }
 
 func (f *fakePorts) Port(dev rails.Device) string {
@@ -85,13 +86,14 @@ func (f *fakePorts) Port(dev rails.Device) string {
 	return f.pci[dev.Master+dev.Netdev]
 }
 
-func (f *fakePorts) HeldBy(dev rails.Device, port string) string {
+func (f *fakePorts) Take(dev rails.Device, port string) (string, func()) {
 	for _, k := range []string{port, dev.Master, dev.Netdev, dev.DeviceID, dev.PCIBusID} {
 		if c := f.held[k]; k != "" && c != "" {
-			return c
+			return c, nil
 		}
 	}
-	return ""
+	f.taking++
+	return "", func() { f.taking-- }
 }
 
 func (f *fakePorts) Changed() { f.changed++ }
@@ -116,8 +118,8 @@ func TestAllocateRecordsThePortAndRefusesAClaimsPort(t *testing.T) {
 	if len(got) != 1 || got[0].Port != "0000:18:00.0" {
 		t.Fatalf("allocations %+v, want one with port 0000:18:00.0", got)
 	}
-	if ports.changed != 1 {
-		t.Errorf("the driver was told %d times, want once", ports.changed)
+	if ports.changed != 1 || ports.taking != 0 {
+		t.Errorf("the driver was told %d times, want once; %d ADDs not done", ports.changed, ports.taking)
 	}
 	prm = allocateParams("demo-b", "cid-2")
 	prm.Master = "ibp64s0"
