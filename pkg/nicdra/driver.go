@@ -81,8 +81,8 @@ type Driver struct {
 	// the kubelet plugin registers (default 10s).
 	NRIWait time.Duration
 
-	helper *kubeletplugin.Helper
-	fatal  chan error
+	helper    *kubeletplugin.Helper
+	fatal     chan error
 	mu        sync.Mutex
 	published map[string]resourceapi.Device // by device name, as last published
 	devices   []resourceapi.Device
