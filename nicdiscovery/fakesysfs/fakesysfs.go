@@ -328,11 +328,28 @@ func (t *Tree) addNetdev(dev string, nd Netdev) error {
 				return err
 			}
 		}
-		if err := relLink(m, filepath.Join(dir, "master")); err != nil {
+		// The kernel links a bond and its slaves both ways: master and
+		// upper_<bond> in the slave's directory, lower_<slave> in the bond's.
+		if err := errors.Join(relLink(m, filepath.Join(dir, "master")), relLink(m, filepath.Join(dir, "upper_"+nd.Master)),
+			relLink(dir, filepath.Join(m, "lower_"+nd.Name))); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// AddVLAN adds a VLAN netdev on the netdev parent (a port or a bond), as
+// `ip link add link <parent> name <name> type vlan` does: a virtual netdev
+// with lower_<parent>, and upper_<name> in the parent's directory.
+func (t *Tree) AddVLAN(name, parent string) error {
+	dir := t.sys("devices", "virtual", "net", name)
+	pdir, err := filepath.EvalSymlinks(t.sys("class", "net", parent))
+	if err != nil {
+		return fmt.Errorf("VLAN %s: parent %s: %w", name, parent, err)
+	}
+	return errors.Join(writeFiles(dir, map[string]string{"type": "1", "operstate": "up"}),
+		relLink(dir, t.sys("class", "net", name)), relLink(pdir, filepath.Join(dir, "lower_"+parent)),
+		relLink(dir, filepath.Join(pdir, "upper_"+name)))
 }
 
 func (t *Tree) addRDMA(dev string, r *RDMA, netdevs []Netdev) error {

@@ -22,8 +22,9 @@ import (
 // claims hold, told to the CNI path so that it refuses them
 // (nodeservice.Ports).
 
-// portsInUse returns the ports CNI allocations use, by PCI address: the port
-// each recorded at allocation (store.Allocation.Port), else, for one made
+// portsInUse returns the ports CNI allocations use, by PCI address: the ports
+// each recorded at allocation (store.Allocation.Port and Ports: both ports of
+// a bond master), else, for one made
 // before ports were recorded, its deviceID when that is a PCI address (SR-IOV,
 // host-device). The DRA driver's own allocations are not uses. One pass over
 // the store: run when the driver publishes (every 10 s, and when an
@@ -34,19 +35,18 @@ func portsInUse(m *nodealloc.Manager) map[string]string {
 		if nicdra.OwnedByDRA(a) {
 			return nil
 		}
-		port := a.Port
-		if port == "" && rails.IsPCIAddress(a.DeviceID) {
-			port = a.DeviceID
+		ports := a.UsedPorts()
+		if len(ports) == 0 && rails.IsPCIAddress(a.DeviceID) {
+			ports = []string{a.DeviceID}
 		}
-		if port == "" {
-			return nil
-		}
-		if _, ok := out[port]; !ok {
-			who := fmt.Sprintf("pod %s/%s", a.PodNamespace, a.PodName)
-			if a.Network != "" {
-				who += " (network " + a.Network + ")"
+		for _, port := range ports {
+			if _, ok := out[port]; !ok {
+				who := fmt.Sprintf("pod %s/%s", a.PodNamespace, a.PodName)
+				if a.Network != "" {
+					who += " (network " + a.Network + ")"
+				}
+				out[port] = who
 			}
-			out[port] = who
 		}
 		return nil
 	})
@@ -274,18 +274,18 @@ type cniPorts struct {
 	kick   chan<- struct{}
 }
 
-// Port implements nodeservice.Ports.
-func (p *cniPorts) Port(dev rails.Device) string {
-	f, err := rails.Function(p.loc, dev)
+// Functions implements nodeservice.Ports.
+func (p *cniPorts) Functions(dev rails.Device) []string {
+	fns, err := rails.Functions(p.loc, dev)
 	if err != nil {
-		return ""
+		return nil
 	}
-	return f
+	return fns
 }
 
 // Take implements nodeservice.Ports.
-func (p *cniPorts) Take(dev rails.Device, port string) (string, func()) {
-	return p.ledger.TakeForCNI(port, dev.DeviceID, dev.PCIBusID, dev.Master, dev.Netdev)
+func (p *cniPorts) Take(dev rails.Device, ports ...string) (string, func()) {
+	return p.ledger.TakeForCNI(append(slices.Clone(ports), dev.DeviceID, dev.PCIBusID, dev.Master, dev.Netdev)...)
 }
 
 // Changed implements nodeservice.Ports.

@@ -37,19 +37,19 @@ type ledgerNode struct {
 
 // Port, Take and Changed are nodeservice.Ports as ipam-node's: the port of a
 // master netdev from the inventory, taken in the ledger.
-func (n *ledgerNode) Port(dev rails.Device) string {
+func (n *ledgerNode) Functions(dev rails.Device) []string {
 	for _, c := range n.inv.NICs {
 		for _, nd := range c.Netdevs {
 			if nd == dev.Master || nd == dev.Netdev {
-				return c.PCIAddress
+				return []string{c.PCIAddress}
 			}
 		}
 	}
-	return ""
+	return nil
 }
 
-func (n *ledgerNode) Take(dev rails.Device, port string) (string, func()) {
-	claim, done := n.p.Ledger.TakeForCNI(port, dev.DeviceID, dev.PCIBusID, dev.Master, dev.Netdev)
+func (n *ledgerNode) Take(dev rails.Device, ports ...string) (string, func()) {
+	claim, done := n.p.Ledger.TakeForCNI(append(ports, dev.DeviceID, dev.PCIBusID, dev.Master, dev.Netdev)...)
 	if claim == "" && n.pauseTake != nil {
 		n.pauseTake()
 	}
@@ -65,8 +65,10 @@ func newLedgerNode(t *testing.T) *ledgerNode {
 	n.p.Ledger = &nicdra.PortLedger{InUse: func() map[string]string {
 		out := map[string]string{}
 		_ = n.alloc.EachAllocation("", func(_ string, a store.Allocation) error {
-			if a.Port != "" && !nicdra.OwnedByDRA(a) {
-				out[a.Port] = "pod " + a.PodNamespace + "/" + a.PodName
+			for _, port := range a.UsedPorts() {
+				if !nicdra.OwnedByDRA(a) {
+					out[port] = "pod " + a.PodNamespace + "/" + a.PodName
+				}
 			}
 			return nil
 		})

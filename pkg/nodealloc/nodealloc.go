@@ -53,8 +53,10 @@ type Metadata struct {
 	// service never copies it from a request).
 	Owner string
 	// Port is store.Allocation.Port: the PCI function of the attachment's
-	// device, as the daemon resolved it.
-	Port string
+	// device, as the daemon resolved it; Ports is store.Allocation.Ports,
+	// every function when the device uses more than one.
+	Port  string
+	Ports []string
 }
 
 // Request asks for addresses for one interface.
@@ -740,7 +742,7 @@ func (m *Manager) reserve(states []*poolState, req *Request, who owner) (attempt
 		a := store.Allocation{ContainerID: req.ContainerID, IfName: req.IfName, IP: ip.String(),
 			PodName: req.Meta.PodName, PodNamespace: req.Meta.PodNamespace, PodUID: req.Meta.PodUID,
 			DeviceID: req.Meta.DeviceID, Rail: req.Meta.Rail, Network: req.Meta.Network, Owner: req.Meta.Owner,
-			Port: req.Meta.Port, CreateTime: now}
+			Port: req.Meta.Port, Ports: req.Meta.Ports, CreateTime: now}
 		puts = append(puts, store.Put{PoolKey: p.key, Allocation: a, LastReserved: p.block.Cursor().String()})
 	}
 	// Every pool of the request gets the flight, also one whose half of a

@@ -79,16 +79,17 @@ type RailPools interface {
 // port. Its methods are cheap (no NIC scan): they run on every ADD that names
 // a device.
 type Ports interface {
-	// Port returns the PCI address of the NIC function dev names, "" when it
-	// names none this node has.
-	Port(dev rails.Device) string
+	// Functions returns the PCI addresses of the NIC functions dev names
+	// (several for a bond, or a VLAN on one), none when it names none this
+	// node has.
+	Functions(dev rails.Device) []string
 	// Take names the DRA claim (namespace/name) that holds the device dev
 	// names or the port, or is being prepared with it; "" when none does,
 	// and then done, which the ADD calls once its allocation is committed or
 	// failed: until then no claim is prepared with the port. The check and
 	// the mark are one step, under the lock the DRA driver's prepare takes
 	// its ports under (nicdra.PortLedger).
-	Take(dev rails.Device, port string) (claim string, done func())
+	Take(dev rails.Device, ports ...string) (claim string, done func())
 	// Changed is told after an allocation or release that names a device:
 	// the DRA driver then publishes its free ports again.
 	Changed()
@@ -107,8 +108,14 @@ func (s *Service) port(p *nodev1.IPAMParameters, req *nodealloc.Request) (done f
 	if s.Ports == nil || dev.Empty() || dev.Check() != nil {
 		return func() {}, nil // a malformed device is refused where it is used (rail "auto"), or not used at all
 	}
-	req.Meta.Port = s.Ports.Port(dev)
-	claim, done := s.Ports.Take(dev, req.Meta.Port)
+	fns := s.Ports.Functions(dev)
+	if len(fns) > 0 {
+		req.Meta.Port = fns[0]
+	}
+	if len(fns) > 1 {
+		req.Meta.Ports = fns
+	}
+	claim, done := s.Ports.Take(dev, fns...)
 	if claim != "" {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s is held by DRA claim %s (driver %s): its port is in that "+
 			"claim's pod, or being prepared for it, so this attachment cannot use it; use another device, or delete "+

@@ -79,15 +79,18 @@ type fakePorts struct {
 	taking  int // ADDs between Take and done
 }
 
-func (f *fakePorts) Port(dev rails.Device) string {
+func (f *fakePorts) Functions(dev rails.Device) []string {
 	if dev.DeviceID != "" {
-		return dev.DeviceID
+		return []string{dev.DeviceID}
 	}
-	return f.pci[dev.Master+dev.Netdev]
+	if pci := f.pci[dev.Master+dev.Netdev]; pci != "" {
+		return []string{pci}
+	}
+	return nil
 }
 
-func (f *fakePorts) Take(dev rails.Device, port string) (string, func()) {
-	for _, k := range []string{port, dev.Master, dev.Netdev, dev.DeviceID, dev.PCIBusID} {
+func (f *fakePorts) Take(dev rails.Device, ports ...string) (string, func()) {
+	for _, k := range append(ports, dev.Master, dev.Netdev, dev.DeviceID, dev.PCIBusID) {
 		if c := f.held[k]; k != "" && c != "" {
 			return c, nil
 		}

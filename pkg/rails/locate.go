@@ -29,6 +29,9 @@ type Locator interface {
 	PCIOfAux(name string) (string, error)
 	// PCIOfNetdev returns the PCI function of a netdev of this network namespace.
 	PCIOfNetdev(name string) (string, error)
+	// LowerNetdevs returns the netdevs a netdev sits on: a VLAN's parent, a
+	// bond's or a bridge's ports, a macvlan's master (sysfs lower_* links).
+	LowerNetdevs(name string) ([]string, error)
 }
 
 // IsPCIAddress says whether s is a PCI address in domain:bus:device.function form.
@@ -95,6 +98,24 @@ func (l SysfsLocator) PCIOfNetdev(name string) (string, error) {
 			"give the network config's deviceID or pciBusID)", name, ErrNotFound)
 	}
 	return l.pciAncestor(target, "netdev "+name)
+}
+
+// LowerNetdevs implements Locator.
+func (l SysfsLocator) LowerNetdevs(name string) ([]string, error) {
+	if err := netdev.Check(name); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(l.path("class", "net", name))
+	if err != nil {
+		return nil, fmt.Errorf("netdev %s: %w", name, ErrNotFound)
+	}
+	var out []string
+	for _, e := range entries {
+		if lower, ok := strings.CutPrefix(e.Name(), "lower_"); ok && netdev.Check(lower) == nil {
+			out = append(out, lower)
+		}
+	}
+	return out, nil
 }
 
 // pciAncestor is the nearest directory of a sysfs device path named by a PCI
@@ -175,4 +196,9 @@ func (LiveLocator) PCIOfAux(name string) (string, error) {
 // PCIOfNetdev implements Locator.
 func (LiveLocator) PCIOfNetdev(name string) (string, error) {
 	return SysfsLocator{Root: "/"}.PCIOfNetdev(name)
+}
+
+// LowerNetdevs implements Locator.
+func (LiveLocator) LowerNetdevs(name string) ([]string, error) {
+	return SysfsLocator{Root: "/"}.LowerNetdevs(name)
 }

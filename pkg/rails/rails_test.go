@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -287,4 +288,43 @@ func mustScan(t *testing.T, root string) *nicdiscovery.Inventory {
 		t.Fatal(err)
 	}
 	return inv
+}
+
+// Issue 45, item 5: a NAD whose master is a bond of two ports (RoCE LAG), or a
+// VLAN on that bond, uses both ports. Function finds no PCI function for such
+// a master (it is a virtual netdev), so nothing was recorded and the DRA
+// driver could hand a bond slave to a claim; Functions walks the lower
+// netdevs, to any depth, to both ports.
+func TestFunctionsThroughBondsAndVLANs(t *testing.T) {
+	tree, err := fakesysfs.RoCELAG(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(tree.AddVLAN("bond0.100", "bond0"), tree.AddVLAN("enp134s0f0np0.7", "enp134s0f0np0")); err != nil {
+		t.Fatal(err)
+	}
+	loc := rails.SysfsLocator{Root: tree.Root}
+	both := []string{"0000:86:00.0", "0000:86:00.1"}
+	for _, c := range []struct {
+		dev  rails.Device
+		want []string
+	}{
+		{rails.Device{Master: "bond0"}, both},
+		{rails.Device{Master: "bond0.100"}, both},
+		{rails.Device{Netdev: "bond0.100"}, both},
+		{rails.Device{Master: "enp134s0f0np0.7"}, both[:1]},
+		{rails.Device{Master: "enp134s0f1np1"}, both[1:]},
+		{rails.Device{DeviceID: "0000:86:00.1"}, both[1:]},
+	} {
+		got, err := rails.Functions(loc, c.dev)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("Functions(%s) = %v, %v; want %v", c.dev, got, err, c.want)
+		}
+	}
+	if _, err := rails.Function(loc, rails.Device{Master: "bond0"}); err == nil {
+		t.Errorf("Function(bond0) found one function of a bond")
+	}
+	if got, err := rails.Functions(loc, rails.Device{Master: "nosuch0"}); err == nil {
+		t.Errorf("Functions(nosuch0) = %v, want an error", got)
+	}
 }

@@ -131,6 +131,57 @@ func Function(loc Locator, d Device) (string, error) {
 	return "", ErrNoDevice
 }
 
+// maxLowerDepth bounds the walk down from a master to its ports (a VLAN on a
+// bond of ports is two levels).
+const maxLowerDepth = 8
+
+// Functions returns every PCI function an attachment's device uses, sorted:
+// Function's one, or, for a master or netdev that is on no PCI device (a
+// bond, a VLAN, a bridge, a macvlan), the functions of the netdevs below it,
+// to any depth: a VLAN on a bond of two ports uses both ports. It fails as
+// Function does when nothing below is on a PCI device either.
+func Functions(loc Locator, d Device) ([]string, error) {
+	f, err := Function(loc, d)
+	if err == nil {
+		return []string{f}, nil
+	}
+	name := d.Master
+	if name == "" {
+		name = d.Netdev
+	}
+	if d.DeviceID != "" || d.PCIBusID != "" || name == "" {
+		return nil, err
+	}
+	var out []string
+	seen := map[string]bool{name: true}
+	var walk func(n string, depth int)
+	walk = func(n string, depth int) {
+		lowers, lerr := loc.LowerNetdevs(n)
+		if lerr != nil {
+			return
+		}
+		for _, lower := range lowers {
+			if seen[lower] {
+				continue
+			}
+			seen[lower] = true
+			if pci, perr := loc.PCIOfNetdev(lower); perr == nil {
+				if !slices.Contains(out, pci) {
+					out = append(out, pci)
+				}
+			} else if depth < maxLowerDepth {
+				walk(lower, depth+1)
+			}
+		}
+	}
+	walk(name, 1)
+	if len(out) == 0 {
+		return nil, err
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
 // notFound is a device the node does not have, with the rails it has.
 func (r *Resolver) notFound(d Device, err error) error {
 	rails := "none"

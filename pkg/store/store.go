@@ -84,6 +84,22 @@ type Allocation struct {
 	// the request named no device of this node. The DRA driver does not hand
 	// out a port a CNI allocation uses.
 	Port string `json:"port,omitempty"`
+	// Ports are every PCI function the attachment uses when there are more
+	// than one (Port is the first): a master that is a bond of ports, or a
+	// VLAN on one. Empty otherwise.
+	Ports []string `json:"ports,omitempty"`
+}
+
+// UsedPorts returns the PCI functions the allocation's attachment uses
+// (Ports, else Port): none when it named no device of this node.
+func (a Allocation) UsedPorts() []string {
+	if len(a.Ports) > 0 {
+		return a.Ports
+	}
+	if a.Port != "" {
+		return []string{a.Port}
+	}
+	return nil
 }
 
 // Pool is what the store remembers of a pool besides its allocations: the last

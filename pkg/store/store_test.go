@@ -97,7 +97,7 @@ func TestCommitLoadDelete(t *testing.T) {
 	if r0 == nil || len(r0.Allocations) != 2 || r0.Pool.LastReserved != "10.0.0.1" || !bytes.Contains(r0.Pool.Block, []byte("10.0.0.64")) {
 		t.Fatalf("rail0 = %+v", r0)
 	}
-	if got := r0.Allocations[0]; got != alloc("c1", "net1", "10.0.0.1") {
+	if got := r0.Allocations[0]; !reflect.DeepEqual(got, alloc("c1", "net1", "10.0.0.1")) {
 		t.Errorf("allocation read back = %+v", got)
 	}
 	if r1 := pools["cidrpool/rail1"]; r1 != nil && len(r1.Allocations) != 0 {
@@ -150,7 +150,7 @@ func TestNetworkRecordedAndOldRecordsHaveNone(t *testing.T) {
 	for _, a := range pools["rail0"].Allocations {
 		got[a.ContainerID] = a
 	}
-	if got["c1"] != withNet {
+	if !reflect.DeepEqual(got["c1"], withNet) {
 		t.Errorf("allocation read back = %+v, want %+v", got["c1"], withNet)
 	}
 	if a, ok := got["c0"]; !ok || a.Network != "" || a.IP != "10.0.0.9" || a.PodName != "pod-c0" {
@@ -493,7 +493,7 @@ func TestScanGetEachAgreeWithLoad(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(each, st.Allocations) {
+		if !reflect.DeepEqual(each, st.Allocations) {
 			t.Errorf("pool %s: EachAllocation %+v, Load %+v", key, each, st.Allocations)
 		}
 		for _, a := range st.Allocations {
@@ -501,7 +501,7 @@ func TestScanGetEachAgreeWithLoad(t *testing.T) {
 				t.Errorf("pool %s: Scan has %s for %s/%s, Load %s", key, ip, a.ContainerID, a.IfName, a.IP)
 			}
 			got, ok, err := s.Get(key, a.ContainerID, a.IfName)
-			if err != nil || !ok || got != a {
+			if err != nil || !ok || !reflect.DeepEqual(got, a) {
 				t.Errorf("Get(%s, %s, %s) = %+v, %v, %v; want %+v", key, a.ContainerID, a.IfName, got, ok, err, a)
 			}
 		}
