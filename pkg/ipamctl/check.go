@@ -812,7 +812,7 @@ func checkStale(ctx context.Context, c *checker, cl client.Client, node string, 
 	for _, a := range allocs {
 		// A DRA claim's allocation is released by its claim's unprepare or
 		// garbage collection, never for its pod (the claim check covers it).
-		if a.GetPodName() == "" || isClaimAllocation(a.GetNetwork()) {
+		if a.GetPodName() == "" || isClaimAllocation(a.GetOwner()) {
 			continue
 		}
 		pod, listed := onNode[a.GetPodNamespace()+"/"+a.GetPodName()]

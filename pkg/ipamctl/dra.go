@@ -27,8 +27,11 @@ import (
 // allocations are in the store as every other, with network nic.hwipam.io,
 // the claim's UID as container ID and "<request>:<device>" as interface.
 
-// isClaimAllocation tells whether an allocation is a DRA claim's.
-func isClaimAllocation(network string) bool { return network == nicdra.DriverName }
+// isClaimAllocation tells whether an allocation is a DRA claim's: by the
+// daemon's ownership mark (store.Allocation.Owner), never by the network
+// name, which a NAD may carry too (ipam-node marks the driver's allocations of
+// earlier versions at its start).
+func isClaimAllocation(owner string) bool { return owner == nicdra.OwnerDRA }
 
 // AllocationClaim is the ResourceClaim a DRA allocation belongs to: its UID
 // always, its namespace, name and state when the DRA checkpoint has it.
@@ -309,7 +312,7 @@ func claimsVsStore(cp *nicdra.Checkpoint, snap map[string]*store.PoolState, stor
 	var unknown []string
 	for poolKey, p := range snap {
 		for _, a := range p.Allocations {
-			if !isClaimAllocation(a.Network) {
+			if !isClaimAllocation(a.Owner) {
 				continue
 			}
 			held[key{a.ContainerID, a.IfName, a.IP}] = true

@@ -116,13 +116,14 @@ func newDRANode(t *testing.T) *draNode {
 	return n
 }
 
-// allocate makes a claim's allocation as the driver does (network
-// nic.hwipam.io, the claim's UID, "<request>:<device>") and returns its address.
+// allocate makes a claim's allocation as the driver does (its ownership mark,
+// network nic.hwipam.io, the claim's UID, "<request>:<device>") and returns
+// its address.
 func (n *draNode) allocate(t *testing.T, uid types.UID, pod string) string {
 	t.Helper()
 	res, err := n.m.Allocate(t.Context(), &nodealloc.Request{Pools: []string{"rail0"}, ContainerID: string(uid),
 		IfName: "nic:" + draDevice, Meta: nodealloc.Metadata{PodName: pod, PodNamespace: "ml", PodUID: "pod-uid-0",
-			DeviceID: "0000:3b:00.0", Rail: "rail0", Network: nicdra.DriverName}})
+			DeviceID: "0000:3b:00.0", Rail: "rail0", Network: nicdra.DriverName, Owner: nicdra.OwnerDRA}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,6 +401,13 @@ func TestAllocationsShowClaims(t *testing.T) {
 		Meta: nodealloc.Metadata{PodName: "web-0", PodNamespace: "default", Network: "rail0-net"}}); err != nil {
 		t.Fatal(err)
 	}
+	// A CNI allocation of a network that an older version let a NAD call
+	// nic.hwipam.io, without the driver's mark: a container's, not a claim's
+	// (issue 45: told apart by the mark, not by the network name).
+	if _, err := n.m.Allocate(t.Context(), &nodealloc.Request{Pools: []string{"rail0"}, ContainerID: "fedcba9876543210", IfName: "net9",
+		Meta: nodealloc.Metadata{PodName: "old-0", PodNamespace: "default", Network: nicdra.DriverName}}); err != nil {
+		t.Fatal(err)
+	}
 	out, err := run(t, "allocations", "--socket", n.sock)
 	if err != nil {
 		t.Fatal(err)
@@ -408,17 +416,20 @@ func TestAllocationsShowClaims(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	for _, l := range lines[1:] {
 		f := strings.Fields(l)
-		rows[f[3]] = f
+		rows[f[6]] = f
 	}
 	// RAIL POOL IP NETWORK POD CONTAINER/CLAIM IF DEVICE CREATED
 	if h := strings.Fields(lines[0]); len(h) != 9 || h[5] != "CONTAINER/CLAIM" {
 		t.Errorf("header %q", lines[0])
 	}
-	if f := rows[nicdra.DriverName]; len(f) != 9 || f[4] != "ml/trainer-0" || f[5] != "ml/trainer-0-nic" || f[6] != "nic:"+draDevice {
+	if f := rows["nic:"+draDevice]; len(f) != 9 || f[4] != "ml/trainer-0" || f[5] != "ml/trainer-0-nic" || f[3] != nicdra.DriverName {
 		t.Errorf("the claim's row: %q\n%s", f, out)
 	}
-	if f := rows["rail0-net"]; len(f) != 9 || f[5] != "0123456789ab" {
+	if f := rows["net2"]; len(f) != 9 || f[5] != "0123456789ab" {
 		t.Errorf("the CNI row: %q\n%s", f, out)
+	}
+	if f := rows["net9"]; len(f) != 9 || f[5] != "fedcba987654" || f[3] != nicdra.DriverName {
+		t.Errorf("the unmarked row of network %s: %q, want its container\n%s", nicdra.DriverName, f, out)
 	}
 
 	js := sameJSONAndYAML(t, "allocations", "--socket", n.sock)
@@ -427,8 +438,8 @@ func TestAllocationsShowClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, a := range rep.Allocations {
-		switch a.Network {
-		case nicdra.DriverName:
+		switch a.IfName {
+		case "nic:" + draDevice:
 			if want := (ipamctl.AllocationClaim{UID: string(n.uid), Namespace: "ml", Name: "trainer-0-nic", State: nicdra.PrepareCompleted}); a.Claim == nil || *a.Claim != want {
 				t.Errorf("the claim's allocation: claim %+v, want %+v", a.Claim, want)
 			}

@@ -270,7 +270,7 @@ func allocationsCommand() *cobra.Command {
 				if resp, err = c.ListAllocations(ctx, &infov1.ListAllocationsRequest{Pool: key}); err != nil {
 					return err
 				}
-				if slices.ContainsFunc(resp.GetAllocations(), func(a *infov1.AllocationRecord) bool { return isClaimAllocation(a.GetNetwork()) }) {
+				if slices.ContainsFunc(resp.GetAllocations(), func(a *infov1.AllocationRecord) bool { return isClaimAllocation(a.GetOwner()) }) {
 					claims = preparedClaims(ctx, c, storeFile, cmd.ErrOrStderr())
 				}
 				return nil
@@ -287,7 +287,7 @@ func allocationsCommand() *cobra.Command {
 					ra := Allocation{Pool: a.GetPool(), ContainerID: a.GetContainerId(), IfName: a.GetIfName(),
 						IP: a.GetIp(), PodName: a.GetPodName(), PodNamespace: a.GetPodNamespace(), PodUID: a.GetPodUid(),
 						DeviceID: a.GetDeviceId(), CreateTime: time.Unix(a.GetCreateTime(), 0).UTC(), Network: a.GetNetwork(), Rail: a.GetRail()}
-					if isClaimAllocation(a.GetNetwork()) {
+					if isClaimAllocation(a.GetOwner()) {
 						ra.Claim = claimOf(claims, a.GetContainerId())
 					}
 					r.Allocations = append(r.Allocations, ra)
@@ -309,7 +309,7 @@ func allocationsCommand() *cobra.Command {
 				}
 				cid := a.GetContainerId()
 				switch {
-				case isClaimAllocation(a.GetNetwork()):
+				case isClaimAllocation(a.GetOwner()):
 					cid = claimOf(claims, cid).String()
 				case len(cid) > 12:
 					cid = cid[:12]

@@ -335,7 +335,8 @@ func (s *Service) ListAllocations(_ context.Context, in *infov1.ListAllocationsR
 			out.Allocations = append(out.Allocations, &infov1.AllocationRecord{
 				Pool: pool, ContainerId: a.ContainerID, IfName: a.IfName, Ip: a.IP,
 				PodName: a.PodName, PodNamespace: a.PodNamespace, PodUid: a.PodUID, DeviceId: a.DeviceID,
-				CreateTime: a.CreateTime.Unix(), Network: a.Network, Rail: cmp.Or(a.Rail, rail),
+				CreateTime: a.CreateTime.Unix(), Network: a.Network, Rail: cmp.Or(a.Rail, rail), Owner: a.Owner,
+				Ports: a.UsedPorts(),
 			})
 		}
 	}

@@ -950,7 +950,15 @@ type AllocationRecord struct {
 	Network string `protobuf:"bytes,10,opt,name=network,proto3" json:"network,omitempty"`
 	// The rail the allocation's pool was picked by, or else the rail of its pool
 	// (its nic.hwipam.io/rail label); "" when none.
-	Rail          string `protobuf:"bytes,11,opt,name=rail,proto3" json:"rail,omitempty"`
+	Rail string `protobuf:"bytes,11,opt,name=rail,proto3" json:"rail,omitempty"`
+	// "dra" for an allocation of ipam-node's DRA driver (a claim's: container_id
+	// is the claim's UID), set by the daemon itself and never from a CNI
+	// request; "" for every CNI allocation. Tell the two apart by this mark,
+	// never by the network name.
+	Owner string `protobuf:"bytes,12,opt,name=owner,proto3" json:"owner,omitempty"`
+	// The PCI functions the attachment's device uses (a bond master: each of
+	// its ports); none when it named no device of the node.
+	Ports         []string `protobuf:"bytes,13,rep,name=ports,proto3" json:"ports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1062,6 +1070,20 @@ func (x *AllocationRecord) GetRail() string {
 	return ""
 }
 
+func (x *AllocationRecord) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *AllocationRecord) GetPorts() []string {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
 var File_hwipam_node_v1_info_proto protoreflect.FileDescriptor
 
 const file_hwipam_node_v1_info_proto_rawDesc = "" +
@@ -1141,7 +1163,7 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"\x16ListAllocationsRequest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\"]\n" +
 	"\x17ListAllocationsResponse\x12B\n" +
-	"\vallocations\x18\x01 \x03(\v2 .hwipam.node.v1.AllocationRecordR\vallocations\"\xb7\x02\n" +
+	"\vallocations\x18\x01 \x03(\v2 .hwipam.node.v1.AllocationRecordR\vallocations\"\xe3\x02\n" +
 	"\x10AllocationRecord\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\tR\vcontainerId\x12\x17\n" +
@@ -1155,7 +1177,9 @@ const file_hwipam_node_v1_info_proto_rawDesc = "" +
 	"createTime\x12\x18\n" +
 	"\anetwork\x18\n" +
 	" \x01(\tR\anetwork\x12\x12\n" +
-	"\x04rail\x18\v \x01(\tR\x04rail2\xbd\x03\n" +
+	"\x04rail\x18\v \x01(\tR\x04rail\x12\x14\n" +
+	"\x05owner\x18\f \x01(\tR\x05owner\x12\x14\n" +
+	"\x05ports\x18\r \x03(\tR\x05ports2\xbd\x03\n" +
 	"\x0fNodeInfoService\x12P\n" +
 	"\tListPools\x12 .hwipam.node.v1.ListPoolsRequest\x1a!.hwipam.node.v1.ListPoolsResponse\x12b\n" +
 	"\x0fListAllocations\x12&.hwipam.node.v1.ListAllocationsRequest\x1a'.hwipam.node.v1.ListAllocationsResponse\x12J\n" +
