@@ -58,10 +58,15 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 	var nri *nicdra.NRIPlugin
 	if o.DRANRISocket != "" {
 		att := &nicdra.Attacher{HostNetNS: o.DRAHostNetNS}
-		nri = &nicdra.NRIPlugin{Devices: p, Attacher: att, SysfsRoot: o.SysfsRoot, Log: logger.WithName("nri")}
+		nri = &nicdra.NRIPlugin{Devices: p, Attacher: att, SysfsRoot: o.SysfsRoot, Log: logger.WithName("nri"),
+			CharDevicesByCDI: o.DRACDIDir != ""}
 		p.Reclaim = nicdra.ReclaimFunc(att, logger.WithName("dra"))
 	}
-	return &nicdra.Driver{NodeName: o.NodeName, Client: client, Preparer: p, KubeletDir: o.DRAKubeletDir,
+	var cdi *nicdra.CDISpecs
+	if o.DRACDIDir != "" {
+		cdi = &nicdra.CDISpecs{Dir: o.DRACDIDir, SysfsRoot: o.SysfsRoot}
+	}
+	return &nicdra.Driver{NodeName: o.NodeName, Client: client, Preparer: p, KubeletDir: o.DRAKubeletDir, CDI: cdi,
 		NRI: nri, NRISocket: o.DRANRISocket,
 		Inventory:   func() (*nicdiscovery.Inventory, error) { return scan(true) },
 		PoolsByRail: pools.railPoolsAll,

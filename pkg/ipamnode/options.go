@@ -42,6 +42,10 @@ type Options struct {
 	DRAKubeletDir string
 	DRANRISocket  string
 	DRAHostNetNS  string
+	// DRACDIDir is where the runtime reads CDI specs: the claims' RDMA
+	// character devices are given through it; "" gives them through NRI to
+	// every container of the pod.
+	DRACDIDir string
 	// DRAExcludeDevices are NIC ports (netdev names or PCI addresses) the DRA
 	// driver never publishes nor prepares.
 	DRAExcludeDevices []string
@@ -69,6 +73,7 @@ func NewOptions() *Options {
 		NodeFeatureNamespace:   os.Getenv("POD_NAMESPACE"),
 		DRAKubeletDir:          "/var/lib/kubelet",
 		DRANRISocket:           "/var/run/nri/nri.sock",
+		DRACDIDir:              "/var/run/cdi",
 		CNI: CNIOptions{
 			BinDir: "/opt/cni/bin", ConfDir: "/etc/cni/net.d/nv-ipam.d",
 			DaemonSocket: "unix:///var/lib/cni/nv-ipam/daemon.sock", DaemonCallTimeout: 5,
@@ -115,6 +120,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 			"that carry the host's addresses or routes, which it never hands out either).")
 	fs.StringVar(&o.DRANRISocket, "dra-nri-socket", o.DRANRISocket,
 		"With --dra: the container runtime's NRI socket, through which netdevs move into pod sandboxes; \"\" disables the attach.")
+	fs.StringVar(&o.DRACDIDir, "dra-cdi-dir", o.DRACDIDir,
+		"With --dra: the directory the container runtime reads CDI specs from (containerd's and CRI-O's default): each "+
+			"prepared claim's spec there gives its ports' RDMA character devices to the containers that reference the "+
+			"claim; \"\" gives them through NRI to every container of the pod (a runtime without CDI).")
 	fs.StringVar(&o.DRAHostNetNS, "dra-host-netns", o.DRAHostNetNS,
 		"With --dra: the path of the host's network namespace, where the ports are while no pod holds them, for a daemon "+
 			"that does not run in it (e.g. /proc/1/ns/net with hostPID); \"\" is the daemon's own (hostNetwork).")
@@ -171,6 +180,10 @@ func (o *Options) Validate() error {
 	}
 	if o.DRA && !filepath.IsAbs(o.DRAKubeletDir) {
 		errs = append(errs, fmt.Errorf("--dra-kubelet-dir %q must be an absolute path", o.DRAKubeletDir))
+	}
+	if o.DRACDIDir != "" && !filepath.IsAbs(o.DRACDIDir) {
+		errs = append(errs, fmt.Errorf("--dra-cdi-dir %q must be an absolute path (the runtime's CDI spec directory, "+
+			"e.g. /var/run/cdi), or empty to give RDMA devices through NRI", o.DRACDIDir))
 	}
 	if o.DRAHostNetNS != "" && !filepath.IsAbs(o.DRAHostNetNS) {
 		errs = append(errs, fmt.Errorf("--dra-host-netns %q must be an absolute path (e.g. /proc/1/ns/net), or empty for the daemon's own", o.DRAHostNetNS))

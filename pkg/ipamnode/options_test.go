@@ -23,6 +23,7 @@ func TestNICLabelOptions(t *testing.T) {
 		{"unknown mode", func(o *ipamnode.Options) { o.NICLabels = "annotations" }, `--nic-labels "annotations": want node, nodefeature or off`},
 		{"zero interval", func(o *ipamnode.Options) { o.NICRescanInterval = 0 }, "--nic-rescan-interval 0s must be positive"},
 		{"host netns path", func(o *ipamnode.Options) { o.DRA = true; o.DRAHostNetNS = "/proc/1/ns/net" }, ""},
+		{"relative CDI dir", func(o *ipamnode.Options) { o.DRA = true; o.DRACDIDir = "cdi" }, "--dra-cdi-dir"},
 		{"relative host netns", func(o *ipamnode.Options) { o.DRA = true; o.DRAHostNetNS = "ns/net" },
 			`--dra-host-netns "ns/net" must be an absolute path`},
 	} {

@@ -77,6 +77,11 @@ type Driver struct {
 	// through the runtime's NRI socket NRISocket.
 	NRI       *NRIPlugin
 	NRISocket string
+	// CDI, when set, writes each prepared claim's CDI spec: its ports' RDMA
+	// character devices go to the containers that reference the claim
+	// (the NRI plugin then adds none). Nil: the NRI plugin gives them to
+	// every container of the pod (a runtime without CDI).
+	CDI *CDISpecs
 	// NRIWait bounds how long Run waits for the NRI plugin to connect before
 	// the kubelet plugin registers (default 10s).
 	NRIWait time.Duration
@@ -128,6 +133,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	// Ports whose pods stopped while the driver was down get their names
 	// back, before the runtime's events are served.
 	d.Preparer.ReclaimAll(d.Log)
+	d.pruneCDISpecs()
 	if d.NRI != nil {
 		nriDone := make(chan struct{})
 		nctx, stopNRI := context.WithCancel(ctx)
@@ -189,6 +195,7 @@ func (d *Driver) Run(ctx context.Context) error {
 			}
 			d.checkPublished(ctx)
 			d.releaseHeldPorts(ctx)
+			d.pruneCDISpecs()
 			d.writeStatus()
 			d.reconcileStatus(ctx)
 		case <-d.Kick:
@@ -203,6 +210,25 @@ func (d *Driver) Run(ctx context.Context) error {
 			}
 			gc.Reset(gcBackoff(gcFailures, d.GCInterval))
 		}
+	}
+}
+
+// removeCDISpec removes an unprepared claim's CDI spec; a failure is logged
+// (the refresh prunes it).
+func (d *Driver) removeCDISpec(uid types.UID) {
+	if err := d.CDI.Remove(uid); err != nil {
+		d.Log.Error(err, "removing an unprepared claim's CDI spec; removed at the next refresh", "uid", uid)
+	}
+}
+
+// pruneCDISpecs removes the CDI specs of claims no longer prepared.
+func (d *Driver) pruneCDISpecs() {
+	n, err := d.CDI.Prune(d.Preparer.Claims)
+	if err != nil {
+		d.Log.Error(err, "removing the CDI specs of claims no longer prepared")
+	}
+	if n > 0 {
+		d.Log.Info("removed the CDI specs of claims no longer prepared", "specs", n)
 	}
 }
 
@@ -451,11 +477,20 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			out[c.UID] = kubeletplugin.PrepareResult{Err: err}
 			continue
 		}
+		ids, err := d.CDI.Write(c.UID, devs)
+		if err != nil {
+			err = fmt.Errorf("claim %s/%s: its addresses are held, but writing its CDI spec (its ports' RDMA devices) "+
+				"failed (the kubelet tries again): %w", c.Namespace, c.Name, err)
+			d.Log.Error(err, "preparing a claim", "claim", klog.KObj(c), "uid", c.UID)
+			d.Failures.Add(FailedPrepare, claim, "", err)
+			out[c.UID] = kubeletplugin.PrepareResult{Err: err}
+			continue
+		}
 		d.Failures.Succeeded(FailedPrepare, claim, "")
 		var res kubeletplugin.PrepareResult
 		for _, pd := range devs {
 			res.Devices = append(res.Devices, kubeletplugin.Device{Requests: []string{pd.Request}, PoolName: d.NodeName,
-				DeviceName: pd.Device})
+				DeviceName: pd.Device, CDIDeviceIDs: ids[pd.Device]})
 		}
 		d.Log.Info("claim prepared", "claim", klog.KObj(c), "uid", c.UID, "devices", len(devs),
 			"duration", time.Since(start).String())
@@ -470,6 +505,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	for _, c := range claims {
 		claim := c.NamespacedName.String() // as a failed prepare names it
 		err := d.Preparer.Unprepare(ctx, c.UID)
+		if err == nil || errors.Is(err, ErrPortsHeld) {
+			d.removeCDISpec(c.UID)
+		}
 		if errors.Is(err, ErrPortsHeld) {
 			// Unprepared for the kubelet: retrying cannot bring the port
 			// back. Its addresses stay held; the refresh releases them once

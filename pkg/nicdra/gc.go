@@ -153,7 +153,11 @@ func (d *Driver) collect(ctx context.Context) (ok bool) {
 				"uid", uid, "pod", pc.Namespace+"/"+pc.PodName)
 			continue
 		}
-		if err := d.Preparer.Unprepare(ctx, uid); errors.Is(err, ErrPortsHeld) {
+		err := d.Preparer.Unprepare(ctx, uid)
+		if err == nil || errors.Is(err, ErrPortsHeld) {
+			d.removeCDISpec(uid)
+		}
+		if errors.Is(err, ErrPortsHeld) {
 			d.Failures.Add(PortHeld, claim, "", err) // the refresh releases it once the port is back
 			d.Failures.Succeeded(WaitingRelease, claim, "")
 			continue

@@ -57,6 +57,11 @@ type NRIPlugin struct {
 	Log       logr.Logger
 	// Failures records the attaches and detaches that fail (nil: none).
 	Failures *FailureLog
+	// CharDevicesByCDI: the RDMA character devices reach the containers
+	// that reference the claim through its CDI spec (Driver.CDI), and
+	// CreateContainer adds none; otherwise it gives them to every container
+	// of the pod.
+	CharDevicesByCDI bool
 
 	readyInit, readyOnce sync.Once
 	ready                chan struct{}
@@ -246,9 +251,9 @@ func (p *NRIPlugin) detach(pod *api.PodSandbox, event string) error {
 // CreateContainer makes sure the pod's devices are in its namespace (a
 // RunPodSandbox that the plugin missed, because it was not connected to the
 // runtime then, attaches them now; a device that cannot be attached fails the
-// container, never lets it run without its device), then gives the container
-// the RDMA character devices of the pod's devices (RDMACharDevices; rdma_cm
-// once). A device whose numbers cannot be read fails the container with the
+// container, never lets it run without its device), then, unless CDI gives
+// them (CharDevicesByCDI), gives the container the RDMA character devices of
+// the pod's devices (RDMACharDevices; rdma_cm once). A device whose numbers cannot be read fails the container with the
 // reason.
 func (p *NRIPlugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	devs := p.Devices.PodDevices(pod.GetUid())
@@ -258,6 +263,9 @@ func (p *NRIPlugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr 
 	if err := p.ensureAttached(pod, ctr.GetName(), false); err != nil {
 		p.Failures.Add(FailedAttach, "", podName(pod), err)
 		return nil, nil, err
+	}
+	if p.CharDevicesByCDI {
+		return nil, nil, nil
 	}
 	adj := &api.ContainerAdjustment{}
 	seen := map[string]bool{}

@@ -101,8 +101,8 @@ func TestDRAOverlayRenders(t *testing.T) {
 	fromUnstructured(t, findObject(t, base, "DaemonSet", ds.GetName()), &was)
 	ctr, baseCtr := got.Spec.Template.Spec.Containers[0], was.Spec.Template.Spec.Containers[0]
 	if want := append(slices.Clone(baseCtr.Args), "--dra=true", "--dra-kubelet-dir=/var/lib/kubelet",
-		"--dra-nri-socket=/var/run/nri/nri.sock"); !slices.Equal(ctr.Args, want) {
-		t.Errorf("args %q, want the base's and the three DRA flags", ctr.Args)
+		"--dra-nri-socket=/var/run/nri/nri.sock", "--dra-cdi-dir=/var/run/cdi"); !slices.Equal(ctr.Args, want) {
+		t.Errorf("args %q, want the base's and the four DRA flags", ctr.Args)
 	}
 	if caps := ctr.SecurityContext.Capabilities; !slices.Equal(caps.Drop, []corev1.Capability{"ALL"}) ||
 		!slices.Equal(caps.Add, []corev1.Capability{"NET_ADMIN", "SYS_ADMIN"}) {
@@ -113,6 +113,7 @@ func TestDRAOverlayRenders(t *testing.T) {
 		"kubelet-plugins-registry": {Name: "kubelet-plugins-registry", MountPath: "/var/lib/kubelet/plugins_registry"},
 		"kubelet-plugin-dir":       {Name: "kubelet-plugin-dir", MountPath: "/var/lib/kubelet/plugins/nic.hwipam.io"},
 		"nri":                      {Name: "nri", MountPath: "/var/run/nri"},
+		"cdi":                      {Name: "cdi", MountPath: "/var/run/cdi"},
 		"netns":                    {Name: "netns", MountPath: "/var/run/netns", MountPropagation: &hostToContainer, ReadOnly: true},
 	}
 	if mustJSON(t, ctr.VolumeMounts[:len(baseCtr.VolumeMounts)]) != mustJSON(t, baseCtr.VolumeMounts) {

@@ -552,6 +552,11 @@ const (
 // PauseImage is the sandbox image (containerd's pinned sandbox image).
 func (c *Cluster) PauseImage() string { return c.Registry + "/" + pauseImage }
 
+// CDIDir is where this node's containerd reads CDI specs (cdi_spec_dirs), and
+// ipam-node's DRA driver writes them: under the run directory, not the host's
+// /var/run/cdi, which another node on the machine would share.
+func (c *Cluster) CDIDir() string { return filepath.Join(c.Dir, "cdi") }
+
 // BusyboxImage is the workload image: busybox with sh, ip, ping, sleep, cat and ls.
 func (c *Cluster) BusyboxImage() string { return c.Registry + "/" + busyboxImage }
 
@@ -652,6 +657,9 @@ state = %[2]q
   restrict_oom_score_adj = true
   # Sandboxes' network namespaces under the state dir, so that teardown finds them.
   netns_mounts_under_state_dir = true
+  # CDI (on by default in containerd 2.x) from this node's directory only.
+  enable_cdi = true
+  cdi_spec_dirs = [%[11]q]
 
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
@@ -676,7 +684,7 @@ state = %[2]q
 [plugins."io.containerd.cri.v1.images".registry]
   config_path = %[10]q
 `, filepath.Join(cd, "root"), filepath.Join(cd, "state"), c.ContainerdSocket, filepath.Join(cd, "opt"),
-		runc, filepath.Join(cd, "runc"), c.CNIBinDir, c.CNIConfDir, c.PauseImage(), filepath.Join(cd, "certs.d"))
+		runc, filepath.Join(cd, "runc"), c.CNIBinDir, c.CNIConfDir, c.PauseImage(), filepath.Join(cd, "certs.d"), c.CDIDir())
 	cfgPath := filepath.Join(cd, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		return err

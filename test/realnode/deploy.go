@@ -214,6 +214,7 @@ func (c *Cluster) draPatch(ds *appsv1.DaemonSet) (ops, args []string) {
 		"kubelet-plugins-registry": filepath.Join(kubelet, "plugins_registry"),
 		"kubelet-plugin-dir":       filepath.Join(kubelet, "plugins", "nic.hwipam.io"),
 		"netns":                    filepath.Join(c.Dir, "containerd", "state", "io.containerd.grpc.v1.cri", "netns"),
+		"cdi":                      c.CDIDir(),
 	}
 	for i, v := range ds.Spec.Template.Spec.Volumes {
 		if p, ok := paths[v.Name]; ok && v.HostPath != nil {
@@ -226,7 +227,7 @@ func (c *Cluster) draPatch(ds *appsv1.DaemonSet) (ops, args []string) {
 		}
 	}
 	if len(ops) > 0 {
-		args = []string{"--dra-kubelet-dir=" + kubelet}
+		args = []string{"--dra-kubelet-dir=" + kubelet, "--dra-cdi-dir=" + c.CDIDir()}
 	}
 	return ops, args
 }

@@ -44,6 +44,7 @@ func TestDeployMovesDRAMounts(t *testing.T) {
 		"kubelet-plugin-dir":       filepath.Join(kubelet, "plugins", "nic.hwipam.io"),
 		"netns":                    filepath.Join(dir, "containerd", "state", "io.containerd.grpc.v1.cri", "netns"),
 		"nri":                      "/var/run/nri",
+		"cdi":                      c.CDIDir(),
 		"state":                    c.StateDir,
 	}
 	found := map[string]bool{}
@@ -71,12 +72,13 @@ func TestDeployMovesDRAMounts(t *testing.T) {
 	}
 	var kubeletFlags []string
 	for _, a := range ctr.Args {
-		if strings.HasPrefix(a, "--dra-kubelet-dir=") {
+		if strings.HasPrefix(a, "--dra-kubelet-dir=") || strings.HasPrefix(a, "--dra-cdi-dir=") {
 			kubeletFlags = append(kubeletFlags, a)
 		}
 	}
-	if !slices.Equal(kubeletFlags, []string{"--dra-kubelet-dir=" + kubelet}) || !slices.Contains(ctr.Args, "--dra=true") {
-		t.Errorf("args %q: want --dra=true and --dra-kubelet-dir=%s once", ctr.Args, kubelet)
+	if !slices.Equal(kubeletFlags, []string{"--dra-kubelet-dir=" + kubelet, "--dra-cdi-dir=" + c.CDIDir()}) ||
+		!slices.Contains(ctr.Args, "--dra=true") {
+		t.Errorf("args %q: want --dra=true, --dra-kubelet-dir=%s and --dra-cdi-dir=%s once each", ctr.Args, kubelet, c.CDIDir())
 	}
 
 	gen, err = c.generate(ctx, harness.RepoRoot(), DeployOptions{Image: image})

@@ -280,6 +280,56 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed(), "ibp79s0 is not back on the host")
 	})
 
+	// Issue 45: the RDMA character devices of a claim's port go to the
+	// containers that reference the claim, by the claim's CDI spec, which the
+	// kubelet hands containerd for those containers only; a container of the
+	// same pod that does not list the claim sees none (with NRI they went to
+	// every container). The tree's dev files stand in for the devices.
+	It("gives a claim's RDMA devices only to the containers that reference it", func(ctx SpecContext) {
+		const name = "cdi-pod"
+		claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: railClaim("ibp79s0")}
+		_, err := node.Clientset.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func(ctx SpecContext) {
+			deletePod(ctx, name)
+			Expect(client.IgnoreNotFound(node.Clientset.ResourceV1().ResourceClaims(ns).Delete(ctx, name, metav1.DeleteOptions{}))).To(Succeed())
+		})
+		sleeper := func(n string) corev1.Container {
+			return corev1.Container{Name: n, Image: node.BusyboxImage(), Command: []string{"sleep", "1000000"}}
+		}
+		app, side := sleeper("app"), sleeper("side")
+		app.Resources.Claims = []corev1.ResourceClaim{{Name: "c"}}
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: corev1.PodSpec{
+			ResourceClaims:                []corev1.PodResourceClaim{{Name: "c", ResourceClaimName: &claim.Name}},
+			Containers:                    []corev1.Container{app, side},
+			TerminationGracePeriodSeconds: new(int64(1))}}
+		_, err = node.Clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		got := expectDRAPod(ctx, name, "")
+		Expect(got.rail).To(Equal("ibp79s0"))
+		out, err := node.Kubectl(ctx, "-n", ns, "exec", name, "-c", "app", "--", "ls", "-l", "/dev/infiniband/")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(And(MatchRegexp(`(?m)^crw.*231,\s*194 .*uverbs2$`), MatchRegexp(`(?m)^crw.*10,\s*58 .*rdma_cm$`)),
+			"ls -l /dev/infiniband in the container that lists the claim:\n%s", out)
+		fmt.Fprintf(GinkgoWriter, "%s/app's /dev/infiniband:\n%s\n", name, out)
+		out, err = node.Kubectl(ctx, "-n", ns, "exec", name, "-c", "side", "--", "ls", "/dev/infiniband/")
+		Expect(err).To(HaveOccurred(), "the container that does not list the claim has /dev/infiniband:\n%s", out)
+		Expect(out).To(ContainSubstring("No such file or directory"))
+		// The claim's spec is in the node's CDI directory while it is
+		// prepared, and gone once the pod is.
+		specs, err := filepath.Glob(filepath.Join(node.CDIDir(), "k8s.nic.hwipam.io-claim_*.json"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(specs).To(HaveLen(1))
+		deletePod(ctx, name)
+		Eventually(ctx, func() ([]string, error) {
+			return filepath.Glob(filepath.Join(node.CDIDir(), "k8s.nic.hwipam.io-claim_*.json"))
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(BeEmpty(), "the unprepared claim's CDI spec")
+		Eventually(ctx, func() error {
+			_, err := netlink.LinkByName("ibp79s0")
+			return err
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed(), "ibp79s0 is not back on the host")
+	})
+
 	It("loses and leaks nothing when ipam-node is killed between prepare and the sandbox's start", func(ctx SpecContext) {
 		createClaimPod(ctx, "kill-pod", railClaim("ibp79s0"))
 		// Killed as soon as the claim's status shows its address: its sandbox
@@ -435,8 +485,9 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		first := expectDRAPod(ctx, "shared-1", ownerRail)
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "shared-2", Namespace: ns},
 			Spec: corev1.PodSpec{
-				ResourceClaims:                []corev1.PodResourceClaim{{Name: "c", ResourceClaimName: new("shared-1")}},
-				Containers:                    []corev1.Container{{Name: "app", Image: node.BusyboxImage(), Command: []string{"sleep", "1000000"}}},
+				ResourceClaims: []corev1.PodResourceClaim{{Name: "c", ResourceClaimName: new("shared-1")}},
+				Containers: []corev1.Container{{Name: "app", Image: node.BusyboxImage(), Command: []string{"sleep", "1000000"},
+					Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "c"}}}}},
 				TerminationGracePeriodSeconds: new(int64(1)),
 			}}
 		_, err := node.Clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})

@@ -244,7 +244,7 @@ func (w *world) draNodeSetup(n *simNode) {
 func (w *world) draFlags(n *simNode) []string {
 	n.nri.syncsAtStart.Store(n.nri.syncs.Load())
 	return []string{"--dra", "--dra-kubelet-dir=" + n.kubeletDir, "--dra-nri-socket=" + n.nri.sock,
-		"--dra-host-netns=/run/netns/" + n.hostNS, "--sysfs-root=" + n.sysfs}
+		"--dra-host-netns=/run/netns/" + n.hostNS, "--sysfs-root=" + n.sysfs, "--dra-cdi-dir=" + filepath.Join(n.dir, "cdi")}
 }
 
 // draClusterSetup creates the DeviceClass the claims name.
