@@ -88,10 +88,13 @@ var (
 	descCommits   = prometheus.NewDesc("hwipam_node_store_commits_total", "Store commits (each Allocate or Deallocate that changed something).", nil, nil)
 	descTxs       = prometheus.NewDesc("hwipam_node_store_transactions_total", "Flushes (fdatasync) of the store's write-ahead log those commits shared.", nil, nil)
 	descCkpts     = prometheus.NewDesc("hwipam_node_store_checkpoints_total", "Transactions that applied the write-ahead log to the bbolt file (each flushes the device twice).", nil, nil)
+	descFails     = prometheus.NewDesc("hwipam_node_store_commit_failures_total", "Store commits that failed to write the log (a full or failing disk): their Allocate or Deallocate failed, nothing of them was recorded.", nil, nil)
+	descCommitSec = prometheus.NewDesc("hwipam_node_store_commit_seconds_total", "Seconds the successful store commits spent writing the log, in all (divided by hwipam_node_store_commits_total: the mean commit time).", nil, nil)
 )
 
 func (stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descAllocated, descFree, descOrphans, descActive, descCommits, descTxs, descCkpts} {
+	for _, d := range []*prometheus.Desc{descAllocated, descFree, descOrphans, descActive, descCommits, descTxs, descCkpts,
+		descFails, descCommitSec} {
 		ch <- d
 	}
 }
@@ -116,6 +119,9 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descCommits, prometheus.CounterValue, float64(commits))
 	ch <- prometheus.MustNewConstMetric(descTxs, prometheus.CounterValue, float64(txs))
 	ch <- prometheus.MustNewConstMetric(descCkpts, prometheus.CounterValue, float64(s.store.Checkpoints()))
+	fails, secs := s.store.CommitStats()
+	ch <- prometheus.MustNewConstMetric(descFails, prometheus.CounterValue, float64(fails))
+	ch <- prometheus.MustNewConstMetric(descCommitSec, prometheus.CounterValue, secs)
 }
 
 func registerMetrics(m *nodealloc.Manager, st *store.Store) {

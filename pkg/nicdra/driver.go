@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -86,6 +87,10 @@ type Driver struct {
 	// the kubelet plugin registers (default 10s).
 	NRIWait time.Duration
 
+	// waitingRelease counts the claims the last collection kept because
+	// their pod still runs (hwipam_dra_claims{state="waiting_release"}).
+	waitingRelease atomic.Int64
+
 	helper    *kubeletplugin.Helper
 	fatal     chan error
 	mu        sync.Mutex
@@ -114,6 +119,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	if d.NRI != nil && d.NRI.Failures == nil {
 		d.NRI.Failures = d.Failures
 	}
+	metricsDriver.Store(d)
 	d.fatal = make(chan error, 1)
 	d.changed = make(chan struct{})
 	// Claims this node prepared must be readable before any is prepared or

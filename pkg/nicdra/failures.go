@@ -67,6 +67,10 @@ func (l *FailureLog) Add(op, claim, pod string, err error) {
 	if l == nil || err == nil {
 		return
 	}
+	switch op {
+	case FailedPrepare, FailedUnprepare, FailedAttach, FailedDetach:
+		failures.WithLabelValues(op).Inc()
+	}
 	f := Failure{At: l.clock().UTC(), Op: op, Claim: claim, Pod: pod, Message: err.Error()}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -139,6 +139,8 @@ func (d *Driver) collect(ctx context.Context) (ok bool) {
 			return false
 		}
 	}
+	waiting := 0
+	defer func() { d.waitingRelease.Store(int64(waiting)) }()
 	for _, uid := range gone {
 		pc := claims[uid]
 		claim := pc.Namespace + "/" + pc.Name
@@ -149,6 +151,7 @@ func (d *Driver) collect(ctx context.Context) (ok bool) {
 			err := fmt.Errorf("claim %s (UID %s) was deleted while %s: its addresses stay held, and its ports in the pod, "+
 				"until the pod's sandbox stops", claim, uid, why)
 			d.Failures.Add(WaitingRelease, claim, "", err)
+			waiting++
 			d.Log.V(1).Info("claim garbage collection: a deleted claim's pod still runs; released once it stops", "claim", claim,
 				"uid", uid, "pod", pc.Namespace+"/"+pc.PodName)
 			continue

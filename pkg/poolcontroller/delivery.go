@@ -613,6 +613,11 @@ func (d *Delivery) processNext(ctx context.Context) bool {
 	}
 	if err != nil {
 		if ctx.Err() == nil {
+			if node == poolSpecsKey {
+				writeFailures.WithLabelValues(failedPoolSpecs).Inc()
+			} else {
+				writeFailures.WithLabelValues(failedNodeIPAM).Inc()
+			}
 			if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
 				d.Log.Error(err, "writing a node's NodeIPAM; will retry", "node", node)
 			}

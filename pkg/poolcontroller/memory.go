@@ -739,6 +739,7 @@ func (m *Memory) writeLease(ctx context.Context, key types.NamespacedName, value
 		err = m.Client.Update(ctx, &lease)
 	}
 	if err != nil {
+		writeFailures.WithLabelValues(failedLease).Inc()
 		return fmt.Errorf("writing Lease %s (the daemons' held reports): %w", key, err)
 	}
 	return nil

@@ -46,11 +46,27 @@ var (
 		Name: "hwipam_pool_status_writes_total",
 		Help: "Pool status updates sent to the API server.",
 	}, []string{"kind"})
+	writeFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "hwipam_controller_write_failures_total",
+		Help: "Writes to the API server that failed (conflicts included; each is retried), by resource: pool-status, " +
+			"nodeipam (a node's record), poolspecs, lease (the held-reports Lease of an earlier version's format).",
+	}, []string{"resource"})
+)
+
+// Resources of hwipam_controller_write_failures_total.
+const (
+	failedPoolStatus = "pool-status"
+	failedNodeIPAM   = "nodeipam"
+	failedPoolSpecs  = "poolspecs"
+	failedLease      = "lease"
 )
 
 func init() {
 	metrics.Registry.MustRegister(blocksTotal, blocksAssigned, nodesWithoutBlock, statusTooLarge,
-		reconcileDuration, reconcileErrors, statusWrites, heldReportsIgnored)
+		reconcileDuration, reconcileErrors, statusWrites, heldReportsIgnored, writeFailures)
+	for _, r := range []string{failedPoolStatus, failedNodeIPAM, failedPoolSpecs, failedLease} {
+		writeFailures.WithLabelValues(r) // exported at 0 from the start: rate() sees the first failure
+	}
 }
 
 func updateMetrics(kind string, obj client.Object, l blocks.Layout, assigned, without int) {

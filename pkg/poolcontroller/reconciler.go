@@ -631,6 +631,7 @@ func (r *Reconciler) sendStatus(ctx context.Context, st *poolState, current, des
 	from := obj.GetResourceVersion()
 	start := time.Now()
 	if err := r.updateStatus(ctx, obj); err != nil {
+		writeFailures.WithLabelValues(failedPoolStatus).Inc()
 		err = fmt.Errorf("writing status of %s %s: %w", r.Kind, obj.GetName(), err)
 		if isTooLarge(err) {
 			r.refusedTooLarge(st, obj, err)

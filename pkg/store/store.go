@@ -136,6 +136,8 @@ type Store struct {
 	checkErr error
 
 	commits      atomic.Uint64 // Commit calls that succeeded
+	commitFails  atomic.Uint64 // Commit calls whose log write failed
+	commitNanos  atomic.Uint64 // time Commit calls that succeeded spent writing the log
 	transactions atomic.Uint64 // flushes of the log they shared
 	checkpoints  atomic.Uint64 // bbolt transactions that applied the log
 	lastUnmap    atomic.Int64  // when unmapNowAndThen last ran, Unix nanoseconds
@@ -149,6 +151,13 @@ type Store struct {
 // to the disk (fdatasync) they shared.
 func (s *Store) Stats() (commits, transactions uint64) {
 	return s.commits.Load(), s.transactions.Load()
+}
+
+// CommitStats reports how many Commit calls failed to write the log (a full
+// or failing disk: nothing of them was recorded), and the seconds the
+// successful ones spent writing it, in all.
+func (s *Store) CommitStats() (failures uint64, seconds float64) {
+	return s.commitFails.Load(), float64(s.commitNanos.Load()) / 1e9
 }
 
 // Checkpoints reports how many bbolt transactions have applied the log to the
@@ -395,9 +404,12 @@ func (s *Store) Commit(puts []Put, deletes []Key) error {
 			return fmt.Errorf("writing store %s: %w", s.path, err)
 		}
 	}
+	start := time.Now()
 	if err := s.log(ops); err != nil {
+		s.commitFails.Add(1)
 		return fmt.Errorf("writing store %s: %w", s.path, err)
 	}
+	s.commitNanos.Add(uint64(time.Since(start)))
 	s.commits.Add(1)
 	return nil
 }
