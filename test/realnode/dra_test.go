@@ -317,13 +317,15 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 		Expect(out).To(ContainSubstring("No such file or directory"))
 		// The claim's spec is in the node's CDI directory while it is
 		// prepared, and gone once the pod is.
-		specs, err := filepath.Glob(filepath.Join(node.CDIDir(), "k8s.nic.hwipam.io-claim_*.json"))
+		c, err := node.Clientset.ResourceV1().ResourceClaims(ns).Get(ctx, name, metav1.GetOptions{})
 		Expect(err).NotTo(HaveOccurred())
-		Expect(specs).To(HaveLen(1))
+		spec := filepath.Join(node.CDIDir(), "k8s.nic.hwipam.io-claim_"+string(c.UID)+".json")
+		Expect(spec).To(BeAnExistingFile())
 		deletePod(ctx, name)
-		Eventually(ctx, func() ([]string, error) {
-			return filepath.Glob(filepath.Join(node.CDIDir(), "k8s.nic.hwipam.io-claim_*.json"))
-		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(BeEmpty(), "the unprepared claim's CDI spec")
+		Eventually(ctx, func() bool {
+			_, err := os.Stat(spec)
+			return os.IsNotExist(err)
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(BeTrue(), "the unprepared claim's CDI spec %s", spec)
 		Eventually(ctx, func() error {
 			_, err := netlink.LinkByName("ibp79s0")
 			return err
