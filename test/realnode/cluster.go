@@ -129,6 +129,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 	c.CNIBinDir, c.CNIConfDir = filepath.Join(c.Dir, "cni", "bin"), filepath.Join(c.Dir, "cni", "net.d")
 	c.StateDir = filepath.Join(c.Dir, "nv-ipam")
+	c.quietClientLog()
 
 	steps := []struct {
 		what string
