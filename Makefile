@@ -137,7 +137,7 @@ test-assets: ## Build (once, then cached) kube-apiserver, etcd and the CNI refer
 	hack/test-assets.sh
 
 .PHONY: test
-test: deps test-assets ## Install everything needed and run all tests (root for the netns tests).
+test: deps test-assets check-generated ## Install everything needed and run all tests (root for the netns tests).
 	$(ASSETS_ENV) && go test $(TEST_FLAGS) $$(go list ./... | grep -v '/test/realnode$$')
 	@# The real node (kubelet, containerd, probes with deadlines) runs alone, not
 	@# beside other packages' tests on the same cores.
@@ -218,6 +218,15 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs (deploy/crds), webhook (deploy/web
 		output:rbac:artifacts:config=deploy/rbac/controller
 	$(CONTROLLER_GEN) rbac:roleName=hwipam-node paths="./pkg/ipamnode/..." \
 		output:rbac:artifacts:config=deploy/rbac/node
+
+.PHONY: check-generated
+check-generated: ## Fail when `make generate manifests` would change a file of the work tree (make test runs it).
+	@snap=$$(mktemp -d) && trap 'rm -rf "$$snap"' EXIT && \
+	tar -cf "$$snap/before.tar" $(GENERATED_PATHS) && mkdir "$$snap/before" && tar -xf "$$snap/before.tar" -C "$$snap/before" && \
+	$(MAKE) --no-print-directory generate manifests >"$$snap/log" 2>&1 || { cat "$$snap/log"; exit 1; }; \
+	stale=0; for p in $(GENERATED_PATHS); do diff -rq "$$snap/before/$$p" "$$p" || stale=1; done; \
+	if [ $$stale = 1 ]; then echo "generated files were stale: make generate manifests changed the files above (keep the change and commit it)" >&2; exit 1; fi; \
+	echo "generated files are current"
 
 .PHONY: verify-generated
 verify-generated: generate manifests ## Fail when checked-in generated files are stale.

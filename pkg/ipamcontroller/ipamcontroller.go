@@ -18,7 +18,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
@@ -44,6 +43,9 @@ type Options struct {
 	WebhookPort            int
 	WebhookCertDir         string
 	MetricsBindAddress     string
+	// MetricsSecure serves the metrics over HTTPS (a self-signed certificate)
+	// to clients whose token may get the non-resource URL /metrics.
+	MetricsSecure bool
 	HealthProbeBindAddress string
 	PprofBindAddress       string
 	ReleaseGracePeriod     time.Duration
@@ -88,6 +90,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", o.WebhookCertDir,
 		"Directory with tls.crt and tls.key for the webhook server; empty uses controller-runtime's default.")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint; 0 disables it.")
+	fs.BoolVar(&o.MetricsSecure, "metrics-secure", o.MetricsSecure, "Serve the metrics over HTTPS (a self-signed certificate) "+
+		"only to clients whose bearer token the API server authenticates and lets get the non-resource URL /metrics "+
+		"(TokenReview and SubjectAccessReview: deploy/monitoring grants them).")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress, "Address of the /healthz and /readyz endpoints; 0 disables them.")
 	fs.StringVar(&o.PprofBindAddress, "pprof-bind-address", o.PprofBindAddress,
 		"Address of the Go profiler's /debug/pprof endpoints; empty or 0 disables them.")
@@ -174,7 +179,7 @@ func Run(ctx context.Context, o *Options) error {
 	mopts := ctrl.Options{
 		Scheme:                        scheme,
 		Cache:                         cacheOpts,
-		Metrics:                       metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		Metrics:                       daemon.MetricsOptions(o.MetricsBindAddress, o.MetricsSecure),
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
 		PprofBindAddress:              o.PprofBindAddress,
 		LeaderElection:                o.LeaderElect,

@@ -35,7 +35,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	nodev1 "github.com/hwipam/hwipam/api/grpc/nvidia/ipam/node/v1"
@@ -116,7 +115,7 @@ func Run(ctx context.Context, o *Options) error {
 	if err != nil {
 		return err
 	}
-	registerMetrics(mgrState, st)
+	metricState := registerMetrics(mgrState, st)
 	keepLegacyDRA := markLegacyDRA(ctx, o.StoreFile, mgrState, logger)
 
 	lis, err := listen(o.BindAddress)
@@ -163,7 +162,7 @@ func Run(ctx context.Context, o *Options) error {
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: o.MetricsBindAddress},
+		Metrics:                daemon.MetricsOptions(o.MetricsBindAddress, o.MetricsSecure),
 		HealthProbeBindAddress: o.HealthProbeBindAddress,
 		Logger:                 logger,
 		// A fixed mapper: the daemon must start, and serve its stored blocks, while
@@ -188,6 +187,7 @@ func Run(ctx context.Context, o *Options) error {
 		legacy: newLegacyCache(cfg, scheme, mgr.GetRESTMapper(), o.PoolsNamespace), log: logger.WithName("poolsync"),
 		namespace: o.PoolsNamespace, changed: blocksChanged, kick: make(chan struct{}, 1)}
 	railSel := newRailSelector(pools, mgrState, o.SysfsRoot, o.PoolsNamespace, rails, scan)
+	metricState.setRailOf(func(key string) string { return railSel.RailOf(v1alpha1.SplitPoolKey(key)) })
 	svc.Rails = railSel
 	// Every CNI allocation that names a device records its port, with or
 	// without --dra (the driver may be turned on later).

@@ -76,15 +76,18 @@ func setForbidden(feature string, forbidden bool) {
 type daemonState struct {
 	manager *nodealloc.Manager
 	store   *store.Store
+	// railOf is the rail a pool (by store key) is labelled for, "" when none
+	// or not known yet; nil before the pools are listed.
+	railOf atomic.Pointer[func(poolKey string) string]
 }
 
 type stateCollector struct{}
 
 var (
-	descAllocated = prometheus.NewDesc("hwipam_node_pool_allocations", "Addresses held in the pool on this node.", []string{"pool"}, nil)
-	descFree      = prometheus.NewDesc("hwipam_node_pool_free_addresses", "Addresses that can still be handed out (float: IPv6 blocks are huge).", []string{"pool"}, nil)
-	descOrphans   = prometheus.NewDesc("hwipam_node_pool_orphaned_addresses", "Addresses held outside the block the pool hands out from on this node (all of them when it has none): kept until released, reported to the controller so no other node gets them.", []string{"pool"}, nil)
-	descActive    = prometheus.NewDesc("hwipam_node_pool_active", "1 when the pool has a block for this node, 0 when it only keeps old allocations.", []string{"pool"}, nil)
+	descAllocated = prometheus.NewDesc("hwipam_node_pool_allocations", "Addresses held in the pool on this node.", []string{"pool", "rail"}, nil)
+	descFree      = prometheus.NewDesc("hwipam_node_pool_free_addresses", "Addresses that can still be handed out (float: IPv6 blocks are huge).", []string{"pool", "rail"}, nil)
+	descOrphans   = prometheus.NewDesc("hwipam_node_pool_orphaned_addresses", "Addresses held outside the block the pool hands out from on this node (all of them when it has none): kept until released, reported to the controller so no other node gets them.", []string{"pool", "rail"}, nil)
+	descActive    = prometheus.NewDesc("hwipam_node_pool_active", "1 when the pool has a block for this node, 0 when it only keeps old allocations.", []string{"pool", "rail"}, nil)
 	descCommits   = prometheus.NewDesc("hwipam_node_store_commits_total", "Store commits (each Allocate or Deallocate that changed something).", nil, nil)
 	descTxs       = prometheus.NewDesc("hwipam_node_store_transactions_total", "Flushes (fdatasync) of the store's write-ahead log those commits shared.", nil, nil)
 	descCkpts     = prometheus.NewDesc("hwipam_node_store_checkpoints_total", "Transactions that applied the write-ahead log to the bbolt file (each flushes the device twice).", nil, nil)
@@ -104,16 +107,21 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if s == nil {
 		return
 	}
+	railOf := func(string) string { return "" }
+	if f := s.railOf.Load(); f != nil {
+		railOf = *f
+	}
 	for _, p := range s.manager.Pools() {
-		ch <- prometheus.MustNewConstMetric(descAllocated, prometheus.GaugeValue, float64(p.Allocated), p.Key)
+		rail := railOf(p.Key)
+		ch <- prometheus.MustNewConstMetric(descAllocated, prometheus.GaugeValue, float64(p.Allocated), p.Key, rail)
 		free := float64(p.Free.Hi)*18446744073709551616 + float64(p.Free.Lo)
-		ch <- prometheus.MustNewConstMetric(descFree, prometheus.GaugeValue, free, p.Key)
-		ch <- prometheus.MustNewConstMetric(descOrphans, prometheus.GaugeValue, float64(p.Orphans), p.Key)
+		ch <- prometheus.MustNewConstMetric(descFree, prometheus.GaugeValue, free, p.Key, rail)
+		ch <- prometheus.MustNewConstMetric(descOrphans, prometheus.GaugeValue, float64(p.Orphans), p.Key, rail)
 		active := 0.0
 		if p.Active {
 			active = 1
 		}
-		ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, active, p.Key)
+		ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, active, p.Key, rail)
 	}
 	commits, txs := s.store.Stats()
 	ch <- prometheus.MustNewConstMetric(descCommits, prometheus.CounterValue, float64(commits))
@@ -124,13 +132,18 @@ func (stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descCommitSec, prometheus.CounterValue, secs)
 }
 
-func registerMetrics(m *nodealloc.Manager, st *store.Store) {
-	current.Store(&daemonState{manager: m, store: st})
+func registerMetrics(m *nodealloc.Manager, st *store.Store) *daemonState {
+	ds := &daemonState{manager: m, store: st}
+	current.Store(ds)
 	registerM.Do(func() {
 		metrics.Registry.MustRegister(requestDuration, cleanupReleases, nicCount, nicScans, nicLabelWrites, featureForbidden,
 			stateCollector{})
 	})
+	return ds
 }
+
+// setRailOf gives the pool metrics their rail label from the pools' labels.
+func (s *daemonState) setRailOf(f func(poolKey string) string) { s.railOf.Store(&f) }
 
 func requestMetrics(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	start := time.Now()

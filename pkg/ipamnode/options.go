@@ -24,6 +24,9 @@ type Options struct {
 	FastEndpoint           bool
 	StoreFile              string
 	MetricsBindAddress     string
+	// MetricsSecure serves the metrics over HTTPS (a self-signed certificate)
+	// to clients whose token may get the non-resource URL /metrics.
+	MetricsSecure bool
 	HealthProbeBindAddress string
 	CleanupInterval        time.Duration
 	CleanupMisses          int
@@ -93,6 +96,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 			"the plugin uses the gRPC socket when it is absent.")
 	fs.StringVar(&o.StoreFile, "store-file", o.StoreFile, "The allocation store; an nv-ipam JSON store found here is imported.")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address of the Prometheus metrics endpoint; 0 disables it.")
+	fs.BoolVar(&o.MetricsSecure, "metrics-secure", o.MetricsSecure, "Serve the metrics over HTTPS (a self-signed certificate) "+
+		"only to clients whose bearer token the API server authenticates and lets get the non-resource URL /metrics "+
+		"(TokenReview and SubjectAccessReview: deploy/monitoring grants them).")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", o.HealthProbeBindAddress,
 		"Address of /healthz and /readyz (ready once the store is open and the socket serves); 0 disables them.")
 	fs.DurationVar(&o.CleanupInterval, "cleanup-interval", o.CleanupInterval,

@@ -139,9 +139,11 @@ func TestNetworkOperatorRBAC(t *testing.T) {
 	}
 	body := scrape()
 	for _, want := range []string{
-		`hwipam_node_pool_allocations{pool="p"} 1`,
-		`hwipam_node_pool_free_addresses{pool="p"} 7`,
-		`hwipam_node_pool_active{pool="p"} 1`,
+		`hwipam_node_pool_allocations{pool="p",rail=""} 1`,
+		`hwipam_node_pool_free_addresses{pool="p",rail=""} 7`,
+		`hwipam_node_pool_active{pool="p",rail=""} 1`,
+		`hwipam_node_store_commit_failures_total 0`,
+		`hwipam_node_store_commit_seconds_total`,
 		`hwipam_node_request_duration_seconds_count{code="OK",method="/nvidia.ipam.node.v1.IPAMService/Allocate"}`,
 		`hwipam_node_store_transactions_total`,
 		`hwipam_node_store_checkpoints_total`,

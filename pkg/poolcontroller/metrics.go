@@ -67,6 +67,9 @@ func init() {
 	for _, r := range []string{failedPoolStatus, failedNodeIPAM, failedPoolSpecs, failedLease} {
 		writeFailures.WithLabelValues(r) // exported at 0 from the start: rate() sees the first failure
 	}
+	for _, r := range []string{ignoredOversized, ignoredMalformed, ignoredNoBlock, ignoredOutside} {
+		heldReportsIgnored.WithLabelValues(r)
+	}
 }
 
 func updateMetrics(kind string, obj client.Object, l blocks.Layout, assigned, without int) {

@@ -29,6 +29,7 @@ import (
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
+	"github.com/hwipam/hwipam/test/monitoring"
 	"github.com/hwipam/hwipam/pkg/nicdra"
 	"github.com/hwipam/hwipam/test/harness"
 	"github.com/hwipam/hwipam/test/realnode"
@@ -330,6 +331,35 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 			_, err := netlink.LinkByName("ibp79s0")
 			return err
 		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed(), "ibp79s0 is not back on the host")
+	})
+
+	// Issue 46: every metric deploy/monitoring's dashboard and alerts query is
+	// one the real daemons export (ipam-node with the DRA driver, whose claims
+	// have been prepared, and ipam-controller, whose pools have been reconciled).
+	It("exports every metric the dashboard and the alerts query", func(ctx SpecContext) {
+		families := monitoring.Families(nodeMetrics(ctx) + "\n" + controllerMetrics(ctx))
+		d, err := monitoring.ReadDashboard(harness.RepoRoot())
+		Expect(err).NotTo(HaveOccurred())
+		groups, err := monitoring.Rules(harness.RepoRoot())
+		Expect(err).NotTo(HaveOccurred())
+		queries := d.Queries()
+		for _, g := range groups {
+			for _, r := range g.Rules {
+				queries = append(queries, r.Expr)
+			}
+		}
+		var missing []string
+		names := monitoring.MetricNames(queries...)
+		for _, n := range names {
+			if n == "up" || strings.Contains(n, ":") {
+				continue // Prometheus's own, and the recording rules'
+			}
+			if !monitoring.Exported(n, families) {
+				missing = append(missing, n)
+			}
+		}
+		Expect(missing).To(BeEmpty(), "metrics the dashboard or the alerts query that the daemons do not export")
+		fmt.Fprintf(GinkgoWriter, "the dashboard and the alerts query %d metrics, all exported: %v\n", len(names), names)
 	})
 
 	It("loses and leaks nothing when ipam-node is killed between prepare and the sandbox's start", func(ctx SpecContext) {
@@ -698,14 +728,7 @@ func killIPAMNode(ctx context.Context) {
 // scrapeMetrics returns ipam-node's prepare histogram's count and sum.
 func scrapeMetrics(ctx context.Context) string {
 	GinkgoHelper()
-	pod := ipamNodePod(ctx)
-	port := ""
-	for _, a := range pod.Spec.Containers[0].Args {
-		if v, ok := strings.CutPrefix(a, "--metrics-bind-address="); ok {
-			port = v
-		}
-	}
-	body := httpGet(ctx, "http://"+node.NodeIP.String()+port+"/metrics")
+	body := nodeMetrics(ctx)
 	var lines []string
 	for l := range strings.SplitSeq(body, "\n") {
 		if strings.HasPrefix(l, "hwipam_dra_prepare_duration_seconds_sum") || strings.HasPrefix(l, "hwipam_dra_prepare_duration_seconds_count") ||
@@ -714,6 +737,35 @@ func scrapeMetrics(ctx context.Context) string {
 		}
 	}
 	return strings.Join(lines, "; ")
+}
+
+// nodeMetrics is what ipam-node's metrics endpoint answers now.
+func nodeMetrics(ctx context.Context) string {
+	GinkgoHelper()
+	pod := ipamNodePod(ctx)
+	port := ""
+	for _, a := range pod.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(a, "--metrics-bind-address="); ok {
+			port = v
+		}
+	}
+	return httpGet(ctx, "http://"+node.NodeIP.String()+port+"/metrics")
+}
+
+// controllerMetrics is what ipam-controller's metrics endpoint answers now.
+func controllerMetrics(ctx context.Context) string {
+	GinkgoHelper()
+	pods, err := node.Clientset.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=hwipam-controller"})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(pods.Items).NotTo(BeEmpty())
+	pod := pods.Items[0]
+	port := ":8080"
+	for _, a := range pod.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(a, "--metrics-bind-address="); ok {
+			port = v
+		}
+	}
+	return httpGet(ctx, "http://"+pod.Status.PodIP+port+"/metrics")
 }
 
 // draPod is what a pod with a nic.hwipam.io claim got.
