@@ -35,17 +35,17 @@ const LeaderElectionID = "dd1643cf.nvidia.com"
 // Options are the ipam-controller's settings; AddFlags binds them to the flags of
 // nv-ipam's controller plus hwipam's own.
 type Options struct {
-	Kubeconfig             string
-	PoolsNamespace         string
-	LeaderElect            bool
-	LeaderElectNamespace   string
-	Webhook                bool
-	WebhookPort            int
-	WebhookCertDir         string
-	MetricsBindAddress     string
+	Kubeconfig           string
+	PoolsNamespace       string
+	LeaderElect          bool
+	LeaderElectNamespace string
+	Webhook              bool
+	WebhookPort          int
+	WebhookCertDir       string
+	MetricsBindAddress   string
 	// MetricsSecure serves the metrics over HTTPS (a self-signed certificate)
 	// to clients whose token may get the non-resource URL /metrics.
-	MetricsSecure bool
+	MetricsSecure          bool
 	HealthProbeBindAddress string
 	PprofBindAddress       string
 	ReleaseGracePeriod     time.Duration

@@ -17,16 +17,16 @@ import (
 // Options are the ipam-node settings; AddFlags binds them to nv-ipam's flag names
 // plus hwipam's own.
 type Options struct {
-	NodeName               string
-	Kubeconfig             string
-	PoolsNamespace         string
-	BindAddress            string
-	FastEndpoint           bool
-	StoreFile              string
-	MetricsBindAddress     string
+	NodeName           string
+	Kubeconfig         string
+	PoolsNamespace     string
+	BindAddress        string
+	FastEndpoint       bool
+	StoreFile          string
+	MetricsBindAddress string
 	// MetricsSecure serves the metrics over HTTPS (a self-signed certificate)
 	// to clients whose token may get the non-resource URL /metrics.
-	MetricsSecure bool
+	MetricsSecure          bool
 	HealthProbeBindAddress string
 	CleanupInterval        time.Duration
 	CleanupMisses          int

@@ -29,9 +29,9 @@ import (
 	infov1 "github.com/hwipam/hwipam/api/grpc/hwipam/node/v1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/nicdiscovery/fakesysfs"
-	"github.com/hwipam/hwipam/test/monitoring"
 	"github.com/hwipam/hwipam/pkg/nicdra"
 	"github.com/hwipam/hwipam/test/harness"
+	"github.com/hwipam/hwipam/test/monitoring"
 	"github.com/hwipam/hwipam/test/realnode"
 )
 
