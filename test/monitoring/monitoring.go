@@ -162,3 +162,29 @@ func Families(scrape string) map[string]bool {
 	}
 	return out
 }
+
+// Render fills an alert annotation's template as Prometheus does for the
+// templates the rules use: {{ $labels.<name> }} and a plain {{ $value }}
+// (given as it prints). A template with any other part is an error.
+func Render(tmpl string, labels map[string]string, value string) (string, error) {
+	out := regexp.MustCompile(`\{\{ \$labels\.([a-z_]+) \}\}`).ReplaceAllStringFunc(tmpl, func(m string) string {
+		return labels[strings.TrimSuffix(strings.TrimPrefix(m, "{{ $labels."), " }}")]
+	})
+	out = strings.ReplaceAll(out, "{{ $value }}", value)
+	if strings.Contains(out, "{{") {
+		return "", fmt.Errorf("template %q has parts Render does not fill", tmpl)
+	}
+	return out, nil
+}
+
+// Alert returns the alerting rule named name.
+func Alert(groups []Group, name string) (Rule, bool) {
+	for _, g := range groups {
+		for _, r := range g.Rules {
+			if r.Alert == name {
+				return r, true
+			}
+		}
+	}
+	return Rule{}, false
+}

@@ -8,10 +8,12 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
@@ -148,6 +150,10 @@ spec:
 %s        livenessProbe: {httpGet: {port: %d}}
         readinessProbe: {httpGet: {port: %d}}
 `, ds.Name, ds.Namespace, ctr.Name, argList.String(), health, health)
+	if slices.ContainsFunc(ctr.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" }) {
+		// The port a PodMonitor scrapes (deploy/monitoring), where the daemon serves.
+		patch += fmt.Sprintf("        ports:\n        - {name: metrics, containerPort: %d, protocol: TCP}\n", metrics)
+	}
 	if mounts.Len() > 0 {
 		patch += "        volumeMounts:\n" + mounts.String()
 	}

@@ -1,0 +1,297 @@
+package realnode_test
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/hwipam/hwipam/api/v1alpha1"
+	"github.com/hwipam/hwipam/test/harness"
+	"github.com/hwipam/hwipam/test/monitoring"
+)
+
+// promOperatorVersion is the prometheus-operator release whose PodMonitor and
+// PrometheusRule CRDs the monitoring overlay is applied with (fetched through the Go
+// module proxy at test time).
+const promOperatorVersion = "v0.94.0"
+
+// Issue 46: deploy/overlays/monitoring on the real node. Without a Prometheus server
+// here, the test scrapes what the PodMonitors name (their pods' port, HTTPS, the
+// scraper's token from its Secret) and gives what it scraped to promtool as the
+// series of a rule test: a pool driven to exhaustion and a pool with more selected
+// nodes than blocks make HwipamNodeBlockFull and HwipamPoolSelectedNodesWithoutBlock
+// fire on real values.
+var _ = Describe("the monitoring overlay on the node", Label("monitoring"), Ordered, func() {
+	BeforeAll(func(ctx SpecContext) {
+		for _, f := range promOperatorCRDs(ctx, GinkgoT().TempDir()) {
+			out, err := node.Kubectl(ctx, "apply", "--server-side", "-f", f)
+			Expect(err).NotTo(HaveOccurred(), out)
+		}
+		Eventually(ctx, func() error {
+			_, err := node.Kubectl(ctx, "get", "podmonitors,prometheusrules", "-A")
+			return err
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+		swapDeployment(ctx, "deploy/overlays/monitoring")
+	}, NodeTimeout(8*time.Minute))
+
+	var scraped map[string]string // job → the scrape's body
+	It("serves the daemons' metrics where the PodMonitors say, over HTTPS, to the scraper's token only", func(ctx SpecContext) {
+		token := scraperToken(ctx)
+		nodeToken := saToken(ctx, "hwipam-node")
+		scraped = map[string]string{}
+		for _, name := range []string{"hwipam-node", "hwipam-controller"} {
+			url := podMonitorURL(ctx, name)
+			code, body := scrapeHTTPS(ctx, url, token)
+			Expect(code).To(Equal(http.StatusOK), "%s with the scraper's token: %s", url, body)
+			Expect(body).To(ContainSubstring("# TYPE hwipam_"))
+			scraped[name] = body
+			code, body = scrapeHTTPS(ctx, url, "")
+			Expect(code).To(Equal(http.StatusUnauthorized), "%s without a token: %s", url, body)
+			code, body = scrapeHTTPS(ctx, url, nodeToken)
+			Expect(code).To(Equal(http.StatusForbidden), "%s with ipam-node's own token: %s", url, body)
+			fmt.Fprintf(GinkgoWriter, "%s: %s answers the scraper (%d bytes), refuses no token and another token\n", name, url, len(scraped[name]))
+		}
+	})
+
+	It("makes the exhaustion and no-block alerts fire for pools driven there", func(ctx SpecContext) {
+		// mon-tiny: one block of 2 addresses on the node, both taken by pods.
+		// mon-one: one block for two selected nodes (this one and a Node object
+		// with no kubelet), so one node has none.
+		ghost := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "mon-ghost", Labels: map[string]string{"mon": "yes"}}}
+		Expect(cl.Create(ctx, ghost)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(cl.Delete(ctx, ghost))).To(Succeed()) })
+		_, err := node.Clientset.CoreV1().Nodes().Patch(ctx, node.NodeName, "application/merge-patch+json",
+			[]byte(`{"metadata":{"labels":{"mon":"yes"}}}`), metav1.PatchOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		for _, p := range []v1alpha1.IPPool{
+			{ObjectMeta: metav1.ObjectMeta{Name: "mon-tiny", Namespace: "kube-system"},
+				Spec: v1alpha1.IPPoolSpec{Subnet: "10.41.0.0/29", PerNodeBlockSize: 2}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "mon-one", Namespace: "kube-system"},
+				Spec: v1alpha1.IPPoolSpec{Subnet: "10.42.0.0/29", PerNodeBlockSize: 8,
+					NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+						{Key: "mon", Operator: corev1.NodeSelectorOpIn, Values: []string{"yes"}}}}}}}},
+		} {
+			Expect(cl.Create(ctx, &p)).To(Succeed())
+			DeferCleanup(func(ctx SpecContext) { Expect(client.IgnoreNotFound(cl.Delete(ctx, &p))).To(Succeed()) })
+		}
+		waitBlock(ctx, "mon-tiny")
+		createNAD(ctx, "mon-tiny", macvlanConfig("mon-tiny", "mon-tiny", `"poolType": "ippool"`))
+		// Two pods take the block's addresses (the second waits if the block
+		// has one usable address: full either way).
+		for _, pod := range []string{"mon-1", "mon-2"} {
+			createPod(ctx, pod, "mon-tiny")
+		}
+		waitReady(ctx, "mon-1")
+		token := scraperToken(ctx)
+		var series []map[string]any
+		Eventually(ctx, func(g Gomega) {
+			_, nodeBody := scrapeHTTPS(ctx, podMonitorURL(ctx, "hwipam-node"), token)
+			_, ctlBody := scrapeHTTPS(ctx, podMonitorURL(ctx, "hwipam-controller"), token)
+			g.Expect(nodeBody).To(MatchRegexp(`(?m)^hwipam_node_pool_free_addresses\{pool="mon-tiny",rail=""\} 0$`))
+			g.Expect(ctlBody).To(MatchRegexp(`(?m)^hwipam_pool_selected_nodes_without_block\{kind="IPPool",namespace="kube-system",pool="mon-one"\} 1$`))
+			series = append(promSeries(nodeBody, map[string]string{"job": "hwipam-node", "node": node.NodeName}, "hwipam_node_pool_"),
+				promSeries(ctlBody, map[string]string{"job": "hwipam-controller"}, "hwipam_pool_")...)
+		}).WithTimeout(2 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+
+		groups, err := monitoring.Rules(harness.RepoRoot())
+		Expect(err).NotTo(HaveOccurred())
+		expect := func(alert string, labels map[string]string, value string) map[string]any {
+			r, ok := monitoring.Alert(groups, alert)
+			Expect(ok).To(BeTrue(), alert)
+			ann := map[string]string{}
+			for k, v := range r.Annotations {
+				ann[k], err = monitoring.Render(v, labels, value)
+				Expect(err).NotTo(HaveOccurred())
+			}
+			l := map[string]string{"severity": r.Labels["severity"]}
+			for k, v := range labels {
+				l[k] = v
+			}
+			return map[string]any{"eval_time": "10m", "alertname": alert,
+				"exp_alerts": []map[string]any{{"exp_labels": l, "exp_annotations": ann}}}
+		}
+		test := map[string]any{"rule_files": []string{"rules.yaml"}, "evaluation_interval": "1m", "tests": []map[string]any{{
+			"interval": "1m", "input_series": series, "alert_rule_test": []map[string]any{
+				expect("HwipamNodeBlockFull", map[string]string{"job": "hwipam-node", "node": node.NodeName, "pool": "mon-tiny", "rail": ""}, ""),
+				expect("HwipamPoolSelectedNodesWithoutBlock", map[string]string{"job": "hwipam-controller", "kind": "IPPool",
+					"namespace": "kube-system", "pool": "mon-one"}, "1"),
+			}}}}
+		dir := GinkgoT().TempDir()
+		rules, err := yaml.Marshal(map[string]any{"groups": groups})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o644)).To(Succeed())
+		b, err := yaml.Marshal(test)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(os.WriteFile(filepath.Join(dir, "live_test.yaml"), b, 0o644)).To(Succeed())
+		promtool := os.Getenv("HWIPAM_PROMTOOL")
+		Expect(promtool).NotTo(BeEmpty(), "HWIPAM_PROMTOOL: run `make test`")
+		cmd := exec.CommandContext(ctx, promtool, "test", "rules", "live_test.yaml")
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "promtool test rules on the scraped series:\n%s\n%s", out, b)
+		fmt.Fprintf(GinkgoWriter, "promtool on %d scraped series: HwipamNodeBlockFull (mon-tiny) and HwipamPoolSelectedNodesWithoutBlock (mon-one) fire\n%s", len(series), out)
+	})
+})
+
+// promOperatorCRDs writes prometheus-operator's PodMonitor and PrometheusRule CRDs
+// (from its module at promOperatorVersion) into dir.
+func promOperatorCRDs(ctx context.Context, dir string) []string {
+	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", "github.com/prometheus-operator/prometheus-operator@"+promOperatorVersion)
+	cmd.Dir = harness.RepoRoot()
+	out, err := cmd.Output()
+	Expect(err).NotTo(HaveOccurred(), "go mod download prometheus-operator: %s", out)
+	var mod struct{ Dir, Error string }
+	Expect(json.Unmarshal(out, &mod)).To(Succeed())
+	Expect(mod.Error).To(BeEmpty())
+	var files []string
+	for _, kind := range []string{"podmonitors", "prometheusrules"} {
+		data, err := os.ReadFile(filepath.Join(mod.Dir, "example", "prometheus-operator-crd", "monitoring.coreos.com_"+kind+".yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		file := filepath.Join(dir, kind+".yaml")
+		Expect(os.WriteFile(file, data, 0o644)).To(Succeed())
+		files = append(files, file)
+	}
+	return files
+}
+
+// scraperToken is the token in the Secret the PodMonitors take theirs from, once
+// kube-controller-manager has filled it.
+func scraperToken(ctx context.Context) string {
+	GinkgoHelper()
+	var token string
+	Eventually(ctx, func(g Gomega) {
+		s, err := node.Clientset.CoreV1().Secrets("kube-system").Get(ctx, "hwipam-metrics-scraper-token", metav1.GetOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		token = string(s.Data["token"])
+		g.Expect(token).NotTo(BeEmpty())
+	}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+	return token
+}
+
+// saToken is a token of a kube-system service account.
+func saToken(ctx context.Context, sa string) string {
+	GinkgoHelper()
+	tr, err := node.Clientset.CoreV1().ServiceAccounts("kube-system").CreateToken(ctx, sa,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: new(int64(600))}}, metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	return tr.Status.Token
+}
+
+// podMonitorURL is where the PodMonitor named name scrapes: its pods' (by its
+// selector) container port of its endpoint's port name, with its scheme.
+func podMonitorURL(ctx context.Context, name string) string {
+	GinkgoHelper()
+	out, err := node.Kubectl(ctx, "-n", "kube-system", "get", "podmonitor", name, "-o", "json")
+	Expect(err).NotTo(HaveOccurred(), out)
+	var pm struct {
+		Spec struct {
+			Selector struct {
+				MatchLabels map[string]string `json:"matchLabels"`
+			} `json:"selector"`
+			Endpoints []struct {
+				Port   string `json:"port"`
+				Scheme string `json:"scheme"`
+				Path   string `json:"path"`
+			} `json:"podMetricsEndpoints"`
+		} `json:"spec"`
+	}
+	Expect(json.Unmarshal([]byte(out), &pm)).To(Succeed())
+	Expect(pm.Spec.Endpoints).To(HaveLen(1))
+	ep := pm.Spec.Endpoints[0]
+	var sel []string
+	for k, v := range pm.Spec.Selector.MatchLabels {
+		sel = append(sel, k+"="+v)
+	}
+	pods, err := node.Clientset.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: strings.Join(sel, ",")})
+	Expect(err).NotTo(HaveOccurred())
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil || p.Status.PodIP == "" {
+			continue
+		}
+		for _, c := range p.Spec.Containers {
+			for _, port := range c.Ports {
+				if port.Name == ep.Port {
+					path := ep.Path
+					if path == "" {
+						path = "/metrics"
+					}
+					return fmt.Sprintf("%s://%s:%d%s", ep.Scheme, p.Status.PodIP, port.ContainerPort, path)
+				}
+			}
+		}
+	}
+	Fail(fmt.Sprintf("PodMonitor %s: no running pod with port %s among %d", name, ep.Port, len(pods.Items)))
+	return ""
+}
+
+// scrapeHTTPS gets url as the PodMonitors do: TLS without verifying the daemon's
+// self-signed certificate, the token as bearer ("" for none).
+func scrapeHTTPS(ctx context.Context, url, token string) (int, string) {
+	GinkgoHelper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, http.NoBody)
+	Expect(err).NotTo(HaveOccurred())
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := c.Do(req)
+	Expect(err).NotTo(HaveOccurred())
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	Expect(err).NotTo(HaveOccurred())
+	return resp.StatusCode, string(b)
+}
+
+// promSeries turns a scrape's samples of metrics named with prefix into promtool
+// input series, constant for 30 minutes, with extra labels (the scrape's target).
+func promSeries(body string, extra map[string]string, prefix string) []map[string]any {
+	var out []map[string]any
+	for _, l := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(l, prefix) {
+			continue
+		}
+		i := strings.LastIndexByte(l, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(l[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		sel := l[:i]
+		var keys []string
+		for k := range extra {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var add []string
+		for _, k := range keys {
+			add = append(add, fmt.Sprintf("%s=%q", k, extra[k]))
+		}
+		if strings.HasSuffix(sel, "}") {
+			sel = strings.TrimSuffix(sel, "}") + "," + strings.Join(add, ",") + "}"
+		} else {
+			sel += "{" + strings.Join(add, ",") + "}"
+		}
+		out = append(out, map[string]any{"series": sel, "values": strconv.FormatFloat(v, 'g', -1, 64) + "x30"})
+	}
+	return out
+}
