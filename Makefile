@@ -138,18 +138,25 @@ test-assets: ## Build (once, then cached) kube-apiserver, etcd and the CNI refer
 
 .PHONY: test
 test: deps test-assets check-generated ## Install everything needed and run all tests (root for the netns tests).
-	$(ASSETS_ENV) && go test $(TEST_FLAGS) $$(go list ./... | grep -v '/test/realnode$$')
+	$(ASSETS_ENV) && HWIPAM_SYSTEM_SEEDS=$${HWIPAM_SYSTEM_SEEDS:-2} go test $(TEST_FLAGS) $$(go list ./... | grep -v '/test/realnode$$')
 	@# The real node (kubelet, containerd, probes with deadlines) runs alone, not
 	@# beside other packages' tests on the same cores.
 	$(ASSETS_ENV) && go test $(TEST_FLAGS) ./test/realnode
 	$(MAKE) --no-print-directory fuzz
 
+.PHONY: test-long
+test-long: deps test-assets ## The heaviest randomised runs: the whole-system test with faults, 10 seeds of 150 steps (~15 minutes).
+	$(ASSETS_ENV) && HWIPAM_SYSTEM_FAULTS=1 HWIPAM_SYSTEM_SEEDS=$${HWIPAM_SYSTEM_SEEDS:-10} HWIPAM_SYSTEM_STEPS=$${HWIPAM_SYSTEM_STEPS:-150} \
+		go test -timeout 90m -run 'TestWholeSystemInvariants$$' -v ./test/system
+
 .PHONY: fuzz
 fuzz: ## Run every fuzz target briefly (FUZZ_TIME each).
-	@for pkg in $$(go list ./...); do \
-		for f in $$(go test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz' || true); do \
-			echo "fuzz $$pkg $$f ($(FUZZ_TIME))"; \
-			go test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZ_TIME) $$pkg; \
+	@# The packages with fuzz targets, found in their sources (listing every
+	@# package's tests would build them all once more).
+	@for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+		for f in $$(grep -h '^func Fuzz' $$dir/*_test.go | sed 's/^func \(Fuzz[A-Za-z0-9_]*\).*/\1/'); do \
+			echo "fuzz $$dir $$f ($(FUZZ_TIME))"; \
+			go test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZ_TIME) $$dir || exit 1; \
 		done; \
 	done
 

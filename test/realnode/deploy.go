@@ -150,9 +150,11 @@ spec:
 %s        livenessProbe: {httpGet: {port: %d}}
         readinessProbe: {httpGet: {port: %d}}
 `, ds.Name, ds.Namespace, ctr.Name, argList.String(), health, health)
-	if slices.ContainsFunc(ctr.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" }) {
-		// The port a PodMonitor scrapes (deploy/monitoring), where the daemon serves.
-		patch += fmt.Sprintf("        ports:\n        - {name: metrics, containerPort: %d, protocol: TCP}\n", metrics)
+	// The port a PodMonitor scrapes (deploy/monitoring) is where the daemon serves
+	// here: a JSON patch, since a strategic merge matches ports by number.
+	var portOps []string
+	if i := slices.IndexFunc(ctr.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" }); i >= 0 {
+		portOps = append(portOps, fmt.Sprintf("- {op: replace, path: /spec/template/spec/containers/0/ports/%d/containerPort, value: %d}", i, metrics))
 	}
 	if mounts.Len() > 0 {
 		patch += "        volumeMounts:\n" + mounts.String()
@@ -188,6 +190,10 @@ patches:
 		kustomization += fmt.Sprintf("- path: dra-patch.yaml\n  target: {group: apps, kind: DaemonSet, name: %s}\n", ds.Name)
 		files["dra-patch.yaml"] = strings.Join(draOps, "\n") + "\n"
 	}
+	if len(portOps) > 0 {
+		kustomization += fmt.Sprintf("- path: ports-patch.yaml\n  target: {group: apps, kind: DaemonSet, name: %s}\n", ds.Name)
+		files["ports-patch.yaml"] = strings.Join(portOps, "\n") + "\n"
+	}
 	kustomization += "- path: node-patch.yaml\n"
 	opts, err := json.Marshal(o)
 	if err != nil {
@@ -197,6 +203,7 @@ patches:
 	// A file of an earlier generation that this one does not write would not be
 	// used, but would mislead whoever reads the run directory.
 	_ = os.Remove(filepath.Join(dir, "dra-patch.yaml"))
+	_ = os.Remove(filepath.Join(dir, "ports-patch.yaml"))
 	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
 			return "", err

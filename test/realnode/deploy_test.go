@@ -1,6 +1,7 @@
 package realnode
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -90,5 +91,39 @@ func TestDeployMovesDRAMounts(t *testing.T) {
 	}
 	if k, err := os.ReadFile(filepath.Join(gen, "kustomization.yaml")); err != nil || strings.Contains(string(k), "dra-patch") {
 		t.Errorf("deploy/base's kustomization: %v\n%s", err, k)
+	}
+}
+
+// deploy/overlays/monitoring names ipam-node's metrics port for its PodMonitor: on
+// this node the port is the one the daemon serves on (--metrics-bind-address), once.
+func TestDeployMovesTheMetricsPort(t *testing.T) {
+	dir, bin := t.TempDir(), os.Getenv("HWIPAM_NODE_BIN_DIR")
+	if bin == "" {
+		t.Fatal("HWIPAM_NODE_BIN_DIR is not set: run `make test`, or `eval \"$(hack/test-assets.sh env)\"` before `go test`")
+	}
+	c := &Cluster{Dir: dir, Bin: bin, Kubeconfig: filepath.Join(dir, "no-kubeconfig"), NodeIP: netip.MustParseAddr("127.0.0.1"),
+		StateDir: filepath.Join(dir, "nv-ipam"), CNIBinDir: filepath.Join(dir, "cni", "bin"), CNIConfDir: filepath.Join(dir, "cni", "net.d")}
+	ctx := t.Context()
+	gen, err := c.generate(ctx, harness.RepoRoot(), DeployOptions{Image: "registry.test/hwipam:t", Overlay: "deploy/overlays/monitoring"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Kubectl(ctx, "kustomize", gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := renderedDaemonSet(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr := ds.Spec.Template.Spec.Containers[0]
+	bind := ""
+	for _, a := range ctr.Args {
+		if v, ok := strings.CutPrefix(a, "--metrics-bind-address=:"); ok {
+			bind = v
+		}
+	}
+	if len(ctr.Ports) != 1 || ctr.Ports[0].Name != "metrics" || fmt.Sprint(ctr.Ports[0].ContainerPort) != bind {
+		t.Errorf("ports %+v, metrics served on :%s: want one port named metrics, the one served on", ctr.Ports, bind)
 	}
 }
