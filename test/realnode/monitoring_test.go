@@ -74,7 +74,7 @@ var _ = Describe("the monitoring overlay on the node", Label("monitoring"), Orde
 
 	It("makes the exhaustion and no-block alerts fire for pools driven there", func(ctx SpecContext) {
 		// mon-tiny: one block of 2 addresses on the node, both taken by pods.
-		// mon-one: one block for two selected nodes (this one and a Node object
+		// mon-one: one block (a /28 has 14 usable addresses) for two selected nodes (this one and a Node object
 		// with no kubelet), so one node has none.
 		ghost := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "mon-ghost", Labels: map[string]string{"mon": "yes"}}}
 		Expect(cl.Create(ctx, ghost)).To(Succeed())
@@ -86,7 +86,7 @@ var _ = Describe("the monitoring overlay on the node", Label("monitoring"), Orde
 			{ObjectMeta: metav1.ObjectMeta{Name: "mon-tiny", Namespace: "kube-system"},
 				Spec: v1alpha1.IPPoolSpec{Subnet: "10.41.0.0/29", PerNodeBlockSize: 2}},
 			{ObjectMeta: metav1.ObjectMeta{Name: "mon-one", Namespace: "kube-system"},
-				Spec: v1alpha1.IPPoolSpec{Subnet: "10.42.0.0/29", PerNodeBlockSize: 8,
+				Spec: v1alpha1.IPPoolSpec{Subnet: "10.42.0.0/28", PerNodeBlockSize: 8,
 					NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
 						{Key: "mon", Operator: corev1.NodeSelectorOpIn, Values: []string{"yes"}}}}}}}},
 		} {
