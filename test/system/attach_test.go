@@ -101,13 +101,19 @@ func (p *draPod) sandbox() *api.PodSandbox {
 
 // nriNode is a node's container runtime, NRI side.
 type nriNode struct {
-	rt   *adaptation.Adaptation
-	sock string
+	rt *adaptation.Adaptation
+	// sock is the socket the plugin connects to: proxy's, which forwards
+	// each connection to the runtime's (and can drop them).
+	sock  string
+	proxy *nriProxy
 	// syncs counts the synchronizations that succeeded; syncsAtStart is its
 	// value when the daemon last started.
 	syncs, syncsAtStart atomic.Int64
 	mu                  sync.Mutex
 	running             map[string]*draPod // by pod UID: the sandboxes it reports at synchronization
+	// containers are the running pods' containers it created, by pod UID,
+	// which it reports at synchronization too.
+	containers map[string][]*api.Container
 }
 
 // nriLog sends the NRI library's logs (one global logger) to a buffer that a
@@ -204,32 +210,131 @@ func (w *world) draAttachSetup(idx int, n *simNode, tree *fakesysfs.Tree) {
 		w.addPortVeth(n, p, name, p.up)
 		n.ports = append(n.ports, p)
 	}
-	n.nri = &nriNode{sock: filepath.Join(n.kubeletDir, "nri.sock"), running: map[string]*draPod{}}
+	n.nri = &nriNode{sock: filepath.Join(n.kubeletDir, "nri.sock"), running: map[string]*draPod{},
+		containers: map[string][]*api.Container{}}
+	rtSock := filepath.Join(n.kubeletDir, "nri-runtime.sock")
+	n.nri.rt = w.nriRuntime(n, rtSock)
+	if err := n.nri.rt.Start(); err != nil {
+		w.t.Fatalf("starting the NRI runtime of %s: %v", n.name, err)
+	}
+	n.nri.proxy = w.startNRIProxy(n.nri.sock, rtSock)
+}
+
+// nriRuntime makes the node's runtime's NRI side, serving sock once
+// started: at a plugin's synchronization it reports the sandboxes it runs
+// and their containers.
+func (w *world) nriRuntime(n *simNode, sock string) *adaptation.Adaptation {
 	nn := n.nri
 	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
 		nn.mu.Lock()
 		var pods []*api.PodSandbox
+		var ctrs []*api.Container
 		for _, uid := range sortedKeys(nn.running) {
 			pods = append(pods, nn.running[uid].sandbox())
+			ctrs = append(ctrs, nn.containers[uid]...)
 		}
 		nn.mu.Unlock()
-		_, err := cb(ctx, pods, nil)
+		_, err := cb(ctx, pods, ctrs)
 		if err == nil {
 			nn.syncs.Add(1)
 		}
 		return err
 	}
 	update := func(context.Context, []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) { return nil, nil }
-	rt, err := adaptation.New("containerd", "system-test", syncFn, update, adaptation.WithSocketPath(nn.sock),
+	rt, err := adaptation.New("containerd", "system-test", syncFn, update, adaptation.WithSocketPath(sock),
 		adaptation.WithPluginPath(filepath.Join(n.dir, "nri-plugins")), adaptation.WithPluginConfigPath(filepath.Join(n.dir, "nri-conf")))
 	if err != nil {
 		w.t.Fatalf("the NRI runtime of %s: %v", n.name, err)
 	}
-	if err := rt.Start(); err != nil {
-		w.t.Fatalf("starting the NRI runtime of %s: %v", n.name, err)
-	}
 	w.t.Cleanup(rt.Stop)
-	nn.rt = rt
+	return rt
+}
+
+// nriProxy forwards the connections made to its socket to the runtime's
+// NRI socket, so that the test can drop them as a broken connection or a
+// restarting runtime does, and hold new ones meanwhile.
+type nriProxy struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	// held: new connections wait in waiting (see drop, resume).
+	held    bool
+	waiting []net.Conn
+}
+
+func (w *world) startNRIProxy(sock, target string) *nriProxy {
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		w.t.Fatalf("the NRI proxy on %s: %v", sock, err)
+	}
+	p := &nriProxy{l: l, target: target}
+	w.t.Cleanup(func() {
+		_ = l.Close()
+		p.drop()
+	})
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			if p.held {
+				p.waiting = append(p.waiting, c)
+				p.mu.Unlock()
+				continue
+			}
+			p.mu.Unlock()
+			go p.forward(c)
+		}
+	}()
+	return p
+}
+
+// forward relays c to the runtime until either side closes.
+func (p *nriProxy) forward(c net.Conn) {
+	r, err := net.Dial("unix", p.target)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	p.mu.Lock()
+	p.conns = append(p.conns, c, r)
+	p.mu.Unlock()
+	done := make(chan struct{}, 2)
+	relay := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		_ = dst.Close()
+		_ = src.Close()
+		done <- struct{}{}
+	}
+	go relay(r, c)
+	go relay(c, r)
+	<-done
+	<-done
+}
+
+// drop closes every connection, both ways, and holds new ones until resume.
+func (p *nriProxy) drop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held = true
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
+// resume forwards the connections held since drop, and new ones.
+func (p *nriProxy) resume() {
+	p.mu.Lock()
+	held := p.waiting
+	p.held, p.waiting = false, nil
+	p.mu.Unlock()
+	for _, c := range held {
+		go p.forward(c)
+	}
 }
 
 // addPortVeth creates the port's veth on the host under name (its peer in
@@ -343,22 +448,14 @@ func (w *world) newPod(i int, name, uid string) *draPod {
 // in the pod.
 func (w *world) podStart(c *draClaim) {
 	n := w.nodes[c.node]
-	pod := w.newPod(c.node, "pod-"+c.name, "pod-uid-"+c.name)
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
-	err := n.nri.rt.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: pod.sandbox()})
-	cancel()
+	pod, err := w.podRun(c)
 	took := time.Since(start)
 	if err != nil {
 		w.tracef("runtime on %s: RunPodSandbox of %s's pod refused after %s: %v", n.name, c.name, took.Round(time.Millisecond), firstLine(err))
 		w.counts["dra-pod-start-refused"]++
-		w.podGone(pod, false)
 		return
 	}
-	n.nri.mu.Lock()
-	n.nri.running[pod.uid] = pod
-	n.nri.mu.Unlock()
-	c.pod = pod
 	w.tracef("runtime on %s: RunPodSandbox of %s's pod took %s", n.name, c.name, took.Round(time.Millisecond))
 	if took >= nriBudget {
 		w.violation("hook-budget", "RunPodSandbox of %s's pod took %s: containerd drops a plugin after %s and runs the sandbox without it", c, took, nriBudget)
@@ -368,6 +465,32 @@ func (w *world) podStart(c *draClaim) {
 		w.violation("pod-without-device", "RunPodSandbox of %s's pod succeeded, but its port %s (%s) is not in the pod: the pod runs without its device", c, p.name, p.mac)
 	}
 	w.counts["dra-pod-started"]++
+}
+
+// podRun is the runtime's RunPodSandbox of the claim's pod, as containerd
+// makes it: with plugin synchronization blocked, so that a plugin that
+// connects meanwhile is either told of the sandbox at its synchronization
+// or sees its RunPodSandbox. On success the pod runs (c.pod); on a refusal
+// its namespace is gone again.
+func (w *world) podRun(c *draClaim) (*draPod, error) {
+	n := w.nodes[c.node]
+	pod := w.newPod(c.node, "pod-"+c.name, "pod-uid-"+c.name)
+	rt := n.nri.rt
+	block := rt.BlockPluginSync()
+	defer block.Unblock()
+	ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
+	err := rt.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: pod.sandbox()})
+	cancel()
+	if err != nil {
+		block.Unblock()
+		w.podGone(pod, false)
+		return nil, err
+	}
+	n.nri.mu.Lock()
+	n.nri.running[pod.uid] = pod
+	n.nri.mu.Unlock()
+	c.pod = pod
+	return pod, nil
 }
 
 // podStop is the runtime stopping and removing the claim's pod's sandbox,
@@ -410,6 +533,7 @@ func (w *world) podGone(pod *draPod, wasRunning bool) {
 	in := w.links(pod.ns)
 	n.nri.mu.Lock()
 	delete(n.nri.running, pod.uid)
+	delete(n.nri.containers, pod.uid)
 	n.nri.mu.Unlock()
 	w.ipNetns("del", pod.ns)
 	for _, p := range n.ports {
@@ -580,16 +704,18 @@ func (w *world) checkPorts() {
 				}
 			}
 		}
-		// One owner per port: no prepared claim's port is named by a live CNI attachment.
+		// One owner per port: no prepared claim's port is named by a live
+		// CNI attachment, or is below the bond one names.
 		for _, k := range sortedKeys(w.live) {
 			a := w.live[k]
 			if a.node != i || a.master == "" {
 				continue
 			}
-			p := w.portNamed(i, a.master)
-			for _, c := range w.claims {
-				if p != nil && c.node == i && c.device == p.device && c.state == claimPrepared {
-					w.violation("two-owners", "port %s of %s has two owners: %s and the CNI attachment %s (master %s)", p.name, n.name, c, a, a.master)
+			for _, p := range w.masterPorts(i, a.master) {
+				for _, c := range w.claims {
+					if c.node == i && c.device == p.device && c.state == claimPrepared {
+						w.violation("two-owners", "port %s of %s has two owners: %s and the CNI attachment %s (master %s)", p.name, n.name, c, a, a.master)
+					}
 				}
 			}
 		}
@@ -1012,14 +1138,20 @@ func (w *world) draKillDuringPrepare() {
 
 // slowFile makes a file of a sysfs tree slow to read: a FIFO that a feeder
 // answers, each open, with the file's content after delay (a sysfs scan that
-// takes seconds, as on a node with many functions or a busy kernel). stop
-// puts the file back and stops the feeder once no reader waits.
-func (w *world) slowFile(path string, delay time.Duration) (stop func()) {
+// takes seconds, as on a node with many functions or a busy kernel). scratch
+// is a directory outside the tree on its filesystem (the FIFO is linked into
+// the tree). stop puts the file back and stops the feeder once no reader
+// waits.
+func (w *world) slowFile(path, scratch string, delay time.Duration) (stop func()) {
 	content, err := os.ReadFile(path)
 	if err != nil {
 		w.fail("reading %s: %v", path, err)
 	}
-	side := filepath.Join(w.t.TempDir(), "fifo")
+	sideDir, err := os.MkdirTemp(scratch, "fifo-")
+	if err != nil {
+		w.fail("a directory for the FIFO: %v", err)
+	}
+	side := filepath.Join(sideDir, "fifo")
 	if err := syscall.Mkfifo(side, 0o644); err != nil {
 		w.fail("mkfifo: %v", err)
 	}
@@ -1059,6 +1191,7 @@ func (w *world) slowFile(path string, delay time.Duration) (stop func()) {
 		stoppedAt.Store(time.Now().UnixNano())
 		stopped.Store(true)
 		<-finished
+		_ = os.RemoveAll(sideDir)
 	}
 }
 
@@ -1085,7 +1218,7 @@ func (w *world) draSlowPrepare() {
 	if !w.draAllocate(nc) {
 		return
 	}
-	stop := w.slowFile(filepath.Join(n.sysfs, "sys", "class", "net", "enp225s0f1np1", "operstate"), 3*time.Second)
+	stop := w.slowFile(filepath.Join(n.sysfs, "sys", "class", "net", "enp225s0f1np1", "operstate"), n.dir, 3*time.Second)
 	time.Sleep(1100 * time.Millisecond) // past the daemon's inventory cache (a fresh scan is reused for 1 s)
 	req := &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{{Namespace: namespace, Uid: string(nc.uid), Name: nc.name}}}
 	done := make(chan error, 1)

@@ -121,10 +121,19 @@ type draClaim struct {
 	// running sandbox (nil when none runs).
 	ifName string
 	pod    *draPod
+	// deleted is when its tenant deleted it while its pod ran (zero: it
+	// exists): the driver keeps what it holds until the pod's sandbox
+	// stops (edges_test.go). refusal is what its last prepare was refused
+	// with.
+	deleted time.Time
+	refusal string
 }
 
 func (c *draClaim) String() string {
 	s := fmt.Sprintf("claim %s (%s) on n%d %s/%s [%s]", c.name, c.uid[:8], c.node, c.rail, c.device, c.what)
+	if !c.deleted.IsZero() {
+		s += " (deleted)"
+	}
 	if c.state == claimPrepared {
 		return s + " " + c.ip.String()
 	}
@@ -223,6 +232,35 @@ func (w *world) draActions() []draAction {
 			}
 			return 0
 		}, w.draSlowPrepare},
+		// Issue 45's edges (edges_test.go).
+		{"dra-delete-running", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return prepared(c) && c.pod != nil && !down(c) }) {
+				return 3
+			}
+			return 0
+		}, w.draDeleteRunning},
+		{"dra-deleted-pod-stop", func() int {
+			for _, c := range w.claims {
+				if !c.deleted.IsZero() {
+					return 3
+				}
+			}
+			return 0
+		}, w.draDeletedPodStop},
+		{"dra-checkpoint-full", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return prepared(c) && !down(c) }) {
+				return 2
+			}
+			return 0
+		}, w.draCheckpointFull},
+		{"dra-cni-race", func() int { return 3 }, w.draCNIRace},
+		{"cni-bond-master", func() int { return 2 }, w.cniBondMaster},
+		{"dra-nri-reconnect", func() int {
+			if w.pickClaimExists(func(c *draClaim) bool { return prepared(c) && c.pod == nil && !down(c) }) {
+				return 2
+			}
+			return 0
+		}, w.draNRIReconnect},
 	}
 }
 
@@ -233,7 +271,7 @@ func (w *world) draNodeSetup(n *simNode) {
 	if err != nil {
 		w.t.Fatalf("building the NIC tree of %s: %v", n.name, err)
 	}
-	n.sysfs = tree.Root
+	n.sysfs, n.tree = tree.Root, tree
 	if n.kubeletDir, err = os.MkdirTemp("", "kl-"); err != nil {
 		w.t.Fatal(err)
 	}
@@ -648,7 +686,7 @@ func (w *world) draPrepare(c *draClaim) {
 		default:
 			w.counts["dra-prepare-refused"]++
 		}
-		c.refuseFirst = false
+		c.refuseFirst, c.refusal = false, r.Error
 		switch {
 		case strings.Contains(r.Error, "its addresses are held, but writing its status failed"):
 			// The claim's status write failed (api-faults): the driver keeps
@@ -826,21 +864,23 @@ func (w *world) draRestartAPIDown() {
 	w.draRestartedAPIDown = true
 }
 
-// pickClaimExists says whether a claim that ok accepts exists.
+// pickClaimExists says whether a claim that ok accepts exists (in the API
+// server: not one deleted while its pod runs).
 func (w *world) pickClaimExists(ok func(*draClaim) bool) bool {
 	for _, c := range w.claims {
-		if ok(c) {
+		if c.deleted.IsZero() && ok(c) {
 			return true
 		}
 	}
 	return false
 }
 
-// pickClaim returns a claim, in UID order, that ok accepts.
+// pickClaim returns a claim that exists (see pickClaimExists), in UID order,
+// that ok accepts.
 func (w *world) pickClaim(ok func(*draClaim) bool) *draClaim {
 	var cands []*draClaim
 	for _, uid := range sortedKeys(claimKeys(w.claims)) {
-		if c := w.claims[types.UID(uid)]; ok(c) {
+		if c := w.claims[types.UID(uid)]; c.deleted.IsZero() && ok(c) {
 			cands = append(cands, c)
 		}
 	}
@@ -872,7 +912,7 @@ func (w *world) draSync() {
 	var todo []*draClaim
 	for _, uid := range sortedKeys(claimKeys(w.claims)) {
 		c := w.claims[types.UID(uid)]
-		if c.state != claimPrepared && w.nodes[c.node].cmd != nil {
+		if c.state != claimPrepared && c.deleted.IsZero() && w.nodes[c.node].cmd != nil {
 			todo = append(todo, c)
 		}
 	}
@@ -990,7 +1030,9 @@ func (w *world) draKillAndDelete() {
 //   - no allocation of network nic.hwipam.io belongs to a claim the model no
 //     longer has;
 //   - a prepared claim's status shows its address; a claim not prepared shows
-//     none.
+//     none;
+//   - no two claims are prepared with one port, and a claim deleted while its
+//     pod runs is in its driver's status (checkDeletedClaims).
 func (w *world) checkClaims(all map[netip.Addr]held) {
 	byCID := map[string][]netip.Addr{}
 	for ip, h := range all {
@@ -1010,6 +1052,8 @@ func (w *world) checkClaims(all map[netip.Addr]held) {
 			}
 		}
 	}
+	w.checkOneClaimPerPort()
+	w.checkDeletedClaims()
 	now := time.Now()
 	for _, uid := range sortedKeys(goneKeys(w.collect)) {
 		g := w.collect[types.UID(uid)]
@@ -1021,7 +1065,7 @@ func (w *world) checkClaims(all map[netip.Addr]held) {
 		case len(ips) == 0:
 			if w.nodes[g.node].cmd != nil {
 				w.counts["dra-collected"]++
-				w.tracef("claim %s (%s), deleted while its daemon was down, holds nothing now", g.name, uid[:8])
+				w.tracef("claim %s (%s), left to the driver's claim collection, holds nothing now", g.name, uid[:8])
 			}
 			delete(w.collect, types.UID(uid))
 		case !g.deadline.IsZero() && now.After(g.deadline):
@@ -1109,6 +1153,7 @@ func (w *world) draFinal() {
 			w.fail("the DRA plugin of %s did not register within 30s of everything being up", w.nodes[i].name)
 		}
 	}
+	w.deletedFinal()
 	for len(w.collect) > 0 {
 		w.check() // fails once a deadline has passed
 		time.Sleep(500 * time.Millisecond)

@@ -131,6 +131,12 @@ type simNode struct {
 	hostNS, wireNS string
 	ports          []*hostPort
 	nri            *nriNode
+	// tree is its NIC tree, bonded says bond0 is made in it over the
+	// BlueField-3's two ports (edges_test.go), started is when its daemon
+	// last started.
+	tree    *fakesysfs.Tree
+	bonded  bool
+	started time.Time
 }
 
 type world struct {
@@ -200,6 +206,9 @@ type world struct {
 	// blocksIn is each pool's status.blocksIn as last seen (changes are
 	// counted as "blocksIn-change").
 	blocksIn map[string]string
+	// apiUpAt is when the API server last became reachable (zero: from the
+	// start).
+	apiUpAt time.Time
 }
 
 // namedLog is the output of one process the test started.
@@ -307,6 +316,7 @@ func (w *world) addNode(i int) {
 	n := &simNode{name: fmt.Sprintf("sys-n%d", i), dir: w.t.TempDir(), group: []string{"a", "b"}[i%2]}
 	n.socket = filepath.Join(n.dir, "daemon.sock")
 	if w.dra {
+		w.nodeFilesystem(n)
 		w.draNodeSetup(n)
 	}
 	w.nodes = append(w.nodes, n)
@@ -372,7 +382,7 @@ func (w *world) startDaemon(i int) {
 	if w.dra {
 		cmd.Args = append(cmd.Args, w.draFlags(n)...)
 	}
-	n.cmd = cmd
+	n.cmd, n.started = cmd, time.Now()
 	n.exited = w.startProcess(cmd, "ipam-node "+n.name)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -1025,6 +1035,7 @@ func (w *world) apiLongOutage() {
 
 func (w *world) apiStart() {
 	w.proxy.SetUp(true)
+	w.apiUpAt = time.Now()
 	w.tracef("API server reachable")
 }
 
@@ -1386,12 +1397,14 @@ func (w *world) blocks() map[string][]struct {
 }
 
 // check verifies, against the daemons' own state and the pools' status:
+//   - no ipam-node the test did not kill has exited;
 //   - no address is held twice, on one node or on two;
 //   - every ADD that succeeded is still held, with its address, unless its own
 //     network DEL'd or GC'd it;
 //   - no address a node holds lies in another node's block of any pool;
 //   - with DRA, what checkClaims says.
 func (w *world) check() {
+	w.checkDaemonsRun()
 	all := map[netip.Addr]held{}
 	for i := range w.nodes {
 		for ip, h := range w.allocations(i) {
@@ -1442,5 +1455,21 @@ func (w *world) check() {
 	if w.dra {
 		w.checkClaims(all)
 		w.checkPorts()
+	}
+}
+
+// checkDaemonsRun fails when an ipam-node exited that the test did not kill:
+// nothing a node meets (a full disk, a dropped runtime connection, a failed
+// checkpoint write) may end it, since its CNI path goes with it.
+func (w *world) checkDaemonsRun() {
+	for _, n := range w.nodes {
+		if n.cmd == nil {
+			continue
+		}
+		select {
+		case <-n.exited:
+			w.fail("ipam-node on %s exited (%v) without being killed", n.name, n.cmd.ProcessState)
+		default:
+		}
 	}
 }
