@@ -129,7 +129,9 @@ var _ = Describe("the monitoring overlay on the node", Label("monitoring"), Orde
 			}
 			l := map[string]string{"severity": r.Labels["severity"]}
 			for k, v := range labels {
-				l[k] = v
+				if v != "" { // an empty label is no label
+					l[k] = v
+				}
 			}
 			return map[string]any{"eval_time": "10m", "alertname": alert,
 				"exp_alerts": []map[string]any{{"exp_labels": l, "exp_annotations": ann}}}
