@@ -91,7 +91,9 @@ type Driver struct {
 	// their pod still runs (hwipam_dra_claims{state="waiting_release"}).
 	waitingRelease atomic.Int64
 
-	helper    *kubeletplugin.Helper
+	helper atomic.Pointer[kubeletplugin.Helper]
+	// statusMu serializes writes of the status file.
+	statusMu  sync.Mutex
 	fatal     chan error
 	mu        sync.Mutex
 	published map[string]resourceapi.Device // by device name, as last published
@@ -140,6 +142,27 @@ func (d *Driver) Run(ctx context.Context) error {
 	// back, before the runtime's events are served.
 	d.Preparer.ReclaimAll(d.Log)
 	d.pruneCDISpecs()
+	// ipamctl check reads the driver's state from its status file from the
+	// start and at every refresh interval, also while the registration and
+	// the first publication wait for the kubelet or the API server (the
+	// ResourceSlice controller waits for its first listing).
+	d.writeStatus()
+	statusDone := make(chan struct{})
+	defer close(statusDone)
+	go func() {
+		t := time.NewTicker(d.RefreshInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-statusDone:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				d.writeStatus()
+			}
+		}
+	}()
 	if d.NRI != nil {
 		nriDone := make(chan struct{})
 		nctx, stopNRI := context.WithCancel(ctx)
@@ -175,7 +198,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("starting the DRA kubelet plugin: %w", err)
 	}
-	d.helper = helper
+	d.helper.Store(helper)
 	defer helper.Stop()
 	d.Log.Info("DRA kubelet plugin serving", "driver", DriverName, "socket", PluginSocket(d.KubeletDir),
 		"registration", RegistrationSocket(d.KubeletDir))
@@ -202,7 +225,6 @@ func (d *Driver) Run(ctx context.Context) error {
 			d.checkPublished(ctx)
 			d.releaseHeldPorts(ctx)
 			d.pruneCDISpecs()
-			d.writeStatus()
 			d.reconcileStatus(ctx)
 		case <-d.Kick:
 			if err := d.refreshAndPublish(ctx); err != nil {
@@ -264,10 +286,11 @@ func (d *Driver) releaseHeldPorts(ctx context.Context) {
 // Registered says whether the kubelet has registered the plugin (nil: not
 // told yet), for ipamctl check.
 func (d *Driver) Registered() (ok bool, why string) {
-	if d.helper == nil {
+	h := d.helper.Load()
+	if h == nil {
 		return false, "the plugin has not started"
 	}
-	st := d.helper.RegistrationStatus()
+	st := h.RegistrationStatus()
 	switch {
 	case st == nil:
 		return false, "the kubelet has not called the registration socket " + RegistrationSocket(d.KubeletDir) + " yet"
@@ -369,7 +392,7 @@ func (d *Driver) publish(ctx context.Context) error {
 	d.mu.Lock()
 	devs := slices.Clone(d.devices)
 	d.mu.Unlock()
-	if err := d.helper.PublishResources(ctx, Resources(d.NodeName, devs)); err != nil {
+	if err := d.helper.Load().PublishResources(ctx, Resources(d.NodeName, devs)); err != nil {
 		return fmt.Errorf("publishing the ResourceSlices: %w", err)
 	}
 	d.mu.Lock()
@@ -522,6 +545,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 				"claim", claim, "uid", c.UID)
 			d.Failures.Add(PortHeld, claim, "", err)
 			d.Failures.Succeeded(FailedUnprepare, claim, "")
+			d.Failures.Succeeded(WaitingRelease, claim, "")
 			err = nil
 		} else if err != nil {
 			d.Log.Error(err, "unpreparing a claim", "claim", claim, "uid", c.UID)
@@ -530,6 +554,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 			d.Log.Info("claim unprepared", "claim", claim, "uid", c.UID)
 			d.Failures.Succeeded(FailedUnprepare, claim, "")
 			d.Failures.Succeeded(FailedPrepare, claim, "")
+			d.Failures.Succeeded(WaitingRelease, claim, "") // a deleted claim kept for its pod: released now
 		}
 		out[c.UID] = err
 	}

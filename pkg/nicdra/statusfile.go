@@ -119,6 +119,8 @@ func ReadStatus(path string) (st DriverStatus, ok bool, err error) {
 // writeStatus writes the status file (temporary file, then rename); errors
 // are logged, never fatal: the file is for people.
 func (d *Driver) writeStatus() {
+	d.statusMu.Lock()
+	defer d.statusMu.Unlock()
 	d.mu.Lock()
 	st := d.status
 	d.mu.Unlock()
