@@ -133,35 +133,6 @@ func (w *world) driverStatus(i int) nicdra.DriverStatus {
 	return st
 }
 
-// statusBeforeFirstPublication says whether a driver writes its status file
-// before its first publication of devices has gone through. Off: Driver.Run
-// publishes first (kubeletplugin's PublishResources starts the ResourceSlice
-// controller, which waits for its informer's first listing: for as long as
-// the API server is unreachable) and only then writes the status file, at
-// each refresh; its refreshes, collections and CDI pruning wait too. So a
-// daemon started while the API server is away records its failures (an
-// attach's, a prepare's), but ipamctl check shows none of them until the API
-// server is back (seed 893256, step 29, without HWIPAM_SYSTEM_FAULTS: a
-// container created while the NRI plugin was away, recorded, not in the
-// status file 15 s after). notVisible gives such a daemon the benefit of
-// the doubt; set this once the driver writes its status regardless.
-const statusBeforeFirstPublication = false
-
-// notVisible reports a failure that node i's status file does not show
-// (failure-not-visible), unless its daemon has not written the file since
-// it started (see statusBeforeFirstPublication).
-func (w *world) notVisible(i int, format string, args ...any) {
-	w.t.Helper()
-	n := w.nodes[i]
-	if st := w.driverStatus(i); !statusBeforeFirstPublication && st.Updated.Before(n.started) {
-		w.counts["dra-status-not-written-since-start"]++
-		w.tracef("ipam-node on %s has not written its status file since it started (%s; its first publication waits for "+
-			"the API server): %s", n.name, n.started.Format(time.TimeOnly), fmt.Sprintf(format, args...))
-		return
-	}
-	w.violation("failure-not-visible", format, args...)
-}
-
 // waitStatus waits (bounded) until node i's status file satisfies ok.
 func (w *world) waitStatus(i int, within time.Duration, ok func(nicdra.DriverStatus) bool) bool {
 	deadline := time.Now().Add(within)
@@ -197,14 +168,19 @@ func failureOf(st nicdra.DriverStatus, op, claim, pod string) *nicdra.Failure {
 // collection must keep the claim, and say why in the status.
 func (w *world) draDeleteRunning() {
 	c := w.pickClaim(func(c *draClaim) bool { return c.state == claimPrepared && c.pod != nil && w.nodes[c.node].cmd != nil })
-	if c == nil {
-		return
+	if c != nil {
+		w.deleteRunning(c, w.rng.IntN(2) == 0)
 	}
+}
+
+// deleteRunning is draDeleteRunning's deletion of claim c, with a restart
+// of its daemon when restart is set.
+func (w *world) deleteRunning(c *draClaim, restart bool) {
 	w.draDelete(c)
 	c.deleted = time.Now()
 	w.counts["dra-deleted-while-running"]++
 	w.tracef("the tenant deletes %s past its finalizer while its pod runs", c)
-	if w.rng.IntN(2) != 0 || !w.proxy.Up() {
+	if !restart || !w.proxy.Up() {
 		return
 	}
 	n := w.nodes[c.node]
@@ -217,7 +193,7 @@ func (w *world) draDeleteRunning() {
 	if !w.waitStatus(c.node, statusWait+draRetryFor, func(st nicdra.DriverStatus) bool {
 		return failureOf(st, nicdra.WaitingRelease, namespace+"/"+c.name, "") != nil
 	}) {
-		w.notVisible(c.node, "%s was deleted while its pod runs; ipam-node on %s restarted, but its status "+
+		w.violation("failure-not-visible", "%s was deleted while its pod runs; ipam-node on %s restarted, but its status "+
 			"file has no %q entry for it %s after (failures: %+v)", c, n.name, nicdra.WaitingRelease, statusWait+draRetryFor,
 			w.driverStatus(c.node).Failures)
 		return
@@ -244,6 +220,12 @@ func (w *world) draDeletedPodStop() {
 		return
 	}
 	c := cands[w.rng.IntN(len(cands))]
+	w.deletedPodStop(c, w.rng.IntN(3) != 0)
+}
+
+// deletedPodStop is draDeletedPodStop's stop of claim c's pod, with the
+// kubelet's unprepare when unprepare is set.
+func (w *world) deletedPodStop(c *draClaim, unprepare bool) {
 	n := w.nodes[c.node]
 	if n.cmd == nil {
 		if c.pod != nil {
@@ -262,12 +244,7 @@ func (w *world) draDeletedPodStop() {
 	if !w.nriConnected(c.node, draRetryFor) {
 		return
 	}
-	unprepare := w.rng.IntN(3) != 0
 	claim := namespace + "/" + c.name
-	if unprepare && !unprepareAfterReleaseWait && failureOf(w.driverStatus(c.node), nicdra.WaitingRelease, claim, "") != nil {
-		unprepare = false
-		w.counts["dra-deleted-pod-stop-unprepare-skipped"]++
-	}
 	unprepared := w.podStop(c, unprepare) && unprepare
 	delete(w.claims, c.uid)
 	if !unprepared {
@@ -288,20 +265,6 @@ func (w *world) draDeletedPodStop() {
 			c, statusWait, n.name, failureOf(w.driverStatus(c.node), nicdra.WaitingRelease, claim, "").Message)
 	}
 }
-
-// unprepareAfterReleaseWait says whether dra-deleted-pod-stop may have the
-// kubelet unprepare a deleted claim whose status entry already says its
-// release waits for its pod. Off until the driver clears that entry when
-// the kubelet's unprepare releases the claim: UnprepareResourceClaims
-// clears the claim's failed prepares and unprepares, not its release wait,
-// and nothing else does once the claim has left the checkpoint, so for 15
-// minutes (nicdra.FailureWindow) after the addresses and port went back
-// ipamctl check warns "deleted, not released: ... its addresses stay held,
-// and its ports in the pod, until the pod's sandbox stops" (the
-// stale-status check below; TestEdgesSmoke's seed 4545 found it). Such a
-// claim is left to the driver's claim collection instead, which clears the
-// entry when it releases the claim.
-const unprepareAfterReleaseWait = false
 
 // checkDeletedClaims: a claim deleted while its pod runs is in its driver's
 // status as waiting for its release, once the driver's collection ran with
@@ -325,7 +288,7 @@ func (w *world) checkDeletedClaims() {
 			continue
 		}
 		if failureOf(w.driverStatus(c.node), nicdra.WaitingRelease, namespace+"/"+c.name, "") == nil {
-			w.notVisible(c.node, "%s was deleted while its pod runs, %s ago; ipam-node on %s's status file has no "+
+			w.violation("failure-not-visible", "%s was deleted while its pod runs, %s ago; ipam-node on %s's status file has no "+
 				"%q entry for it", c, now.Sub(c.deleted).Round(time.Second), n.name, nicdra.WaitingRelease)
 		}
 	}
@@ -460,7 +423,7 @@ func (w *world) draCheckpointFull() {
 		f := failureOf(st, nicdra.FailedPrepare, namespace+"/"+nc.name, "")
 		return f != nil && f.Message == refusal
 	}) {
-		w.notVisible(i, "the prepare of %s failed (%s), but %s after the filesystem had room, ipam-node on %s's "+
+		w.violation("failure-not-visible", "the prepare of %s failed (%s), but %s after the filesystem had room, ipam-node on %s's "+
 			"status file does not say so (failures: %+v)", nc, refusal, statusWait, n.name, w.driverStatus(i).Failures)
 	}
 	w.draPrepare(nc)
@@ -802,7 +765,7 @@ func (w *world) draNRIReconnect() {
 		f := failureOf(st, nicdra.FailedAttach, "", podName)
 		return f != nil && strings.Contains(f.Message, ctr.Name)
 	}) {
-		w.notVisible(i, "container %s of %s's pod was created while the NRI plugin was away, without its RDMA "+
+		w.violation("failure-not-visible", "container %s of %s's pod was created while the NRI plugin was away, without its RDMA "+
 			"devices, but %s after the plugin came back ipam-node on %s's status file does not say so (failures: %+v)",
 			ctr.Name, c, statusWait, n.name, w.driverStatus(i).Failures)
 		return
