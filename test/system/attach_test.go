@@ -1179,6 +1179,11 @@ func (w *world) slowFile(path, scratch string, delay time.Duration) (stop func()
 			time.Sleep(delay)
 			_, _ = unix.Write(fd, content)
 			_ = unix.Close(fd)
+			// The reader reads on to EOF, which it gets only while no
+			// writer has the FIFO open: opened again at once, the FIFO
+			// would feed the same reader the content again, and again,
+			// until stop (a scan that never ended).
+			time.Sleep(200 * time.Millisecond)
 		}
 	}()
 	return func() {
