@@ -95,6 +95,12 @@ var _ = Describe("the monitoring overlay on the node", Label("monitoring"), Orde
 		}
 		waitBlock(ctx, "mon-tiny")
 		createNAD(ctx, "mon-tiny", macvlanConfig("mon-tiny", "mon-tiny", `"poolType": "ippool"`))
+		DeferCleanup(func(ctx SpecContext) {
+			nads, err := node.NADClient()
+			Expect(err).NotTo(HaveOccurred())
+			Expect(client.IgnoreNotFound(nads.K8sCniCncfIoV1().NetworkAttachmentDefinitions(ns).Delete(ctx, "mon-tiny",
+				metav1.DeleteOptions{}))).To(Succeed())
+		})
 		// Two pods take the block's addresses (the second waits if the block
 		// has one usable address: full either way).
 		for _, pod := range []string{"mon-1", "mon-2"} {
