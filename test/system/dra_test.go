@@ -1031,8 +1031,9 @@ func (w *world) draKillAndDelete() {
 //     longer has;
 //   - a prepared claim's status shows its address; a claim not prepared shows
 //     none;
-//   - no two claims are prepared with one port, and a claim deleted while its
-//     pod runs is in its driver's status (checkDeletedClaims).
+//   - no two claims are prepared with one port, a claim deleted while its
+//     pod runs is in its driver's status (checkDeletedClaims), and so is
+//     what the edges' actions expect there (checkStatusWants).
 func (w *world) checkClaims(all map[netip.Addr]held) {
 	byCID := map[string][]netip.Addr{}
 	for ip, h := range all {
@@ -1054,6 +1055,7 @@ func (w *world) checkClaims(all map[netip.Addr]held) {
 	}
 	w.checkOneClaimPerPort()
 	w.checkDeletedClaims()
+	w.checkStatusWants()
 	now := time.Now()
 	for _, uid := range sortedKeys(goneKeys(w.collect)) {
 		g := w.collect[types.UID(uid)]

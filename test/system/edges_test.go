@@ -27,9 +27,10 @@ package system
 // port under a live NAD's master, bond included (checkPorts, masterPorts),
 // a claim deleted while its pod runs keeps its address (checkClaims, as any
 // prepared claim) and is in its driver's status once its collection ran
-// (checkDeletedClaims); and in the actions themselves: each refusal says why,
-// and each failure is in the driver's status file, which is what ipamctl
-// check reads.
+// (checkDeletedClaims); each failure an action caused is in the driver's
+// status file, which is what ipamctl check reads, within statusWait, unless
+// a success cleared it first (checkStatusWants); and each refusal says why
+// (in the actions).
 
 import (
 	"context"
@@ -145,6 +146,50 @@ func (w *world) waitStatus(i int, within time.Duration, ok func(nicdra.DriverSta
 	return true
 }
 
+// statusWant is what a node's driver status file must show by a deadline
+// (for ipamctl check), checked after every step (checkStatusWants) rather
+// than waited for: the file is rewritten every 10 s.
+type statusWant struct {
+	node int
+	// started is the daemon's start it is about: the failures are in the
+	// daemon's memory, so a restart since makes it moot.
+	started time.Time
+	by      time.Time
+	ok      func(nicdra.DriverStatus) bool
+	// moot, when set, says that it no longer holds (a success since
+	// cleared the failure, say).
+	moot func() bool
+	// kind and what name the violation when it is not met in time; seen
+	// is counted when it is.
+	kind, what, seen string
+}
+
+// wantStatus adds what node i's status file must show within statusWait.
+func (w *world) wantStatus(i int, want statusWant) {
+	want.node, want.started, want.by = i, w.nodes[i].started, time.Now().Add(statusWait)
+	w.statusWants = append(w.statusWants, want)
+}
+
+// checkStatusWants checks the status files against what they must show.
+func (w *world) checkStatusWants() {
+	now := time.Now()
+	w.statusWants = slices.DeleteFunc(w.statusWants, func(want statusWant) bool {
+		n := w.nodes[want.node]
+		switch {
+		case n.cmd == nil || !n.started.Equal(want.started) || (want.moot != nil && want.moot()):
+			return true
+		case want.ok(w.driverStatus(want.node)):
+			w.counts[want.seen]++
+			return true
+		case now.After(want.by):
+			w.violation(want.kind, "%s, but %s after, ipam-node on %s's status file does not say so (failures: %+v)", want.what,
+				statusWait, n.name, w.driverStatus(want.node).Failures)
+			return true
+		}
+		return false
+	})
+}
+
 // failureOf returns the status's entry of op for the claim or pod
 // (namespace/name), nil when there is none.
 func failureOf(st nicdra.DriverStatus, op, claim, pod string) *nicdra.Failure {
@@ -190,16 +235,11 @@ func (w *world) deleteRunning(c *draClaim, restart bool) {
 	if !w.nriConnected(c.node, draRetryFor) {
 		w.fail("ipam-node on %s did not connect to the runtime's NRI socket after its restart", n.name)
 	}
-	if !w.waitStatus(c.node, statusWait+draRetryFor, func(st nicdra.DriverStatus) bool {
-		return failureOf(st, nicdra.WaitingRelease, namespace+"/"+c.name, "") != nil
-	}) {
-		w.violation("failure-not-visible", "%s was deleted while its pod runs; ipam-node on %s restarted, but its status "+
-			"file has no %q entry for it %s after (failures: %+v)", c, n.name, nicdra.WaitingRelease, statusWait+draRetryFor,
-			w.driverStatus(c.node).Failures)
-		return
-	}
-	w.counts["dra-release-waits-visible"]++
-	w.tracef("ipam-node on %s keeps %s for its running pod, and says so", n.name, c)
+	claim := namespace + "/" + c.name
+	w.wantStatus(c.node, statusWant{kind: "failure-not-visible", seen: "dra-release-waits-visible",
+		what: fmt.Sprintf("%s was deleted while its pod runs, and its daemon restarted (its collection ran)", c),
+		ok:   func(st nicdra.DriverStatus) bool { return failureOf(st, nicdra.WaitingRelease, claim, "") != nil },
+		moot: func() bool { _, ok := w.claims[c.uid]; return !ok }})
 }
 
 // draDeletedPodStop: the pod of a claim deleted while it ran stops. Two
@@ -255,14 +295,10 @@ func (w *world) deletedPodStop(c *draClaim, unprepare bool) {
 	}
 	w.counts["dra-deleted-pod-stop-unprepared"]++
 	w.tracef("%s's pod stopped, and its kubelet unprepared it", c)
-	if failureOf(w.driverStatus(c.node), nicdra.WaitingRelease, claim, "") == nil {
-		return
-	}
-	if !w.waitStatus(c.node, statusWait, func(st nicdra.DriverStatus) bool {
-		return failureOf(st, nicdra.WaitingRelease, claim, "") == nil
-	}) {
-		w.violation("stale-status", "%s is unprepared and holds nothing, but %s after, ipam-node on %s's status still says: %s",
-			c, statusWait, n.name, failureOf(w.driverStatus(c.node), nicdra.WaitingRelease, claim, "").Message)
+	if failureOf(w.driverStatus(c.node), nicdra.WaitingRelease, claim, "") != nil {
+		w.wantStatus(c.node, statusWant{kind: "stale-status", seen: "dra-release-entry-cleared",
+			what: fmt.Sprintf("%s is unprepared and holds nothing: its release no longer waits", c),
+			ok:   func(st nicdra.DriverStatus) bool { return failureOf(st, nicdra.WaitingRelease, claim, "") == nil }})
 	}
 }
 
@@ -355,7 +391,8 @@ func (w *world) deletedFinal() {
 // as prepared, and holds nothing; nothing else fails: ipam-node goes on
 // (checkDaemonsRun), a CNI ADD meanwhile succeeds (addWhileFull), the pod
 // starts with its port (check). Once the filesystem has room the refusal is
-// in the driver's status, and the kubelet prepares the claim again.
+// in the driver's status (checkStatusWants) until a prepare of the kubelet's
+// (dra-kubelet-sync) succeeds.
 func (w *world) draCheckpointFull() {
 	c := w.pickClaim(func(c *draClaim) bool { return c.state == claimPrepared && w.nodes[c.node].cmd != nil })
 	if c == nil || !w.proxy.Up() || !w.nriConnected(c.node, draRetryFor) || !w.draRegister(c.node, draRetryFor) {
@@ -434,14 +471,16 @@ func (w *world) draCheckpointFull() {
 			w.counts["dra-checkpoint-full-refused-before-write"]++
 		}
 	}
-	if refusal != "" && !w.waitStatus(i, statusWait, func(st nicdra.DriverStatus) bool {
-		f := failureOf(st, nicdra.FailedPrepare, namespace+"/"+nc.name, "")
-		return f != nil && f.Message == refusal
-	}) {
-		w.violation("failure-not-visible", "the prepare of %s failed (%s), but %s after the filesystem had room, ipam-node on %s's "+
-			"status file does not say so (failures: %+v)", nc, refusal, statusWait, n.name, w.driverStatus(i).Failures)
+	if refusal != "" {
+		claim := namespace + "/" + nc.name
+		w.wantStatus(i, statusWant{kind: "failure-not-visible", seen: "dra-checkpoint-full-visible",
+			what: fmt.Sprintf("the prepare of %s failed (%s)", nc, refusal),
+			ok: func(st nicdra.DriverStatus) bool {
+				f := failureOf(st, nicdra.FailedPrepare, claim, "")
+				return f != nil && f.Message == refusal
+			},
+			moot: func() bool { return w.claims[nc.uid] != nc || nc.state != claimPending }}) // prepared since, or gone
 	}
-	w.draPrepare(nc)
 }
 
 // addWhileFull is a CNI ADD on node i while its filesystem is full, in a
@@ -776,16 +815,13 @@ func (w *world) draNRIReconnect() {
 		return
 	}
 	podName := namespace + "/" + pod.name
-	if !w.waitStatus(i, statusWait, func(st nicdra.DriverStatus) bool {
-		f := failureOf(st, nicdra.FailedAttach, "", podName)
-		return f != nil && strings.Contains(f.Message, ctr.Name)
-	}) {
-		w.violation("failure-not-visible", "container %s of %s's pod was created while the NRI plugin was away, without its RDMA "+
-			"devices, but %s after the plugin came back ipam-node on %s's status file does not say so (failures: %+v)",
-			ctr.Name, c, statusWait, n.name, w.driverStatus(i).Failures)
-		return
-	}
-	w.counts["dra-nri-lacking-devices-visible"]++
+	w.wantStatus(i, statusWant{kind: "failure-not-visible", seen: "dra-nri-lacking-devices-visible",
+		what: fmt.Sprintf("container %s of %s's pod was created while the NRI plugin was away, without its RDMA devices", ctr.Name, c),
+		ok: func(st nicdra.DriverStatus) bool {
+			f := failureOf(st, nicdra.FailedAttach, "", podName)
+			return f != nil && strings.Contains(f.Message, ctr.Name)
+		},
+		moot: func() bool { return c.pod != pod }}) // a pod stopped or started again since
 }
 
 // createContainer is the runtime creating a container of the pod (its

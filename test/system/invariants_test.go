@@ -209,6 +209,9 @@ type world struct {
 	// apiUpAt is when the API server last became reachable (zero: from the
 	// start).
 	apiUpAt time.Time
+	// statusWants are what the driver's status files must show soon
+	// (edges_test.go).
+	statusWants []statusWant
 }
 
 // namedLog is the output of one process the test started.
