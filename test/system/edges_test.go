@@ -82,11 +82,11 @@ func (w *world) nodeFilesystem(n *simNode) {
 
 // fillFilesystem fills the node's filesystem: every inode is used, so that no
 // file can be made (ENOSPC), while the files there (the store and its log,
-// written in place) can still be written. A full data space would also fail
-// the store's next checkpoint of its log into its bbolt file, which stops
-// its writes until ipam-node restarts, by design (pkg/store, poison): a
-// fault of the store, not the DRA checkpoint's this is about. free makes
-// room again.
+// written in place) can still be written. A full data space could also fail
+// the store's next checkpoint of its log into its bbolt file (when bbolt
+// grows it), which stops the store's writes until ipam-node restarts, by
+// design (pkg/store, poison): a fault of the store, not of the DRA
+// checkpoint this is about. free makes room again.
 func (w *world) fillFilesystem(n *simNode) (free func()) {
 	for try := 0; ; try++ {
 		var st unix.Statfs_t
