@@ -327,7 +327,10 @@ func (p *NRIPlugin) Synchronize(_ context.Context, pods []*api.PodSandbox, conta
 				p.Log.Info("device of a running pod attached late", "pod", podName(pod), "device", d.Device)
 			}
 		}
-		if late > 0 {
+		// With CDI the runtime gave the containers their RDMA devices when it
+		// created them, whether or not the plugin was there: only the netdev
+		// came late.
+		if late > 0 && !p.CharDevicesByCDI {
 			p.lackingDevices(pod, containers)
 		}
 	}

@@ -18,9 +18,9 @@ package system
 //   - cni-bond-master: a NAD whose master is a bond of two ports holds both:
 //     neither is published, and a claim for either is refused.
 //   - dra-nri-reconnect: the NRI plugin's connection to the runtime drops
-//     and comes back while pods start: every pod ends up with its port,
-//     and a container created while the plugin was away is in the driver's
-//     status as lacking its RDMA devices.
+//     and comes back while pods start: every pod ends up with its port
+//     (a container created while the plugin was away has its RDMA devices
+//     from the claim's CDI spec).
 //
 // The invariants they need are in check(): no ipam-node exits
 // (checkDaemonsRun), one claim per port (checkOneClaimPerPort), no claim's
@@ -749,9 +749,9 @@ func (w *world) cniBondMaster() {
 // starts up to 300 ms after the runtime takes connections again, around the
 // plugin's return. Each pod must end up with its port (the plugin's
 // synchronization attaches what started while it was away, the pod's hook
-// the rest), and a container created while the plugin was away lacks its
-// RDMA devices, which the driver must record as a failed attach of the pod
-// naming the container, for ipamctl check.
+// the rest). A container created while the plugin was away has its RDMA
+// devices all the same: the runtime gives them by the claim's CDI spec
+// (--dra-cdi-dir), so the driver records nothing for it.
 func (w *world) draNRIReconnect() {
 	noPod := func(c *draClaim) bool { return c.state == claimPrepared && c.pod == nil && w.nodes[c.node].cmd != nil }
 	c := w.pickClaim(noPod)
@@ -814,14 +814,10 @@ func (w *world) draNRIReconnect() {
 		w.createContainer(n, pod, ctr) // with the plugin there: its devices are there
 		return
 	}
-	podName := namespace + "/" + pod.name
-	w.wantStatus(i, statusWant{kind: "failure-not-visible", seen: "dra-nri-lacking-devices-visible",
-		what: fmt.Sprintf("container %s of %s's pod was created while the NRI plugin was away, without its RDMA devices", ctr.Name, c),
-		ok: func(st nicdra.DriverStatus) bool {
-			f := failureOf(st, nicdra.FailedAttach, "", podName)
-			return f != nil && strings.Contains(f.Message, ctr.Name)
-		},
-		moot: func() bool { return c.pod != pod }}) // a pod stopped or started again since
+	// The daemons run with --dra-cdi-dir: the runtime gives a container its
+	// claim's RDMA devices by the claim's CDI spec when it creates it, with or
+	// without the NRI plugin, so such a container lacks nothing and the driver
+	// records no failure for it (it did when NRI gave the devices).
 }
 
 // createContainer is the runtime creating a container of the pod (its
