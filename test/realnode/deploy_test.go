@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
+
 	"github.com/hwipam/hwipam/test/harness"
 )
 
@@ -17,28 +19,10 @@ import (
 // this node's paths, inside and out, and --dra-kubelet-dir naming its kubelet's
 // directory; the one for deploy/base gets no such patch.
 func TestDeployMovesDRAMounts(t *testing.T) {
-	bin := os.Getenv("HWIPAM_NODE_BIN_DIR")
-	if bin == "" {
-		t.Fatal("HWIPAM_NODE_BIN_DIR is not set: run `make test`, or `eval \"$(hack/test-assets.sh env)\"` before `go test`")
-	}
-	dir := t.TempDir()
-	c := &Cluster{Dir: dir, Bin: bin, Kubeconfig: filepath.Join(dir, "no-kubeconfig"), NodeIP: netip.MustParseAddr("127.0.0.1"),
-		StateDir: filepath.Join(dir, "nv-ipam"), CNIBinDir: filepath.Join(dir, "cni", "bin"), CNIConfDir: filepath.Join(dir, "cni", "net.d")}
-	ctx := t.Context()
+	c := offlineCluster(t)
+	dir, ctx := c.Dir, t.Context()
 	image := "127.0.0.1:5000/hwipam:t"
-
-	gen, err := c.generate(ctx, harness.RepoRoot(), DeployOptions{Image: image, Overlay: "deploy/overlays/dra"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := c.Kubectl(ctx, "kustomize", gen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ds, err := renderedDaemonSet(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gen, ds := c.renderGenerated(t, DeployOptions{Image: image, Overlay: "deploy/overlays/dra"})
 	kubelet := filepath.Join(dir, "kubelet")
 	want := map[string]string{
 		"kubelet-plugins-registry": filepath.Join(kubelet, "plugins_registry"),
@@ -82,7 +66,7 @@ func TestDeployMovesDRAMounts(t *testing.T) {
 		t.Errorf("args %q: want --dra=true, --dra-kubelet-dir=%s and --dra-cdi-dir=%s once each", ctr.Args, kubelet, c.CDIDir())
 	}
 
-	gen, err = c.generate(ctx, harness.RepoRoot(), DeployOptions{Image: image})
+	gen, err := c.generate(ctx, harness.RepoRoot(), DeployOptions{Image: image})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,25 +81,8 @@ func TestDeployMovesDRAMounts(t *testing.T) {
 // deploy/overlays/monitoring names ipam-node's metrics port for its PodMonitor: on
 // this node the port is the one the daemon serves on (--metrics-bind-address), once.
 func TestDeployMovesTheMetricsPort(t *testing.T) {
-	dir, bin := t.TempDir(), os.Getenv("HWIPAM_NODE_BIN_DIR")
-	if bin == "" {
-		t.Fatal("HWIPAM_NODE_BIN_DIR is not set: run `make test`, or `eval \"$(hack/test-assets.sh env)\"` before `go test`")
-	}
-	c := &Cluster{Dir: dir, Bin: bin, Kubeconfig: filepath.Join(dir, "no-kubeconfig"), NodeIP: netip.MustParseAddr("127.0.0.1"),
-		StateDir: filepath.Join(dir, "nv-ipam"), CNIBinDir: filepath.Join(dir, "cni", "bin"), CNIConfDir: filepath.Join(dir, "cni", "net.d")}
-	ctx := t.Context()
-	gen, err := c.generate(ctx, harness.RepoRoot(), DeployOptions{Image: "registry.test/hwipam:t", Overlay: "deploy/overlays/monitoring"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := c.Kubectl(ctx, "kustomize", gen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ds, err := renderedDaemonSet(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := offlineCluster(t)
+	_, ds := c.renderGenerated(t, DeployOptions{Image: "registry.test/hwipam:t", Overlay: "deploy/overlays/monitoring"})
 	ctr := ds.Spec.Template.Spec.Containers[0]
 	bind := ""
 	for _, a := range ctr.Args {
@@ -126,4 +93,36 @@ func TestDeployMovesTheMetricsPort(t *testing.T) {
 	if len(ctr.Ports) != 1 || ctr.Ports[0].Name != "metrics" || fmt.Sprint(ctr.Ports[0].ContainerPort) != bind {
 		t.Errorf("ports %+v, metrics served on :%s: want one port named metrics, the one served on", ctr.Ports, bind)
 	}
+}
+
+// offlineCluster is a Cluster that runs nothing: enough to generate and render
+// kustomizations with the node's kubectl.
+func offlineCluster(t *testing.T) *Cluster {
+	t.Helper()
+	bin := os.Getenv("HWIPAM_NODE_BIN_DIR")
+	if bin == "" {
+		t.Fatal("HWIPAM_NODE_BIN_DIR is not set: run `make test`, or `eval \"$(hack/test-assets.sh env)\"` before `go test`")
+	}
+	dir := t.TempDir()
+	return &Cluster{Dir: dir, Bin: bin, Kubeconfig: filepath.Join(dir, "no-kubeconfig"), NodeIP: netip.MustParseAddr("127.0.0.1"),
+		StateDir: filepath.Join(dir, "nv-ipam"), CNIBinDir: filepath.Join(dir, "cni", "bin"), CNIConfDir: filepath.Join(dir, "cni", "net.d")}
+}
+
+// renderGenerated generates the kustomization Deploy would apply for o and
+// renders it: the generated directory and its DaemonSet.
+func (c *Cluster) renderGenerated(t *testing.T, o DeployOptions) (string, *appsv1.DaemonSet) {
+	t.Helper()
+	gen, err := c.generate(t.Context(), harness.RepoRoot(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Kubectl(t.Context(), "kustomize", gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := renderedDaemonSet(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gen, ds
 }

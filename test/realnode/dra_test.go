@@ -742,14 +742,17 @@ func scrapeMetrics(ctx context.Context) string {
 // nodeMetrics is what ipam-node's metrics endpoint answers now.
 func nodeMetrics(ctx context.Context) string {
 	GinkgoHelper()
-	pod := ipamNodePod(ctx)
-	port := ""
+	return httpGet(ctx, "http://"+node.NodeIP.String()+metricsPort(ipamNodePod(ctx), "")+"/metrics")
+}
+
+// metricsPort is the ":port" of the pod's --metrics-bind-address, def without one.
+func metricsPort(pod *corev1.Pod, def string) string {
 	for _, a := range pod.Spec.Containers[0].Args {
 		if v, ok := strings.CutPrefix(a, "--metrics-bind-address="); ok {
-			port = v
+			def = v
 		}
 	}
-	return httpGet(ctx, "http://"+node.NodeIP.String()+port+"/metrics")
+	return def
 }
 
 // controllerMetrics is what ipam-controller's metrics endpoint answers now.
@@ -758,14 +761,8 @@ func controllerMetrics(ctx context.Context) string {
 	pods, err := node.Clientset.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=hwipam-controller"})
 	Expect(err).NotTo(HaveOccurred())
 	Expect(pods.Items).NotTo(BeEmpty())
-	pod := pods.Items[0]
-	port := ":8080"
-	for _, a := range pod.Spec.Containers[0].Args {
-		if v, ok := strings.CutPrefix(a, "--metrics-bind-address="); ok {
-			port = v
-		}
-	}
-	return httpGet(ctx, "http://"+pod.Status.PodIP+port+"/metrics")
+	pod := &pods.Items[0]
+	return httpGet(ctx, "http://"+pod.Status.PodIP+metricsPort(pod, ":8080")+"/metrics")
 }
 
 // draPod is what a pod with a nic.hwipam.io claim got.

@@ -179,16 +179,10 @@ func grepLines(s, sub string) []string {
 // promOperatorCRDs writes prometheus-operator's PodMonitor and PrometheusRule CRDs
 // (from its module at promOperatorVersion) into dir.
 func promOperatorCRDs(ctx context.Context, dir string) []string {
-	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", "github.com/prometheus-operator/prometheus-operator@"+promOperatorVersion)
-	cmd.Dir = harness.RepoRoot()
-	out, err := cmd.Output()
-	Expect(err).NotTo(HaveOccurred(), "go mod download prometheus-operator: %s", out)
-	var mod struct{ Dir, Error string }
-	Expect(json.Unmarshal(out, &mod)).To(Succeed())
-	Expect(mod.Error).To(BeEmpty())
+	modDir := moduleDir(ctx, "github.com/prometheus-operator/prometheus-operator@"+promOperatorVersion)
 	var files []string
 	for _, kind := range []string{"podmonitors", "prometheusrules"} {
-		data, err := os.ReadFile(filepath.Join(mod.Dir, "example", "prometheus-operator-crd", "monitoring.coreos.com_"+kind+".yaml"))
+		data, err := os.ReadFile(filepath.Join(modDir, "example", "prometheus-operator-crd", "monitoring.coreos.com_"+kind+".yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		file := filepath.Join(dir, kind+".yaml")
 		Expect(os.WriteFile(file, data, 0o644)).To(Succeed())

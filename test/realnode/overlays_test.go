@@ -295,22 +295,30 @@ func servingCert() ([]byte, *corev1.Secret) {
 	}
 }
 
+// moduleDir downloads a module (path@version) through the Go module proxy and
+// returns its directory in the module cache.
+func moduleDir(ctx context.Context, module string) string {
+	GinkgoHelper()
+	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", module)
+	cmd.Dir = harness.RepoRoot()
+	out, err := cmd.Output()
+	Expect(err).NotTo(HaveOccurred(), "go mod download %s: %s", module, out)
+	var mod struct{ Dir, Error string }
+	Expect(json.Unmarshal(out, &mod)).To(Succeed())
+	Expect(mod.Error).To(BeEmpty())
+	return mod.Dir
+}
+
 // certManagerCRDs writes cert-manager's CRDs (from its module at certManagerVersion)
 // into dir, rendered from their Helm templates: the only template parts are labels and
 // conditionals in comments.
 func certManagerCRDs(ctx context.Context, dir string) []string {
-	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", "github.com/cert-manager/cert-manager@"+certManagerVersion)
-	cmd.Dir = harness.RepoRoot()
-	out, err := cmd.Output()
-	Expect(err).NotTo(HaveOccurred(), "go mod download cert-manager: %s", out)
-	var mod struct{ Dir, Error string }
-	Expect(json.Unmarshal(out, &mod)).To(Succeed())
-	Expect(mod.Error).To(BeEmpty())
+	modDir := moduleDir(ctx, "github.com/cert-manager/cert-manager@"+certManagerVersion)
 	values := strings.NewReplacer(`{{ template "cert-manager.name" . }}`, "cert-manager", `{{ .Release.Name }}`, "cert-manager")
 	comment := regexp.MustCompile(`(?m)^\s*#.*$`)
 	var files []string
 	for _, kind := range []string{"certificaterequests", "certificates", "challenges", "clusterissuers", "issuers", "orders"} {
-		data, err := os.ReadFile(filepath.Join(mod.Dir, "deploy", "crds", "crd-"+kind+".yaml"))
+		data, err := os.ReadFile(filepath.Join(modDir, "deploy", "crds", "crd-"+kind+".yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		rendered := comment.ReplaceAllString(values.Replace(string(data)), "")
 		Expect(rendered).NotTo(ContainSubstring("{{"), "crd-%s.yaml has template parts this test does not render", kind)

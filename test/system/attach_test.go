@@ -998,14 +998,8 @@ func (w *world) cniMasterAdd() {
 	} else {
 		p = w.portNamed(i, []string{fakesysfs.DGXH100Rails[0], fakesysfs.DGXH100Rails[1]}[w.rng.IntN(2)])
 	}
-	nw := networks[0]
-	for _, x := range networks {
-		if x.pool.rail == p.name {
-			nw = x
-		}
-	}
 	w.nextID++
-	a := attachment{node: i, net: nw, containerID: fmt.Sprintf("c%d", w.nextID), master: p.name}
+	a := attachment{node: i, net: networkOfRail(p.name), containerID: fmt.Sprintf("c%d", w.nextID), master: p.name}
 	claimed := slices.Contains(held, p)
 	out, err := w.call("ADD", a, nil)
 	if err != nil {
@@ -1257,4 +1251,16 @@ func (w *world) unprepareUntilDone(c *draClaim, when string) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// networkOfRail is the network whose pool is labelled for rail, the first
+// network when none is.
+func networkOfRail(rail string) network {
+	nw := networks[0]
+	for _, x := range networks {
+		if x.pool.rail == rail {
+			nw = x
+		}
+	}
+	return nw
 }

@@ -547,14 +547,8 @@ func (w *world) draCNIRace() {
 	if nc.device != p.device {
 		w.fail("the scheduler gave %s device %s, not the rail's port %s (%s)", nc, nc.device, p.name, p.device)
 	}
-	nw := networks[0]
-	for _, x := range networks {
-		if x.pool.rail == p.name {
-			nw = x
-		}
-	}
 	w.nextID++
-	a := attachment{node: i, net: nw, containerID: fmt.Sprintf("c%d", w.nextID), master: p.name}
+	a := attachment{node: i, net: networkOfRail(p.name), containerID: fmt.Sprintf("c%d", w.nextID), master: p.name}
 	w.podUID("ADD", a) // its pod first: the ADD below runs beside the model
 	type answer struct {
 		out []byte
