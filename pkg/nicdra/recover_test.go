@@ -159,7 +159,7 @@ func TestDriverRefusesOnADamagedCheckpoint(t *testing.T) {
 	_, cs := controlPlane(t)
 	// An allocation of a claim that does not exist: a collection would release it.
 	if _, err := n.alloc.Allocate(t.Context(), &nodealloc.Request{Pools: []string{"spare"}, Kind: v1alpha1.KindIPPool,
-		ContainerID: "0d5c0e8a-0000-4000-8000-00000000dead", IfName: "nic:pci-0000-3b-00-0",
+		ContainerID: orphanClaim, IfName: "nic:pci-0000-3b-00-0",
 		Meta: nodealloc.Metadata{Network: nicdra.DriverName, Owner: nicdra.OwnerDRA, PodName: "gone", PodNamespace: "ml"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -239,13 +239,13 @@ func TestDriverRecovers(t *testing.T) {
 			t.Errorf("%d listings of claims while every allocation is the checkpoint's", l)
 		}
 		if _, err := n.alloc.Allocate(ctx, &nodealloc.Request{Pools: []string{"spare"}, Kind: v1alpha1.KindIPPool,
-			ContainerID: "0d5c0e8a-0000-4000-8000-00000000dead", IfName: "nic:pci-0000-3b-00-0",
+			ContainerID: orphanClaim, IfName: "nic:pci-0000-3b-00-0",
 			Meta: nodealloc.Metadata{Network: nicdra.DriverName, Owner: nicdra.OwnerDRA, PodName: "gone", PodNamespace: "ml"}}); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, "the orphan released", func() error {
 			for _, h := range heldBy(t, n) {
-				if strings.Contains(h, "dead") {
+				if strings.HasPrefix(h, orphanClaim+" ") {
 					return fmt.Errorf("held %v", heldBy(t, n))
 				}
 			}
