@@ -223,6 +223,7 @@ func (d *Driver) Run(ctx context.Context) error {
 				return err
 			}
 			d.checkPublished(ctx)
+			d.Preparer.PersistAttached()
 			d.releaseHeldPorts(ctx)
 			d.pruneCDISpecs()
 			d.reconcileStatus(ctx)

@@ -141,3 +141,56 @@ func TestFailedCheckpointWriteBesideAnAttach(t *testing.T) {
 		t.Errorf("the attach's record is not in the checkpoint file after the next write: %+v", pc.Devices)
 	}
 }
+
+// What an attach recorded, whose own write failed (a full filesystem) while
+// no prepare or unprepare came after it, reaches the checkpoint file at the
+// driver's next refresh (PersistAttached) once there is room: a restart
+// before any other change must not lose the port's state before the attach,
+// which the detach or the claim collection restores (the whole-system seed
+// 199031 saw a port left down: the record of its attach, written while the
+// filesystem was full, was lost at the next kill).
+func TestAttachRecordWrittenAgainAfterAFailedWrite(t *testing.T) {
+	n := newNode(t)
+	p := n.preparer()
+	var full atomic.Bool
+	var writes atomic.Int32
+	p.WriteCheckpoint = func(c *nicdra.Checkpoint) error {
+		writes.Add(1)
+		if full.Load() {
+			return fmt.Errorf("writing the checkpoint: %w", syscall.ENOSPC)
+		}
+		return p.Checkpoint.Save(c)
+	}
+	a := claim("ready", map[string]string{"nic": "pci-0000-18-00-0"})
+	a.Status.ReservedFor[0].UID = "pod-ready"
+	if _, err := p.Prepare(t.Context(), a); err != nil {
+		t.Fatal(err)
+	}
+	full.Store(true)
+	before := writes.Load()
+	d := p.PodDevices("pod-ready")[0]
+	up := true
+	d.MAC, d.MTU, d.HostUp = "02:00:00:00:00:01", 2044, &up
+	p.DeviceAttached("pod-ready", d)
+	waitFor(t, "the attach's write tried", func() error {
+		if writes.Load() == before {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	p.PersistAttached() // still full: fails again, still waiting
+	full.Store(false)
+	if got := n.fileClaims(t)[a.UID]; len(got.Devices) != 1 || got.Devices[0].HostUp != nil {
+		t.Fatalf("the file has the attach's record before any write went through: %+v", got.Devices)
+	}
+	p.PersistAttached()
+	pc := n.fileClaims(t)[a.UID]
+	if len(pc.Devices) != 1 || pc.Devices[0].MAC != d.MAC || pc.Devices[0].HostUp == nil || !*pc.Devices[0].HostUp {
+		t.Errorf("the attach's record is not in the checkpoint file after a refresh with room: %+v", pc.Devices)
+	}
+	n2 := writes.Load()
+	p.PersistAttached()
+	if writes.Load() != n2 {
+		t.Errorf("PersistAttached wrote the checkpoint with nothing waiting")
+	}
+}

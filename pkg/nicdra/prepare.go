@@ -703,9 +703,9 @@ func (p *Preparer) DeviceAttached(podUID string, d PreparedDevice) {
 }
 
 // persist writes what DeviceAttached recorded, once no prepare or unprepare
-// runs (which would write it too). A failed write is logged: the record is
-// for the status and the MTU on the way back, and the next write of the
-// checkpoint has it.
+// runs (which would write it too). A failed write is logged and left dirty:
+// the record is for the status and the MTU, MAC and admin state on the way
+// back, and the next write of the checkpoint, or PersistAttached, has it.
 func (p *Preparer) persist() {
 	p.work.Lock()
 	defer p.work.Unlock()
@@ -724,7 +724,26 @@ func (p *Preparer) persist() {
 	p.dirty = false
 	p.mu.Unlock()
 	if err := p.write(next); err != nil {
-		p.Log.Error(err, "recording the MAC and MTU of attached devices in the DRA checkpoint; kept in memory, written with the next change")
+		// Kept in memory, and dirty again: the driver's refresh tries the
+		// write again (PersistAttached), so that a restart before the next
+		// change does not lose the recorded state the detach restores.
+		p.mu.Lock()
+		p.dirty = true
+		p.mu.Unlock()
+		p.Log.Error(err, "recording the MAC, MTU and state of attached devices in the DRA checkpoint; kept in memory, "+
+			"written again at the next refresh or change")
+	}
+}
+
+// PersistAttached writes what DeviceAttached recorded when an earlier write
+// of it failed (a full filesystem): the driver's refresh calls it. Nothing is
+// written when nothing waits.
+func (p *Preparer) PersistAttached() {
+	p.mu.RLock()
+	dirty := p.dirty
+	p.mu.RUnlock()
+	if dirty {
+		p.persist()
 	}
 }
 
