@@ -193,7 +193,8 @@ func (d *Driver) collect(ctx context.Context) (ok bool) {
 
 // podStillRuns says why the pod a prepared claim was prepared for may still
 // run ("" when it does not): the runtime runs its sandbox (as the NRI plugin
-// heard), or the API server has the pod (by UID) in a phase other than
+// heard), or the NRI plugin has not heard from the runtime since the process
+// started, or the API server has the pod (by UID) in a phase other than
 // Succeeded or Failed, or cannot say. Its ports and addresses are in use while
 // it runs, whatever became of the claim.
 func (d *Driver) podStillRuns(ctx context.Context, pc PreparedClaim) string {
@@ -202,6 +203,12 @@ func (d *Driver) podStillRuns(ctx context.Context, pc PreparedClaim) string {
 	}
 	if d.NRI != nil && d.NRI.SandboxRuns(pc.PodUID) {
 		return "the runtime still runs pod " + pc.Namespace + "/" + pc.PodName + "'s sandbox"
+	}
+	if d.NRI != nil && !d.NRI.Synchronized() {
+		// A pod deleted from the API server (--force) may still run: only
+		// the runtime can say, once the NRI plugin has heard from it.
+		return "the NRI plugin has not yet heard from the runtime whether pod " + pc.Namespace + "/" + pc.PodName +
+			"'s sandbox runs (is NRI enabled in the runtime? ipam-node logs each NRI connection)"
 	}
 	if pc.PodName == "" {
 		return ""

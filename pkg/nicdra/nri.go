@@ -71,6 +71,9 @@ type NRIPlugin struct {
 	// StopPodSandbox detached them all, or RemovePodSandbox).
 	runMu   sync.Mutex
 	running map[string]bool
+	// synced: the runtime has told the plugin, at least once since the
+	// process started, which sandboxes run (Synchronize).
+	synced bool
 }
 
 // SandboxRuns tells whether the runtime runs the sandbox of the pod with this
@@ -82,6 +85,19 @@ func (p *NRIPlugin) SandboxRuns(podUID string) bool {
 	p.runMu.Lock()
 	defer p.runMu.Unlock()
 	return p.running[podUID]
+}
+
+// Synchronized tells whether the runtime has told the plugin which sandboxes
+// run, at least once since the process started: until then SandboxRuns knows
+// nothing (a restarted ipam-node has not heard of the sandboxes that ran
+// before it).
+func (p *NRIPlugin) Synchronized() bool {
+	if p == nil {
+		return false
+	}
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	return p.synced
 }
 
 // runs records whether the pod's sandbox runs.
@@ -301,7 +317,7 @@ func (p *NRIPlugin) Synchronize(_ context.Context, pods []*api.PodSandbox, conta
 	running := map[string]bool{}
 	defer func() {
 		p.runMu.Lock()
-		p.running = running
+		p.running, p.synced = running, true
 		p.runMu.Unlock()
 	}()
 	for _, pod := range pods {

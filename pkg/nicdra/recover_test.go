@@ -51,9 +51,9 @@ func (c *claimLists) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // runDriver runs the driver of node n on the control plane as node dgx-1,
 // with its kubelet registered, until the test ends.
-func runDriver(t *testing.T, cs kubernetes.Interface, n *node) (*nicdra.Driver, *kubelet) {
+func runDriver(t *testing.T, cs kubernetes.Interface, n *node, opts ...func(*nicdra.Driver)) (*nicdra.Driver, *kubelet) {
 	t.Helper()
-	d, k, _ := startDriver(t, cs, n)
+	d, k, _ := startDriver(t, cs, n, opts...)
 	if _, err := k.reg.NotifyRegistrationStatus(t.Context(), &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func runDriver(t *testing.T, cs kubernetes.Interface, n *node) (*nicdra.Driver, 
 // startDriver runs the driver of node n on the control plane as node
 // dgx-1 until the test ends, and returns it once its sockets are there, with
 // a kubelet that has not registered it yet, and the kubelet directory.
-func startDriver(t *testing.T, cs kubernetes.Interface, n *node) (*nicdra.Driver, *kubelet, string) {
+func startDriver(t *testing.T, cs kubernetes.Interface, n *node, opts ...func(*nicdra.Driver)) (*nicdra.Driver, *kubelet, string) {
 	t.Helper()
 	ctx := t.Context()
 	kubeletDir, err := os.MkdirTemp("", "kl")
@@ -77,6 +77,9 @@ func startDriver(t *testing.T, cs kubernetes.Interface, n *node) (*nicdra.Driver
 		Allocations: func(fn func(string, store.Allocation) error) error { return n.alloc.EachAllocation("", fn) },
 		Release:     n.alloc.ReleaseIf, RefreshInterval: 200 * time.Millisecond, GCInterval: 300 * time.Millisecond,
 		Log: testr.New(t)}
+	for _, o := range opts {
+		o(d)
+	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- d.Run(runCtx) }()
@@ -399,6 +402,59 @@ func TestDeletedClaimOfARunningPodIsKept(t *testing.T) {
 			if f.Op == nicdra.WaitingRelease {
 				return fmt.Errorf("the status still says it waits: %+v", f)
 			}
+		}
+		return nil
+	})
+}
+
+// A restarted ipam-node has not heard from the runtime which sandboxes run
+// until its NRI plugin synchronizes: a claim deleted meanwhile whose pod the
+// API server no longer has (deleted with --force, the sandbox still running)
+// keeps its addresses until the runtime says its sandbox does not run.
+func TestDeletedClaimKeptUntilTheRuntimeSaysItsPodStopped(t *testing.T) {
+	n := newNode(t)
+	cfg, _ := controlPlane(t)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	d, k := runDriver(t, cs, n, func(d *nicdra.Driver) {
+		// A runtime that never answers: the plugin never synchronizes here.
+		d.NRI = &nicdra.NRIPlugin{Devices: d.Preparer, Attacher: &nicdra.Attacher{}, Log: testr.New(t)}
+		d.NRISocket = filepath.Join(t.TempDir(), "nri.sock")
+		d.NRIWait = 100 * time.Millisecond
+	})
+	c := allocatedFor(t, cs, "c-forced", "pci-0000-18-00-0", "forced", "uid-forced")
+	if e := k.prepare(t, c).GetError(); e != "" {
+		t.Fatal(e)
+	}
+	held := heldOf(t, n, c.UID)
+	if len(held) == 0 {
+		t.Fatal("the prepared claim holds no address")
+	}
+	if err := cs.ResourceV1().ResourceClaims("ml").Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the driver's status saying why the deleted claim is kept", func() error {
+		for _, f := range driverStatus(t, d).Failures {
+			if f.Op == nicdra.WaitingRelease && f.Claim == "ml/c-forced" && strings.Contains(f.Message, "not yet heard from the runtime") {
+				return nil
+			}
+		}
+		return fmt.Errorf("status %+v", driverStatus(t, d).Failures)
+	})
+	time.Sleep(time.Second) // more collections (every 300ms)
+	if got := heldOf(t, n, c.UID); !slices.Equal(got, held) {
+		t.Fatalf("a deleted claim whose pod may run, before the runtime said, holds %v; it held %v", got, held)
+	}
+	// The runtime says which sandboxes run: not this pod's.
+	if _, err := d.NRI.Synchronize(ctx, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the claim released once the runtime said its pod does not run", func() error {
+		if h := heldOf(t, n, c.UID); len(h) != 0 {
+			return fmt.Errorf("held %v", h)
 		}
 		return nil
 	})
