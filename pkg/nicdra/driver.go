@@ -145,7 +145,8 @@ func (d *Driver) Run(ctx context.Context) error {
 	// ipamctl check reads the driver's state from its status file from the
 	// start and at every refresh interval, also while the registration and
 	// the first publication wait for the kubelet or the API server (the
-	// ResourceSlice controller waits for its first listing).
+	// ResourceSlice controller waits for its first listing), and within
+	// statusCoalesce of a failure added or cleared.
 	d.writeStatus()
 	statusDone := make(chan struct{})
 	defer close(statusDone)
@@ -159,6 +160,14 @@ func (d *Driver) Run(ctx context.Context) error {
 			case <-ctx.Done():
 				return
 			case <-t.C:
+				d.writeStatus()
+			case <-d.Failures.Changed():
+				// Failures that come together are written together.
+				select {
+				case <-time.After(statusCoalesce):
+				case <-ctx.Done():
+					return
+				}
 				d.writeStatus()
 			}
 		}

@@ -45,6 +45,26 @@ type FailureLog struct {
 	mu   sync.Mutex
 	list []Failure // oldest first
 	now  func() time.Time
+	// changed has a value after each Add or Succeeded (see Changed).
+	changedInit sync.Once
+	changed     chan struct{}
+}
+
+// Changed has a value once a failure was added or cleared since it was last
+// read: the driver writes its status file then, so that ipamctl check shows a
+// failure within a second rather than at the next refresh.
+func (l *FailureLog) Changed() <-chan struct{} { return l.changedCh() }
+
+func (l *FailureLog) changedCh() chan struct{} {
+	l.changedInit.Do(func() { l.changed = make(chan struct{}, 1) })
+	return l.changed
+}
+
+func (l *FailureLog) notify() {
+	select {
+	case l.changedCh() <- struct{}{}:
+	default:
+	}
 }
 
 // FailureWindow is how long a failure is kept.
@@ -72,6 +92,7 @@ func (l *FailureLog) Add(op, claim, pod string, err error) {
 		failures.WithLabelValues(op).Inc()
 	}
 	f := Failure{At: l.clock().UTC(), Op: op, Claim: claim, Pod: pod, Message: err.Error()}
+	defer l.notify()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.list = slices.DeleteFunc(l.list, func(o Failure) bool { return o.subject() == f.subject() })
@@ -98,7 +119,11 @@ func (l *FailureLog) Succeeded(op, claim, pod string) {
 	s := Failure{Op: op, Claim: claim, Pod: pod}.subject()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	n := len(l.list)
 	l.list = slices.DeleteFunc(l.list, func(o Failure) bool { return o.subject() == s })
+	if len(l.list) != n {
+		l.notify()
+	}
 }
 
 // Recent returns the failures of the last FailureWindow, newest first.

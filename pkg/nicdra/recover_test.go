@@ -459,3 +459,50 @@ func TestDeletedClaimKeptUntilTheRuntimeSaysItsPodStopped(t *testing.T) {
 		return nil
 	})
 }
+
+// A failed prepare reaches the driver's status file (ipamctl check) within a
+// second, not at the next refresh; and so does its clearing by a prepare that
+// succeeds.
+func TestFailureReachesTheStatusFileAtOnce(t *testing.T) {
+	n := newNode(t)
+	cfg, _ := controlPlane(t)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, k := runDriver(t, cs, n, func(d *nicdra.Driver) { d.RefreshInterval = time.Hour })
+	failed := func() bool {
+		for _, f := range driverStatus(t, d).Failures {
+			if f.Op == nicdra.FailedPrepare && f.Claim == "ml/c-bad" {
+				return true
+			}
+		}
+		return false
+	}
+	within := func(what string, want bool) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for failed() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the status file has %+v after 2 s", what, driverStatus(t, d).Failures)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // the status file's first write, at start
+	c := allocated(t, cs, "c-bad", "pci-0000-18-00-0",
+		opaque(resourceapi.AllocationConfigSourceClaim, nicdra.DriverName, `{"apiVersion":"nic.hwipam.io/v1alpha1","kind":"NicConfig","pool":"no-such-pool"}`))
+	if e := k.prepare(t, c).GetError(); e == "" {
+		t.Fatal("a claim naming an unknown pool was prepared")
+	}
+	within("the failed prepare", true)
+	// The tenant fixes the claim (a new one of that name), which prepares.
+	if err := cs.ResourceV1().ResourceClaims("ml").Delete(t.Context(), c.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c = allocated(t, cs, "c-bad", "pci-0000-18-00-0")
+	if e := k.prepare(t, c).GetError(); e != "" {
+		t.Fatal(e)
+	}
+	within("the prepare that succeeded", false)
+}

@@ -116,6 +116,11 @@ func ReadStatus(path string) (st DriverStatus, ok bool, err error) {
 	return st, true, nil
 }
 
+// statusCoalesce is how long the status file's write waits after a failure
+// was added or cleared, so that failures that come together (a prepare
+// retried for each claim of a pod) are written once.
+const statusCoalesce = 200 * time.Millisecond
+
 // writeStatus writes the status file (temporary file, then rename); errors
 // are logged, never fatal: the file is for people.
 func (d *Driver) writeStatus() {

@@ -234,7 +234,8 @@ var _ = Describe("the DRA driver nic.hwipam.io on the real node", Label("dra"), 
 			}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
 			fmt.Fprintf(GinkgoWriter, "%s: %s\n", c.name, podEvents(ctx, c.name))
 			// ipamctl check on the node says so too (issue 39, item 5), once
-			// the driver's status file has it (it is written every 10 s).
+			// the driver's status file has it (written within a second of a
+			// failure, and every 10 s).
 			Eventually(ctx, func(g Gomega) {
 				out, _ := node.Kubectl(ctx, "-n", "kube-system", "exec", ipamNodePod(ctx).Name, "-c", "ipam-node", "--", "/ipamctl", "check")
 				g.Expect(out).To(MatchRegexp(`(?m)^warning\s+failure\s+claim `+ns+`/`+c.name+`\s.*preparing claim `+ns+`/`+c.name+` failed`),
