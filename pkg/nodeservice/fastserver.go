@@ -83,6 +83,11 @@ func chainUnary(interceptors []grpc.UnaryServerInterceptor) grpc.UnaryServerInte
 // CNI calls of every pod on the node, not only those that find it short.
 func (s *FastServer) Serve(lis net.Listener) error {
 	s.mu.Lock()
+	if s.closing.Load() { // stopped before it served
+		s.mu.Unlock()
+		_ = lis.Close()
+		return nil
+	}
 	s.lis = lis
 	s.mu.Unlock()
 	var wait time.Duration
@@ -101,15 +106,25 @@ func (s *FastServer) Serve(lis net.Listener) error {
 			continue
 		}
 		wait = 0
+		// Added under mu, where Stop sets closing: once Stop waits for the
+		// connections, no other is added (the WaitGroup must not grow from
+		// zero while it is waited for).
 		s.mu.Lock()
+		if s.closing.Load() {
+			s.mu.Unlock()
+			_ = conn.Close()
+			return nil
+		}
 		s.conns[conn] = true
+		s.wg.Add(1)
 		s.mu.Unlock()
-		s.wg.Go(func() {
+		go func() {
+			defer s.wg.Done()
 			s.serveConn(conn)
 			s.mu.Lock()
 			delete(s.conns, conn)
 			s.mu.Unlock()
-		})
+		}()
 	}
 }
 
@@ -201,10 +216,10 @@ func (s *FastServer) call(ctx context.Context, method string, msg []byte) (any, 
 }
 
 // Stop closes the listener, lets connections finish the request in hand for up
-// to grace, then closes them.
+// to grace, then closes them. A Serve that starts after Stop returns at once.
 func (s *FastServer) Stop(grace time.Duration) {
-	s.closing.Store(true)
 	s.mu.Lock()
+	s.closing.Store(true)
 	if s.lis != nil {
 		_ = s.lis.Close()
 	}

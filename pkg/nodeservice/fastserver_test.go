@@ -149,3 +149,51 @@ func TestHangupCancelsTheRequest(t *testing.T) {
 		t.Fatalf("the request of a client that hung up ended with %v, want its context canceled", err)
 	}
 }
+
+// Stop while connections keep arriving: a connection accepted as Stop begins
+// is closed, not served, and Stop never races the accept loop's bookkeeping
+// (it panicked with "WaitGroup is reused before previous Wait has returned"
+// when a connection was added while Stop waited for the others).
+func TestStopWhileConnectionsArrive(t *testing.T) {
+	dir := t.TempDir()
+	for i := range 100 {
+		socket := filepath.Join(dir, "s"+strings.Repeat("x", i%3)+string(rune('a'+i%26))+".sock")
+		lis, err := net.Listen("unix", socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := nodeservice.NewFastServer(logr.Discard())
+		served := make(chan error, 1)
+		go func() { served <- s.Serve(lis) }()
+		stop := make(chan struct{})
+		var dialers atomic.Int32
+		for range 4 {
+			dialers.Add(1)
+			go func() {
+				defer dialers.Add(-1)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					c, err := net.Dial("unix", socket)
+					if err != nil {
+						continue
+					}
+					_ = c.Close()
+				}
+			}()
+		}
+		time.Sleep(time.Duration(i%5) * time.Millisecond)
+		s.Stop(time.Second)
+		close(stop)
+		if err := <-served; err != nil {
+			t.Fatalf("round %d: Serve returned %v after Stop", i, err)
+		}
+		for dialers.Load() > 0 {
+			time.Sleep(time.Millisecond)
+		}
+		_ = os.Remove(socket)
+	}
+}
