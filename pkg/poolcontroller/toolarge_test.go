@@ -356,8 +356,30 @@ func waitEvent(t *testing.T, tcp *harness.ControlPlane, ns, reason string) event
 	}
 }
 
-// wantTooLargeMetric checks hwipam_pool_status_too_large of an IPPool.
+// wantTooLargeMetric waits (up to 10 s) for hwipam_pool_status_too_large of
+// an IPPool to be want: the reconciler sets it once the status write returns,
+// which comes after the API server has the status the test may have seen.
 func wantTooLargeMetric(t *testing.T, ns, name string, want float64) {
+	t.Helper()
+	var got string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		v, ok := tooLargeMetric(t, ns, name)
+		if ok && v == want {
+			return
+		}
+		got = "none"
+		if ok {
+			got = fmt.Sprint(v)
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Errorf("hwipam_pool_status_too_large{namespace=%q,pool=%q} = %s after 10 s, want %v", ns, name, got, want)
+}
+
+// tooLargeMetric reads hwipam_pool_status_too_large of an IPPool.
+func tooLargeMetric(t *testing.T, ns, name string) (float64, bool) {
 	t.Helper()
 	families, err := metrics.Registry.Gather()
 	if err != nil {
@@ -373,12 +395,9 @@ func wantTooLargeMetric(t *testing.T, ns, name string, want float64) {
 				labels[l.GetName()] = l.GetValue()
 			}
 			if labels["kind"] == v1alpha1.KindIPPool && labels["namespace"] == ns && labels["pool"] == name {
-				if got := m.GetGauge().GetValue(); got != want {
-					t.Errorf("hwipam_pool_status_too_large{namespace=%q,pool=%q} = %v, want %v", ns, name, got, want)
-				}
-				return
+				return m.GetGauge().GetValue(), true
 			}
 		}
 	}
-	t.Errorf("no hwipam_pool_status_too_large{namespace=%q,pool=%q}", ns, name)
+	return 0, false
 }
