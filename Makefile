@@ -43,6 +43,9 @@ TEST_FLAGS ?= -timeout 25m
 # named first: go test starts packages in the order given as slots free up.
 TEST_PARALLEL  ?= 4
 SLOW_TEST_PKGS := ./test/system ./pkg/ipamnode ./pkg/ipamcontroller ./test/privilege ./pkg/nicdra ./pkg/ipamctl
+# Named last, to run beside the slowest packages' last minutes: make demo's steps
+# (a real node of its own, about a minute), checked for output that reads as a failure.
+LAST_TEST_PKGS := ./hack/demo
 # An execution count, not a duration: Go 1.26's fuzz coordinator can fail a run that
 # ends on a -fuzztime deadline with a bare "context deadline exceeded" and no crasher
 # (golang/go#75804, fixed in Go 1.27). 30000 executions take 1-10 s per target here.
@@ -145,7 +148,8 @@ test-assets: ## Build (once, then cached) kube-apiserver, etcd and the CNI refer
 .PHONY: test
 test: deps test-assets check-generated ## Install everything needed and run all tests (root for the netns tests).
 	$(ASSETS_ENV) && HWIPAM_SYSTEM_SEEDS=$${HWIPAM_SYSTEM_SEEDS:-2} go test -p $(TEST_PARALLEL) $(TEST_FLAGS) $(SLOW_TEST_PKGS) \
-		$$(go list ./... | grep -v -e '/test/realnode$$' $(foreach p,$(SLOW_TEST_PKGS),-e '$(patsubst .%,%,$(p))$$'))
+		$$(go list ./... | grep -v -e '/test/realnode$$' $(foreach p,$(SLOW_TEST_PKGS) $(LAST_TEST_PKGS),-e '$(patsubst .%,%,$(p))$$')) \
+		$(LAST_TEST_PKGS)
 	@# The real node (kubelet, containerd, probes with deadlines) runs alone, not
 	@# beside other packages' tests on the same cores.
 	$(ASSETS_ENV) && go test $(TEST_FLAGS) ./test/realnode

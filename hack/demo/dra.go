@@ -149,7 +149,7 @@ func startDRAPod(ctx context.Context, c *realnode.Cluster) error {
 	}
 	// The claim's status gets the MAC once the netdev is in the pod (the
 	// driver's next refresh).
-	return wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	return wait.PollUntilContextTimeout(ctx, time.Second, 90*time.Second, true, func(ctx context.Context) (bool, error) {
 		c, err := c.Clientset.ResourceV1().ResourceClaims("default").Get(ctx, "demo-gpu", metav1.GetOptions{})
 		if err != nil {
 			return false, nil // retried until the timeout

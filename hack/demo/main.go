@@ -9,6 +9,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,8 +35,10 @@ import (
 	"github.com/hwipam/hwipam/test/realnode"
 )
 
-// dir is the demo's run directory: fixed, so that `make demo-down` finds it.
-const dir = "/tmp/hwipam-demo"
+// dir is the demo's run directory: fixed, so that `make demo-down` finds it
+// (HWIPAM_DEMO_DIR replaces it, for the test that runs the demo beside one a
+// person may have running).
+var dir = cmp.Or(os.Getenv("HWIPAM_DEMO_DIR"), "/tmp/hwipam-demo")
 
 // rails are the DGX-H100 layout's rails the demo gives pools and networks to.
 var rails = fakesysfs.DGXH100Rails[:2]
