@@ -365,28 +365,7 @@ func TestDeletedClaimOfARunningPodIsKept(t *testing.T) {
 	}
 	setPhase(corev1.PodRunning)
 	c := allocatedFor(t, cs, "c-run", "pci-0000-18-00-0", pod.Name, pod.UID)
-	if e := k.prepare(t, c).GetError(); e != "" {
-		t.Fatal(e)
-	}
-	held := heldOf(t, n, c.UID)
-	if len(held) == 0 {
-		t.Fatal("the prepared claim holds no address")
-	}
-	if err := cs.ResourceV1().ResourceClaims("ml").Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the driver's status saying why the deleted claim is kept", func() error {
-		for _, f := range driverStatus(t, d).Failures {
-			if f.Op == nicdra.WaitingRelease && f.Claim == "ml/c-run" && strings.Contains(f.Message, "ml/trainer still runs") {
-				return nil
-			}
-		}
-		return fmt.Errorf("status %+v", driverStatus(t, d).Failures)
-	})
-	time.Sleep(time.Second) // more collections (every 300ms)
-	if got := heldOf(t, n, c.UID); !slices.Equal(got, held) {
-		t.Fatalf("the claim of a running pod, deleted, holds %v; it held %v", got, held)
-	}
+	deletedButKept(t, cs, d, k, n, c, "ml/trainer still runs")
 	if _, ok := n.fileClaims(t)[c.UID]; !ok {
 		t.Fatal("the claim of a running pod, deleted, is no longer in the checkpoint")
 	}
@@ -426,28 +405,7 @@ func TestDeletedClaimKeptUntilTheRuntimeSaysItsPodStopped(t *testing.T) {
 		d.NRIWait = 100 * time.Millisecond
 	})
 	c := allocatedFor(t, cs, "c-forced", "pci-0000-18-00-0", "forced", "uid-forced")
-	if e := k.prepare(t, c).GetError(); e != "" {
-		t.Fatal(e)
-	}
-	held := heldOf(t, n, c.UID)
-	if len(held) == 0 {
-		t.Fatal("the prepared claim holds no address")
-	}
-	if err := cs.ResourceV1().ResourceClaims("ml").Delete(ctx, c.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the driver's status saying why the deleted claim is kept", func() error {
-		for _, f := range driverStatus(t, d).Failures {
-			if f.Op == nicdra.WaitingRelease && f.Claim == "ml/c-forced" && strings.Contains(f.Message, "not yet heard from the runtime") {
-				return nil
-			}
-		}
-		return fmt.Errorf("status %+v", driverStatus(t, d).Failures)
-	})
-	time.Sleep(time.Second) // more collections (every 300ms)
-	if got := heldOf(t, n, c.UID); !slices.Equal(got, held) {
-		t.Fatalf("a deleted claim whose pod may run, before the runtime said, holds %v; it held %v", got, held)
-	}
+	deletedButKept(t, cs, d, k, n, c, "not yet heard from the runtime")
 	// The runtime says which sandboxes run: not this pod's.
 	if _, err := d.NRI.Synchronize(ctx, nil, nil); err != nil {
 		t.Fatal(err)
@@ -505,4 +463,35 @@ func TestFailureReachesTheStatusFileAtOnce(t *testing.T) {
 		t.Fatal(e)
 	}
 	within("the prepare that succeeded", false)
+}
+
+// deletedButKept prepares claim c, deletes it, and checks that the claim
+// collection keeps its addresses, its driver's status saying why (with why in
+// the message).
+func deletedButKept(t *testing.T, cs kubernetes.Interface, d *nicdra.Driver, k *kubelet, n *node, c *resourceapi.ResourceClaim,
+	why string) {
+	t.Helper()
+	if e := k.prepare(t, c).GetError(); e != "" {
+		t.Fatal(e)
+	}
+	held := heldOf(t, n, c.UID)
+	if len(held) == 0 {
+		t.Fatal("the prepared claim holds no address")
+	}
+	if err := cs.ResourceV1().ResourceClaims(c.Namespace).Delete(t.Context(), c.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	name := c.Namespace + "/" + c.Name
+	waitFor(t, "the driver's status saying why the deleted claim is kept", func() error {
+		for _, f := range driverStatus(t, d).Failures {
+			if f.Op == nicdra.WaitingRelease && f.Claim == name && strings.Contains(f.Message, why) {
+				return nil
+			}
+		}
+		return fmt.Errorf("status %+v", driverStatus(t, d).Failures)
+	})
+	time.Sleep(time.Second) // more collections (every 300ms)
+	if got := heldOf(t, n, c.UID); !slices.Equal(got, held) {
+		t.Fatalf("claim %s, deleted while its pod may run, holds %v; it held %v", name, got, held)
+	}
 }
