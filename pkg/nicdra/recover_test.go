@@ -391,14 +391,8 @@ func TestDeletedClaimOfARunningPodIsKept(t *testing.T) {
 // API server no longer has (deleted with --force, the sandbox still running)
 // keeps its addresses until the runtime says its sandbox does not run.
 func TestDeletedClaimKeptUntilTheRuntimeSaysItsPodStopped(t *testing.T) {
-	n := newNode(t)
-	cfg, _ := controlPlane(t)
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := t.Context()
-	d, k := runDriver(t, cs, n, func(d *nicdra.Driver) {
+	n, cs, d, k := driverOnAPIServer(t, func(d *nicdra.Driver) {
 		// A runtime that never answers: the plugin never synchronizes here.
 		d.NRI = &nicdra.NRIPlugin{Devices: d.Preparer, Attacher: &nicdra.Attacher{}, Log: testr.New(t)}
 		d.NRISocket = filepath.Join(t.TempDir(), "nri.sock")
@@ -422,13 +416,7 @@ func TestDeletedClaimKeptUntilTheRuntimeSaysItsPodStopped(t *testing.T) {
 // second, not at the next refresh; and so does its clearing by a prepare that
 // succeeds.
 func TestFailureReachesTheStatusFileAtOnce(t *testing.T) {
-	n := newNode(t)
-	cfg, _ := controlPlane(t)
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, k := runDriver(t, cs, n, func(d *nicdra.Driver) { d.RefreshInterval = time.Hour })
+	_, cs, d, k := driverOnAPIServer(t, func(d *nicdra.Driver) { d.RefreshInterval = time.Hour })
 	failed := func() bool {
 		for _, f := range driverStatus(t, d).Failures {
 			if f.Op == nicdra.FailedPrepare && f.Claim == "ml/c-bad" {
@@ -494,4 +482,18 @@ func deletedButKept(t *testing.T, cs kubernetes.Interface, d *nicdra.Driver, k *
 	if got := heldOf(t, n, c.UID); !slices.Equal(got, held) {
 		t.Fatalf("claim %s, deleted while its pod may run, holds %v; it held %v", name, got, held)
 	}
+}
+
+// driverOnAPIServer runs a node's driver, changed by opts, on a control plane of
+// its own, registered with a kubelet.
+func driverOnAPIServer(t *testing.T, opts ...func(*nicdra.Driver)) (*node, kubernetes.Interface, *nicdra.Driver, *kubelet) {
+	t.Helper()
+	n := newNode(t)
+	cfg, _ := controlPlane(t)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, k := runDriver(t, cs, n, opts...)
+	return n, cs, d, k
 }
