@@ -120,7 +120,10 @@ func TestEntryQuietsSysmon(t *testing.T) {
 	}
 	ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
 	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	limit := 20 + int64(cpu/(10*time.Millisecond))
+	// One wake per 5 ms of CPU and 25 for start-up: twice what a quiet machine
+	// shows (make test runs 4 packages at a time on 2 cores, measured 33 for
+	// 95 ms of CPU), still well under what sysmon does without the slack.
+	limit := 25 + int64(cpu/(5*time.Millisecond))
 	t.Logf("%v of CPU, %d voluntary context switches (at most %d)", cpu, ru.Nvcsw, limit)
 	if ru.Nvcsw > limit {
 		t.Errorf("%d voluntary context switches in %v of CPU, want at most %d: sysmon wakes as often as without the entry point's timer slack",
