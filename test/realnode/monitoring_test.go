@@ -60,7 +60,14 @@ var _ = Describe("the monitoring overlay on the node", Label("monitoring"), Orde
 		scraped = map[string]string{}
 		for _, name := range []string{"hwipam-node", "hwipam-controller"} {
 			url := podMonitorURL(ctx, name)
-			code, body := scrapeHTTPS(ctx, url, token)
+			// Right after the swap the process may not listen yet (Prometheus
+			// scrapes again too): the first scrape is retried for a while.
+			var code int
+			var body string
+			Eventually(ctx, func() (err error) {
+				code, body, err = tryScrapeHTTPS(ctx, url, token)
+				return err
+			}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed(), "scraping %s", url)
 			Expect(code).To(Equal(http.StatusOK), "%s with the scraper's token: %s", url, body)
 			Expect(body).To(ContainSubstring("# TYPE hwipam_"))
 			scraped[name] = body
@@ -265,18 +272,28 @@ func podMonitorURL(ctx context.Context, name string) string {
 // self-signed certificate, the token as bearer ("" for none).
 func scrapeHTTPS(ctx context.Context, url, token string) (int, string) {
 	GinkgoHelper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, http.NoBody)
+	code, body, err := tryScrapeHTTPS(ctx, url, token)
 	Expect(err).NotTo(HaveOccurred())
+	return code, body
+}
+
+// tryScrapeHTTPS is scrapeHTTPS, with an error where the request failed.
+func tryScrapeHTTPS(ctx context.Context, url, token string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, http.NoBody)
+	if err != nil {
+		return 0, "", err
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	resp, err := c.Do(req)
-	Expect(err).NotTo(HaveOccurred())
+	if err != nil {
+		return 0, "", err
+	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	Expect(err).NotTo(HaveOccurred())
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), err
 }
 
 // promSeries turns a scrape's samples of metrics named with prefix into promtool
