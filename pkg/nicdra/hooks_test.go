@@ -194,3 +194,33 @@ func TestAttachRecordWrittenAgainAfterAFailedWrite(t *testing.T) {
 		t.Errorf("PersistAttached wrote the checkpoint with nothing waiting")
 	}
 }
+
+// The driver's refresh never waits for a stuck prepare to write what an
+// attach recorded: PersistAttached returns at once while one runs.
+func TestPersistAttachedDoesNotWaitForAPrepare(t *testing.T) {
+	n := newNode(t)
+	p := n.preparer()
+	_, _, slow, done := readyAndStuck(t, n, p)
+	d := p.PodDevices("pod-ready")[0]
+	d.MAC = "02:00:00:00:00:02"
+	p.DeviceAttached("pod-ready", d) // dirty; its own write waits for the prepare
+	start := time.Now()
+	p.PersistAttached()
+	if took := time.Since(start); took > 100*time.Millisecond {
+		t.Errorf("PersistAttached took %s beside a stuck prepare", took)
+	}
+	close(slow.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the attach's record in the file once the prepare is done", func() error {
+		for _, pc := range n.fileClaims(t) {
+			for _, x := range pc.Devices {
+				if x.MAC == d.MAC {
+					return nil
+				}
+			}
+		}
+		return errors.New("not yet")
+	})
+}

@@ -709,6 +709,11 @@ func (p *Preparer) DeviceAttached(podUID string, d PreparedDevice) {
 func (p *Preparer) persist() {
 	p.work.Lock()
 	defer p.work.Unlock()
+	p.persistLocked()
+}
+
+// persistLocked is persist, with work held.
+func (p *Preparer) persistLocked() {
 	if _, err := p.current(); err != nil {
 		// A failed write dropped memory, and the file cannot be read back:
 		// what the attach recorded is carried in once it can.
@@ -737,14 +742,18 @@ func (p *Preparer) persist() {
 
 // PersistAttached writes what DeviceAttached recorded when an earlier write
 // of it failed (a full filesystem): the driver's refresh calls it. Nothing is
-// written when nothing waits.
+// written when nothing waits, nor while a prepare or unprepare runs (it may
+// wait long on the API server, and the driver's loop must not wait with it;
+// its own checkpoint write carries the record).
 func (p *Preparer) PersistAttached() {
 	p.mu.RLock()
 	dirty := p.dirty
 	p.mu.RUnlock()
-	if dirty {
-		p.persist()
+	if !dirty || !p.work.TryLock() {
+		return
 	}
+	defer p.work.Unlock()
+	p.persistLocked()
 }
 
 // Claims returns a copy of the prepared claims (ipamctl, garbage collection).
