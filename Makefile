@@ -38,7 +38,7 @@ ASSETS_ENV := eval "$$(hack/test-assets.sh env)"
 
 TEST_FLAGS ?= -timeout 25m
 # make test runs every package but the real node this many at a time: they wait on
-# API servers, daemons and timers far more than they compute (at 4, 1.3 of the 2
+# API servers, daemons and timers far more than they compute (at 4, 1.3–1.6 of the 2
 # cores were busy), so more than one per core shortens the run. The slowest are
 # named first: go test starts packages in the order given as slots free up.
 TEST_PARALLEL  ?= 4

@@ -116,15 +116,13 @@ func (s *FastServer) Serve(lis net.Listener) error {
 			return nil
 		}
 		s.conns[conn] = true
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go func() {
-			defer s.wg.Done()
+		s.wg.Go(func() {
 			s.serveConn(conn)
 			s.mu.Lock()
 			delete(s.conns, conn)
 			s.mu.Unlock()
-		}()
+		})
+		s.mu.Unlock()
 	}
 }
 
