@@ -224,3 +224,45 @@ func TestPersistAttachedDoesNotWaitForAPrepare(t *testing.T) {
 		return errors.New("not yet")
 	})
 }
+
+// After an attach's write failed, the next attach's write goes through on its
+// own (not only at the driver's refresh), with both records.
+func TestNextAttachWritesAfterAFailedWrite(t *testing.T) {
+	n := newNode(t)
+	p := n.preparer()
+	var full atomic.Bool
+	var writes atomic.Int32
+	p.WriteCheckpoint = func(c *nicdra.Checkpoint) error {
+		writes.Add(1)
+		if full.Load() {
+			return fmt.Errorf("writing the checkpoint: %w", syscall.ENOSPC)
+		}
+		return p.Checkpoint.Save(c)
+	}
+	a := claim("ready", map[string]string{"nic": "pci-0000-18-00-0"})
+	a.Status.ReservedFor[0].UID = "pod-ready"
+	if _, err := p.Prepare(t.Context(), a); err != nil {
+		t.Fatal(err)
+	}
+	full.Store(true)
+	before := writes.Load()
+	d := p.PodDevices("pod-ready")[0]
+	d.MAC = "02:00:00:00:00:01"
+	p.DeviceAttached("pod-ready", d)
+	waitFor(t, "the first attach's write tried", func() error {
+		if writes.Load() == before {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	full.Store(false)
+	d.MTU = 2044 // the attach learns more
+	p.DeviceAttached("pod-ready", d)
+	waitFor(t, "the second attach's record in the file", func() error {
+		pc := n.fileClaims(t)[a.UID]
+		if len(pc.Devices) != 1 || pc.Devices[0].MAC != d.MAC || pc.Devices[0].MTU != 2044 {
+			return fmt.Errorf("the file has %+v", pc.Devices)
+		}
+		return nil
+	})
+}

@@ -92,6 +92,9 @@ type Preparer struct {
 	state   *Checkpoint
 	loadErr error
 	dirty   bool
+	// persisting: a persist goroutine is started and has not yet taken the
+	// state to write (DeviceAttached starts one only then).
+	persisting bool
 	// dropped is memory as it was when a write failed (state is then read
 	// again from the file): what DeviceAttached recorded in it is carried
 	// into the checkpoint read back (see carryAttach).
@@ -694,7 +697,9 @@ func (p *Preparer) DeviceAttached(podUID string, d PreparedDevice) {
 	start := false
 	if next != nil {
 		p.state = next
-		start, p.dirty = !p.dirty, true
+		// A write that failed leaves dirty set: a later attach still starts
+		// one (when none waits), not only the driver's refresh.
+		start, p.persisting, p.dirty = !p.persisting, true, true
 	}
 	p.mu.Unlock()
 	if start {
@@ -709,6 +714,9 @@ func (p *Preparer) DeviceAttached(podUID string, d PreparedDevice) {
 func (p *Preparer) persist() {
 	p.work.Lock()
 	defer p.work.Unlock()
+	p.mu.Lock()
+	p.persisting = false
+	p.mu.Unlock()
 	p.persistLocked()
 }
 
