@@ -150,22 +150,7 @@ func TestFailedCheckpointWriteBesideAnAttach(t *testing.T) {
 // 199031 saw a port left down: the record of its attach, written while the
 // filesystem was full, was lost at the next kill).
 func TestAttachRecordWrittenAgainAfterAFailedWrite(t *testing.T) {
-	n := newNode(t)
-	p := n.preparer()
-	var full atomic.Bool
-	var writes atomic.Int32
-	p.WriteCheckpoint = func(c *nicdra.Checkpoint) error {
-		writes.Add(1)
-		if full.Load() {
-			return fmt.Errorf("writing the checkpoint: %w", syscall.ENOSPC)
-		}
-		return p.Checkpoint.Save(c)
-	}
-	a := claim("ready", map[string]string{"nic": "pci-0000-18-00-0"})
-	a.Status.ReservedFor[0].UID = "pod-ready"
-	if _, err := p.Prepare(t.Context(), a); err != nil {
-		t.Fatal(err)
-	}
+	n, p, a, full, writes := preparedOnAFillableDisk(t)
 	full.Store(true)
 	before := writes.Load()
 	d := p.PodDevices("pod-ready")[0]
@@ -228,22 +213,7 @@ func TestPersistAttachedDoesNotWaitForAPrepare(t *testing.T) {
 // After an attach's write failed, the next attach's write goes through on its
 // own (not only at the driver's refresh), with both records.
 func TestNextAttachWritesAfterAFailedWrite(t *testing.T) {
-	n := newNode(t)
-	p := n.preparer()
-	var full atomic.Bool
-	var writes atomic.Int32
-	p.WriteCheckpoint = func(c *nicdra.Checkpoint) error {
-		writes.Add(1)
-		if full.Load() {
-			return fmt.Errorf("writing the checkpoint: %w", syscall.ENOSPC)
-		}
-		return p.Checkpoint.Save(c)
-	}
-	a := claim("ready", map[string]string{"nic": "pci-0000-18-00-0"})
-	a.Status.ReservedFor[0].UID = "pod-ready"
-	if _, err := p.Prepare(t.Context(), a); err != nil {
-		t.Fatal(err)
-	}
+	n, p, a, full, writes := preparedOnAFillableDisk(t)
 	full.Store(true)
 	before := writes.Load()
 	d := p.PodDevices("pod-ready")[0]
@@ -265,4 +235,28 @@ func TestNextAttachWritesAfterAFailedWrite(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// preparedOnAFillableDisk is a node whose checkpoint writes fail with ENOSPC
+// while full is set (writes counts them), with claim a prepared for pod
+// "pod-ready".
+func preparedOnAFillableDisk(t *testing.T) (n *node, p *nicdra.Preparer, a *resourceapi.ResourceClaim, full *atomic.Bool,
+	writes *atomic.Int32) {
+	t.Helper()
+	n = newNode(t)
+	p = n.preparer()
+	full, writes = &atomic.Bool{}, &atomic.Int32{}
+	p.WriteCheckpoint = func(c *nicdra.Checkpoint) error {
+		writes.Add(1)
+		if full.Load() {
+			return fmt.Errorf("writing the checkpoint: %w", syscall.ENOSPC)
+		}
+		return p.Checkpoint.Save(c)
+	}
+	a = claim("ready", map[string]string{"nic": "pci-0000-18-00-0"})
+	a.Status.ReservedFor[0].UID = "pod-ready"
+	if _, err := p.Prepare(t.Context(), a); err != nil {
+		t.Fatal(err)
+	}
+	return n, p, a, full, writes
 }
