@@ -61,6 +61,7 @@ func newDRADriver(o *Options, cfg *rest.Config, m *nodealloc.Manager, pools *poo
 		nri = &nicdra.NRIPlugin{Devices: p, Attacher: att, SysfsRoot: o.SysfsRoot, Log: logger.WithName("nri"),
 			CharDevicesByCDI: o.DRACDIDir != ""}
 		p.Reclaim = nicdra.ReclaimFunc(att, logger.WithName("dra"))
+		p.HostState = att.HostState
 	}
 	var cdi *nicdra.CDISpecs
 	if o.DRACDIDir != "" {

@@ -339,9 +339,8 @@ func (a *Attacher) Attach(podNetNS string, d PreparedDevice) (Attachment, error)
 				ErrNetdevMissing, d.Device, d.PCIAddress, d.HostNetdev, ifName, podNetNS, d.HostNetdev)
 		}
 		attrs := hostLink.Attrs()
-		up := attrs.Flags&net.FlagUp != 0
-		out = Attachment{Outcome: Attached, MAC: attrs.HardwareAddr.String(), MTU: attrs.MTU, PermMAC: permMAC(attrs),
-			ParentDev: attrs.ParentDev, HostUp: &up}
+		out = stateOf(hostLink)
+		out.Outcome = Attached
 		if err := moveLink(p.hostNS, attrs.Index, p.podNS, ifName); err != nil {
 			if errors.Is(err, unix.EEXIST) {
 				return Attachment{}, fmt.Errorf("%w: device %s: an interface named %s appeared in the pod's network namespace %s "+
@@ -581,6 +580,37 @@ func (a *Attacher) Reclaim(d PreparedDevice) (DetachOutcome, error) {
 	}
 	defer func() { h.Close(); _ = ns.Close() }()
 	return reclaimOn(h, d)
+}
+
+// HostState reads the device's link on the host under its host name, before
+// any attach: what Attach records of it (MAC, MTU, permanent MAC, parent
+// device, up or down), with ok false when the host has no link by that name
+// or the one it has contradicts the record (another device's parent or MAC).
+// The prepare records it, so that the device is found by what it is, and
+// given back as it was, even when the attach's own record never reaches the
+// checkpoint (ipam-node killed as the sandbox starts, a full filesystem).
+func (a *Attacher) HostState(d PreparedDevice) (Attachment, bool, error) {
+	if d.HostNetdev == "" {
+		return Attachment{}, false, nil
+	}
+	h, ns, err := handleAt(a.HostNetNS)
+	if err != nil {
+		return Attachment{}, false, fmt.Errorf("opening the host's network namespace: %w", err)
+	}
+	defer func() { h.Close(); _ = ns.Close() }()
+	l, err := linkByName(h, d.HostNetdev)
+	if err != nil || l == nil || notDevice(l, d) {
+		return Attachment{}, false, err
+	}
+	return stateOf(l), true, nil
+}
+
+// stateOf is what an attach records of the device's host link.
+func stateOf(l netlink.Link) Attachment {
+	attrs := l.Attrs()
+	up := attrs.Flags&net.FlagUp != 0
+	return Attachment{MAC: attrs.HardwareAddr.String(), MTU: attrs.MTU, PermMAC: permMAC(attrs), ParentDev: attrs.ParentDev,
+		HostUp: &up}
 }
 
 // reclaimOn finds the device among the host's links (h) and brings it back

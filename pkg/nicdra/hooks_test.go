@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -259,4 +260,51 @@ func preparedOnAFillableDisk(t *testing.T) (n *node, p *nicdra.Preparer, a *reso
 		t.Fatal(err)
 	}
 	return n, p, a, full, writes
+}
+
+// The prepare records the device's host link (its MAC, MTU and state), so
+// that a pod's stop still finds the device, and gives it back up as it was,
+// when the attach's own record was lost with the process: ipam-node killed
+// as the sandbox started, before the record reached the checkpoint (seen in
+// the whole-system test with seed 291205: the detach found only the PCI
+// address, which a veth port has no parent for, and left the port in the pod).
+func TestPrepareRecordsTheHostLinkForAStopAfterALostAttachRecord(t *testing.T) {
+	e := newAttachEnv(t, "ibp24s0", 2044)
+	h := e.host.Handle(t)
+	hostLink := link(t, e.host, "ibp24s0")
+	if err := h.LinkSetUp(hostLink); err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(t)
+	p := n.preparer()
+	p.HostState = e.att.HostState
+	c := claim("u1", map[string]string{"nic": "pci-0000-18-00-0"})
+	if _, err := p.Prepare(t.Context(), c); err != nil {
+		t.Fatal(err)
+	}
+	rec := n.fileClaims(t)[c.UID].Devices
+	mac := hostLink.Attrs().HardwareAddr.String()
+	if len(rec) != 1 || rec[0].MAC != mac || rec[0].MTU != 2044 || rec[0].HostUp == nil || !*rec[0].HostUp {
+		t.Fatalf("the checkpoint after the prepare: %+v, want the host link's MAC %s, MTU 2044 and up", rec, mac)
+	}
+	// The sandbox starts: the port moves into the pod, and the process dies
+	// before what the attach learnt is written (DeviceAttached never runs).
+	d := p.PodDevices("pod-uid")[0]
+	if _, err := e.att.Attach(e.pod.Path, d); err != nil {
+		t.Fatal(err)
+	}
+	if link(t, e.host, "ibp24s0") != nil || link(t, e.pod, d.InterfaceName) == nil {
+		t.Fatal("the port is not in the pod after the attach")
+	}
+	// Restarted, the daemon knows the device from the checkpoint alone.
+	restarted := n.preparer()
+	d = restarted.PodDevices("pod-uid")[0]
+	out, err := e.att.Detach(e.pod.Path, d)
+	if err != nil || out != nicdra.Detached {
+		t.Fatalf("the pod's stop after a restart: %s, %v", out, err)
+	}
+	e.checkOnHost(t, d, 2044)
+	if up := link(t, e.host, "ibp24s0").Attrs().Flags&net.FlagUp != 0; !up {
+		t.Errorf("ibp24s0 came back down; it was up before the pod")
+	}
 }

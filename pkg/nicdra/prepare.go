@@ -75,6 +75,11 @@ type Preparer struct {
 	// prepare never both get one port. It learns the checkpoint's claims
 	// from the Preparer.
 	Ledger *PortLedger
+	// HostState, when set, reads the device's host link as the prepare finds
+	// it (Attacher.HostState): recorded with the claim, so that the detach
+	// and the claim collection know the device and its state on the host
+	// even when the attach's own record is lost with the process.
+	HostState func(PreparedDevice) (Attachment, bool, error)
 	// WriteCheckpoint, when set, writes the checkpoint instead of
 	// Checkpoint.Save (tests inject failed and torn writes with it).
 	WriteCheckpoint func(*Checkpoint) error
@@ -404,6 +409,16 @@ func (p *Preparer) prepareDevice(claim *resourceapi.ResourceClaim, r resourceapi
 	}
 	if len(n.Ports) > 0 {
 		d.MTU, d.MAC = n.Ports[0].MTU, n.Ports[0].MAC
+	}
+	if p.HostState != nil && d.HostNetdev != "" {
+		// An error records nothing: the attach records the link as it
+		// moves it, as it did before.
+		if st, ok, err := p.HostState(d); err != nil {
+			p.Log.Error(err, "reading the device's link on the host; its state is recorded at the attach", "device", d.Device,
+				"netdev", d.HostNetdev)
+		} else if ok {
+			st.RecordIn(&d)
+		}
 	}
 	if d.InterfaceName == "" {
 		d.InterfaceName = d.HostNetdev
