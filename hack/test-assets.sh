@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the test control plane (kube-apiserver, etcd), the CNI reference plugins, promtool and
+# Builds the test control plane (kube-apiserver, etcd), the CNI reference plugins, Prometheus with promtool and
 # the real node (kubelet, kube-scheduler, kube-controller-manager, kubectl, containerd,
 # Multus, NFD's nfd-master, the image tool and the pause binary) from source through
 # the Go module proxy, at the versions pinned in the build modules under hack/, and
@@ -11,7 +11,7 @@
 #   hack/test-assets.sh            build what is missing, print where everything is
 #   hack/test-assets.sh env        build what is missing, print shell exports for
 #                                  KUBEBUILDER_ASSETS, HWIPAM_CNI_BIN_DIR,
-#                                  HWIPAM_NODE_BIN_DIR and HWIPAM_PROMTOOL
+#                                  HWIPAM_NODE_BIN_DIR, HWIPAM_PROMTOOL and HWIPAM_PROMETHEUS
 #   hack/test-assets.sh image-tool build only hwipam-image (for `make image`), print its path
 set -euo pipefail
 
@@ -87,16 +87,17 @@ build_cni() {
 	(cd "$cni_dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/noop" ./noop)
 }
 
-# promtool, which tests deploy/monitoring's alerting rules.
-promtool_dir="$here/monitoring/promtool"
-promtool_version=$(module_version "$promtool_dir" github.com/prometheus/prometheus)
-promtool_out="$cache_root/monitoring/promtool-$promtool_version-$(cache_key "$promtool_dir")"
+# Prometheus and promtool: promtool tests deploy/monitoring's alerting rules, the
+# real-node suite runs the server on the node's daemons.
+prom_dir="$here/monitoring/prometheus"
+prom_version=$(module_version "$prom_dir" github.com/prometheus/prometheus)
+prom_out="$cache_root/monitoring/prometheus-$prom_version-$(cache_key "$prom_dir")"
 
-build_promtool() {
+build_prometheus() {
 	local out=$1
-	log "building promtool $promtool_version (first run only; ~3 minutes on 2 cores)"
-	(cd "$promtool_dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" \
-		-o "$out/promtool" github.com/prometheus/prometheus/cmd/promtool)
+	log "building prometheus and promtool $prom_version (first run only; ~5 minutes on 2 cores)"
+	(cd "$prom_dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/" \
+		github.com/prometheus/prometheus/cmd/promtool github.com/prometheus/prometheus/cmd/prometheus)
 }
 
 # The real node: Kubernetes node components at the apiserver's version, containerd,
@@ -196,7 +197,7 @@ ensure() {
 
 ensure "control plane" "$cp_out" build_controlplane kube-apiserver etcd
 ensure "CNI plugins" "$cni_out" build_cni macvlan cnitool noop
-ensure promtool "$promtool_out" build_promtool promtool
+ensure "prometheus, promtool" "$prom_out" build_prometheus prometheus promtool
 ensure "hwipam-image" "$image_out" build_image_tool hwipam-image pause
 ensure containerd "$containerd_out" build_containerd containerd containerd-shim-runc-v2 ctr
 ensure multus "$multus_out" build_multus multus
@@ -210,10 +211,11 @@ env)
 	printf 'export KUBEBUILDER_ASSETS=%q\n' "$cp_out"
 	printf 'export HWIPAM_CNI_BIN_DIR=%q\n' "$cni_out"
 	printf 'export HWIPAM_NODE_BIN_DIR=%q\n' "$node_bin"
-	printf 'export HWIPAM_PROMTOOL=%q\n' "$promtool_out/promtool"
+	printf 'export HWIPAM_PROMTOOL=%q\n' "$prom_out/promtool"
+	printf 'export HWIPAM_PROMETHEUS=%q\n' "$prom_out/prometheus"
 	;;
 *)
-	printf 'KUBEBUILDER_ASSETS=%s\nHWIPAM_CNI_BIN_DIR=%s\nHWIPAM_NODE_BIN_DIR=%s\nHWIPAM_PROMTOOL=%s\n' "$cp_out" "$cni_out" "$node_bin" \
-		"$promtool_out/promtool"
+	printf 'KUBEBUILDER_ASSETS=%s\nHWIPAM_CNI_BIN_DIR=%s\nHWIPAM_NODE_BIN_DIR=%s\nHWIPAM_PROMTOOL=%s\nHWIPAM_PROMETHEUS=%s\n' \
+		"$cp_out" "$cni_out" "$node_bin" "$prom_out/promtool" "$prom_out/prometheus"
 	;;
 esac

@@ -34,12 +34,13 @@ import (
 // module proxy at test time).
 const promOperatorVersion = "v0.94.0"
 
-// Issue 46: deploy/overlays/monitoring on the real node. Without a Prometheus server
-// here, the test scrapes what the PodMonitors name (their pods' port, HTTPS, the
-// scraper's token from its Secret) and gives what it scraped to promtool as the
-// series of a rule test: a pool driven to exhaustion and a pool with more selected
-// nodes than blocks make HwipamNodeBlockFull and HwipamPoolSelectedNodesWithoutBlock
-// fire on real values.
+// Issue 46: deploy/overlays/monitoring on the real node. The test scrapes what the
+// PodMonitors name (their pods' port, HTTPS, the scraper's token from its Secret)
+// and gives what it scraped to promtool as the series of a rule test; then a real
+// Prometheus server, configured from the PodMonitors and the PrometheusRule as
+// applied, scrapes the daemons itself: a pool driven to exhaustion and a pool with
+// more selected nodes than blocks make HwipamNodeBlockFull and
+// HwipamPoolSelectedNodesWithoutBlock fire on real values, in both.
 var _ = Describe("the monitoring overlay on the node", Label("monitoring"), Ordered, func() {
 	BeforeAll(func(ctx SpecContext) {
 		for _, f := range promOperatorCRDs(ctx, GinkgoT().TempDir()) {
@@ -169,6 +170,44 @@ var _ = Describe("the monitoring overlay on the node", Label("monitoring"), Orde
 		out, err := cmd.CombinedOutput()
 		Expect(err).NotTo(HaveOccurred(), "promtool test rules on the scraped series:\n%s\n%s", out, b)
 		fmt.Fprintf(GinkgoWriter, "promtool on %d scraped series: HwipamNodeBlockFull (mon-tiny) and HwipamPoolSelectedNodesWithoutBlock (mon-one) fire\n%s", len(series), out)
+
+		// The same through a real Prometheus, configured from the PodMonitors
+		// and the PrometheusRule as the API server has them: it finds the
+		// daemons' pods, scrapes them over HTTPS with the scraper's token, and
+		// raises the two alerts (their "for" shortened), for those pools only.
+		prom := startPrometheus(ctx, "4s")
+		var fired []promAlert
+		Eventually(ctx, func(g Gomega) {
+			ts, err := prom.targets(ctx)
+			g.Expect(err).NotTo(HaveOccurred())
+			jobs := map[string]int{}
+			for _, t := range ts {
+				g.Expect(t.Health).To(Equal("up"), "target %s (%s): %s", t.ScrapeURL, t.ScrapePool, t.LastError)
+				jobs[t.Labels["job"]]++
+			}
+			g.Expect(jobs).To(Equal(map[string]int{"hwipam-node": 1, "hwipam-controller": 1}), "Prometheus's targets: %+v", ts)
+			as, err := prom.alerts(ctx)
+			g.Expect(err).NotTo(HaveOccurred())
+			full, ok := firing(as, "HwipamNodeBlockFull", map[string]string{"job": "hwipam-node", "node": node.NodeName, "pool": "mon-tiny"})
+			g.Expect(ok).To(BeTrue(), "HwipamNodeBlockFull for mon-tiny on %s not firing: %+v", node.NodeName, as)
+			g.Expect(full.Annotations["summary"]).To(ContainSubstring("Pool mon-tiny has no address left on node " + node.NodeName))
+			none, ok := firing(as, "HwipamPoolSelectedNodesWithoutBlock", map[string]string{"kind": "IPPool", "namespace": "kube-system", "pool": "mon-one"})
+			g.Expect(ok).To(BeTrue(), "HwipamPoolSelectedNodesWithoutBlock for mon-one not firing: %+v", as)
+			g.Expect(none.Annotations["summary"]).To(HavePrefix(withoutBlock + " node(s) selected by IPPool kube-system/mon-one have no block"))
+			fired = as
+		}).WithTimeout(2 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+		for _, a := range fired {
+			if a.State != "firing" {
+				continue
+			}
+			switch a.Labels["alertname"] {
+			case "HwipamNodeBlockFull":
+				Expect(a.Labels["pool"]).To(Equal("mon-tiny"), "a block that is not full: %+v", a)
+			case "HwipamPoolSelectedNodesWithoutBlock":
+				Expect(a.Labels["pool"]).To(Equal("mon-one"), "a pool whose selected nodes all have a block: %+v", a)
+			}
+			fmt.Fprintf(GinkgoWriter, "Prometheus: %s firing: %s\n", a.Labels["alertname"], a.Annotations["summary"])
+		}
 	})
 })
 
