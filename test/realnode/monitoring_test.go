@@ -266,18 +266,7 @@ func podMonitorURL(ctx context.Context, name string) string {
 	GinkgoHelper()
 	out, err := node.Kubectl(ctx, "-n", "kube-system", "get", "podmonitor", name, "-o", "json")
 	Expect(err).NotTo(HaveOccurred(), out)
-	var pm struct {
-		Spec struct {
-			Selector struct {
-				MatchLabels map[string]string `json:"matchLabels"`
-			} `json:"selector"`
-			Endpoints []struct {
-				Port   string `json:"port"`
-				Scheme string `json:"scheme"`
-				Path   string `json:"path"`
-			} `json:"podMetricsEndpoints"`
-		} `json:"spec"`
-	}
+	var pm podMonitor
 	Expect(json.Unmarshal([]byte(out), &pm)).To(Succeed())
 	Expect(pm.Spec.Endpoints).To(HaveLen(1))
 	ep := pm.Spec.Endpoints[0]

@@ -251,16 +251,22 @@ type promTarget struct {
 
 // targets are Prometheus's active targets.
 func (p *promServer) targets(ctx context.Context) ([]promTarget, error) {
-	b, err := p.get(ctx, "/api/v1/targets?state=active")
-	if err != nil {
-		return nil, err
-	}
+	d, err := apiData[struct {
+		ActiveTargets []promTarget `json:"activeTargets"`
+	}](ctx, p, "/api/v1/targets?state=active")
+	return d.ActiveTargets, err
+}
+
+// apiData is the data of Prometheus's API's answer to path.
+func apiData[T any](ctx context.Context, p *promServer, path string) (T, error) {
 	var r struct {
-		Data struct {
-			ActiveTargets []promTarget `json:"activeTargets"`
-		} `json:"data"`
+		Data T `json:"data"`
 	}
-	return r.Data.ActiveTargets, json.Unmarshal(b, &r)
+	b, err := p.get(ctx, path)
+	if err == nil {
+		err = json.Unmarshal(b, &r)
+	}
+	return r.Data, err
 }
 
 // promAlert is one alert of /api/v1/alerts.
@@ -273,16 +279,10 @@ type promAlert struct {
 
 // alerts are Prometheus's pending and firing alerts.
 func (p *promServer) alerts(ctx context.Context) ([]promAlert, error) {
-	b, err := p.get(ctx, "/api/v1/alerts")
-	if err != nil {
-		return nil, err
-	}
-	var r struct {
-		Data struct {
-			Alerts []promAlert `json:"alerts"`
-		} `json:"data"`
-	}
-	return r.Data.Alerts, json.Unmarshal(b, &r)
+	d, err := apiData[struct {
+		Alerts []promAlert `json:"alerts"`
+	}](ctx, p, "/api/v1/alerts")
+	return d.Alerts, err
 }
 
 // firing finds the firing alert of that name whose labels include want.
