@@ -80,6 +80,9 @@ import (
 //     5-node cluster. The daemon runs with --nic-labels=off and
 //     --pools-in-use-interval=0, so that it changes no Node.
 //
+// With HWIPAM_BENCH_PROFILE_DIR set, CPU profiles of the controller and of
+// kube-apiserver are taken over the joins (HWIPAM_BENCH_PROFILE_SECONDS long).
+//
 // Each line the log prints per run says the same in words. ns/op is the wall
 // time of the whole size: creating its nodes, then both designs.
 //
@@ -285,6 +288,11 @@ func (w *scaleWorld) run(b *testing.B, d scaleDesign, nodes int) map[string]floa
 
 	var served []time.Duration
 	var wire []float64
+	// With $HWIPAM_BENCH_PROFILE_DIR: CPU profiles of the controller and
+	// kube-apiserver over the joins (set $HWIPAM_BENCH_PROFILE_SECONDS to
+	// cover them), as railscale-<design>-<nodes>-joins.*.pprof.
+	profiled := profileConvergence(b, w.cp, ctl.pprofPort, metricsURL, fmt.Sprintf("railscale-%s-%d-joins", d.name, nodes))
+	defer profiled()
 	for i := range scaleJoins {
 		node := fmt.Sprintf("join-%s-%d-%d", d.name, nodes, i)
 		joined = append(joined, node)
