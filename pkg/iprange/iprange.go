@@ -160,6 +160,16 @@ func (r Range) Overlaps(o Range) bool {
 	return r.Start.Is4() == o.Start.Is4() && r.Start.Compare(o.End) <= 0 && o.Start.Compare(r.End) <= 0
 }
 
+// OverlapsAny says whether r overlaps any of rs.
+func OverlapsAny(r Range, rs []Range) bool {
+	for _, o := range rs {
+		if r.Overlaps(o) {
+			return true
+		}
+	}
+	return false
+}
+
 // Covers reports whether every address of o is in r.
 func (r Range) Covers(o Range) bool {
 	return r.Contains(o.Start) && r.Contains(o.End)

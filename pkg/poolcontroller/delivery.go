@@ -26,6 +26,7 @@ import (
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/blocks"
 	"github.com/hwipam/hwipam/pkg/daemon"
+	"github.com/hwipam/hwipam/pkg/poolcontroller/planner"
 )
 
 // Delivery gives each node its blocks through one NodeIPAM object, named after the
@@ -378,7 +379,7 @@ func (d *Delivery) enqueueObject(o any) {
 
 // Set records a pool's blocks in layout, by node, as its reconcile decided them
 // (as), and queues the nodes whose NodeIPAM they change.
-func (d *Delivery) Set(p pool, layout blocks.Layout, as []assignment) {
+func (d *Delivery) Set(p pool, layout blocks.Layout, as []planner.Assignment) {
 	if !d.on() {
 		return
 	}
@@ -494,7 +495,7 @@ func (d *Delivery) Remove(kind, name string) {
 // of UID uid and generation gen (its layout), as the plan's assignments sorted
 // by node, and whether there was such a reconcile: the plan's own record,
 // without writing the blocks out and parsing them back.
-func (d *Delivery) Assigned(kind, name string, uid types.UID, gen int64) ([]assignment, bool) {
+func (d *Delivery) Assigned(kind, name string, uid types.UID, gen int64) ([]planner.Assignment, bool) {
 	if !d.on() {
 		return nil, false
 	}
@@ -504,11 +505,11 @@ func (d *Delivery) Assigned(kind, name string, uid types.UID, gen int64) ([]assi
 	if pb == nil || pb.template.PoolUID != uid || pb.template.Generation != gen {
 		return nil, false
 	}
-	out := make([]assignment, 0, len(pb.blocks))
+	out := make([]planner.Assignment, 0, len(pb.blocks))
 	for n, i := range pb.blocks {
-		out = append(out, assignment{Node: n, Index: i})
+		out = append(out, planner.Assignment{Node: n, Index: i})
 	}
-	slices.SortFunc(out, func(a, b assignment) int { return cmp.Compare(a.Node, b.Node) })
+	slices.SortFunc(out, func(a, b planner.Assignment) int { return cmp.Compare(a.Node, b.Node) })
 	return out, true
 }
 

@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/poolcontroller/planner"
 )
 
 // reservation is a range retired from a node that stays out of reach of other
 // nodes until Until, whatever the node's daemon reports (or when it reports
 // nothing, as without RBAC to annotate its Node).
 type reservation struct {
-	misfit
+	planner.Misfit
 	Until time.Time
 }
 
@@ -50,7 +51,7 @@ func (st *poolState) liveReservations(now time.Time) ([]reservation, time.Time) 
 // addReservations keeps the ranges retired in a reconcile out of other nodes'
 // reach for the grace period, and tells whether it retired any (new, or again
 // after a reconcile that failed before its status write).
-func (st *poolState) addReservations(retired []misfit, now time.Time, grace time.Duration) bool {
+func (st *poolState) addReservations(retired []planner.Misfit, now time.Time, grace time.Duration) bool {
 	if grace <= 0 {
 		return false
 	}
@@ -62,8 +63,8 @@ func (st *poolState) addReservations(retired []misfit, now time.Time, grace time
 		found = true
 		// Retired again after a reconcile that failed before its status write
 		// (the Lease could not be written): the first reservation stands.
-		if !slices.ContainsFunc(st.reserved, func(r reservation) bool { return r.misfit == m }) {
-			st.reserved = append(st.reserved, reservation{misfit: m, Until: now.Add(grace)})
+		if !slices.ContainsFunc(st.reserved, func(r reservation) bool { return r.Misfit == m }) {
+			st.reserved = append(st.reserved, reservation{Misfit: m, Until: now.Add(grace)})
 		}
 	}
 	return found

@@ -13,6 +13,7 @@ import (
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/blocks"
 	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/poolcontroller/planner"
 )
 
 // pool is what the reconciler needs of an IPPool or a CIDRPool; ipPool and cidrPool
@@ -25,12 +26,12 @@ type pool interface {
 	nodeSelector() *corev1.NodeSelector
 	// existing returns the status assignments that fit the layout, in status order,
 	// and the entries whose block does not (or whose node or block appears twice).
-	existing(l blocks.Layout) ([]assignment, []misfit)
+	existing(l blocks.Layout) ([]planner.Assignment, []planner.Misfit)
 	// pinned returns the blocks static allocations give to nodes.
 	pinned(l blocks.Layout) map[string]uint64
 	// withStatus returns a copy of the pool whose allocations are as, or left as they
 	// are when as is nil, and whose common status fields are c.
-	withStatus(l blocks.Layout, as []assignment, keep bool, c v1alpha1.PoolStatusCommon) pool
+	withStatus(l blocks.Layout, as []planner.Assignment, keep bool, c v1alpha1.PoolStatusCommon) pool
 	common() v1alpha1.PoolStatusCommon
 	allocationCount() int
 	// hasNode reports whether status lists a block for node.
@@ -67,10 +68,10 @@ func (ipPool) pinned(blocks.Layout) map[string]uint64 { return nil }
 
 func (a ipPool) layout() (blocks.Layout, error) { return blocks.NewIPPool(&a.p.Spec) }
 
-func (a ipPool) existing(l blocks.Layout) ([]assignment, []misfit) {
+func (a ipPool) existing(l blocks.Layout) ([]planner.Assignment, []planner.Misfit) {
 	layout := l.(*blocks.IPPool)
-	var out []assignment
-	var invalid []misfit
+	var out []planner.Assignment
+	var invalid []planner.Misfit
 	seenNode, seenIdx := map[string]bool{}, map[uint64]bool{}
 	for _, al := range a.p.Status.Allocations {
 		start, err1 := netip.ParseAddr(al.StartIP)
@@ -81,7 +82,7 @@ func (a ipPool) existing(l blocks.Layout) ([]assignment, []misfit) {
 			idx, ok = layout.IndexOf(start, end)
 		}
 		if !ok || !layout.Usable(idx) || seenNode[al.NodeName] || seenIdx[idx] {
-			m := misfit{Node: al.NodeName}
+			m := planner.Misfit{Node: al.NodeName}
 			if r, err := iprange.NewRange(start, end); err1 == nil && err2 == nil && err == nil {
 				m.Range = r
 			}
@@ -89,12 +90,12 @@ func (a ipPool) existing(l blocks.Layout) ([]assignment, []misfit) {
 			continue
 		}
 		seenNode[al.NodeName], seenIdx[idx] = true, true
-		out = append(out, assignment{Node: al.NodeName, Index: idx})
+		out = append(out, planner.Assignment{Node: al.NodeName, Index: idx})
 	}
 	return out, invalid
 }
 
-func (a ipPool) withStatus(l blocks.Layout, as []assignment, keep bool, c v1alpha1.PoolStatusCommon) pool {
+func (a ipPool) withStatus(l blocks.Layout, as []planner.Assignment, keep bool, c v1alpha1.PoolStatusCommon) pool {
 	p := a.p.DeepCopy()
 	if !keep {
 		p.Status.Allocations = make([]v1alpha1.Allocation, 0, len(as))
@@ -151,10 +152,10 @@ func (a cidrPool) hasNode(node string) bool {
 
 func (a cidrPool) layout() (blocks.Layout, error) { return blocks.NewCIDRPool(&a.p.Spec) }
 
-func (a cidrPool) existing(l blocks.Layout) ([]assignment, []misfit) {
+func (a cidrPool) existing(l blocks.Layout) ([]planner.Assignment, []planner.Misfit) {
 	layout := l.(*blocks.CIDRPool)
-	var out []assignment
-	var invalid []misfit
+	var out []planner.Assignment
+	var invalid []planner.Misfit
 	seenNode, seenIdx := map[string]bool{}, map[uint64]bool{}
 	for _, al := range a.p.Status.Allocations {
 		p, err := netip.ParsePrefix(al.Prefix)
@@ -169,7 +170,7 @@ func (a cidrPool) existing(l blocks.Layout) ([]assignment, []misfit) {
 			ok = pinned && owner == al.NodeName
 		}
 		if !ok || seenNode[al.NodeName] || seenIdx[idx] {
-			m := misfit{Node: al.NodeName}
+			m := planner.Misfit{Node: al.NodeName}
 			if err == nil {
 				m.Range = iprange.PrefixRange(p)
 			}
@@ -177,7 +178,7 @@ func (a cidrPool) existing(l blocks.Layout) ([]assignment, []misfit) {
 			continue
 		}
 		seenNode[al.NodeName], seenIdx[idx] = true, true
-		out = append(out, assignment{Node: al.NodeName, Index: idx})
+		out = append(out, planner.Assignment{Node: al.NodeName, Index: idx})
 	}
 	return out, invalid
 }
@@ -198,7 +199,7 @@ func (a cidrPool) pinned(l blocks.Layout) map[string]uint64 {
 	return out
 }
 
-func (a cidrPool) withStatus(l blocks.Layout, as []assignment, keep bool, c v1alpha1.PoolStatusCommon) pool {
+func (a cidrPool) withStatus(l blocks.Layout, as []planner.Assignment, keep bool, c v1alpha1.PoolStatusCommon) pool {
 	p := a.p.DeepCopy()
 	if !keep {
 		layout := l.(*blocks.CIDRPool)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/poolcontroller/planner"
 )
 
 // MemoryLeaseName is the Lease, in the leader election's namespace, that keeps
@@ -533,10 +534,10 @@ func (m *Memory) blocksOf(key string, own map[string]iprange.Range, now time.Tim
 	if ok && maps.Equal(old, own) {
 		return
 	}
-	var taken []misfit
+	var taken []planner.Misfit
 	for node, b := range old {
 		if cur, still := own[node]; !still || cur != b {
-			taken = append(taken, misfit{Node: node, Range: b})
+			taken = append(taken, planner.Misfit{Node: node, Range: b})
 		}
 	}
 	m.retireLocked(key, taken, now)
@@ -629,7 +630,7 @@ func (m *Memory) reservationsOf(pool string, uid types.UID, now time.Time, grace
 		if err != nil || !now.Before(r.Until) {
 			continue
 		}
-		out = append(out, reservation{misfit: misfit{Node: r.Node, Range: rg}, Until: minTime(r.Until, now.Add(grace))})
+		out = append(out, reservation{Misfit: planner.Misfit{Node: r.Node, Range: rg}, Until: minTime(r.Until, now.Add(grace))})
 	}
 	return out
 }

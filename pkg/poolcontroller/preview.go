@@ -7,6 +7,7 @@ import (
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/blocks"
+	"github.com/hwipam/hwipam/pkg/poolcontroller/planner"
 )
 
 // Preview is what the reconciler writes for a new pool (no status yet) when exactly
@@ -60,11 +61,11 @@ func preview(p pool, nodes []string) (previewed, error) {
 	if d := slices.Compact(slices.Clone(selected)); len(d) != len(selected) {
 		return previewed{}, fmt.Errorf("node names repeat")
 	}
-	states := make(map[string]nodeState, len(selected))
+	states := make(map[string]planner.NodeState, len(selected))
 	for _, n := range selected {
-		states[n] = nodeState{Exists: true, Selected: true}
+		states[n] = planner.NodeState{Exists: true, Selected: true}
 	}
-	out := makePlan(planInput{Layout: layout, Selected: selected, Nodes: states, Pinned: p.pinned(layout),
+	out := planner.Make(planner.Input{Layout: layout, Selected: selected, Nodes: states, Pinned: p.pinned(layout),
 		Departed: map[string]time.Time{}, Now: time.Now()})
 	c := v1alpha1.PoolStatusCommon{ObservedGeneration: p.object().GetGeneration(), SelectedNodes: int32(len(selected))}
 	// The conditions of a valid pool without overlap or orphans, in the

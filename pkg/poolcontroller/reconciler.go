@@ -29,6 +29,7 @@ import (
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/blocks"
 	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/poolcontroller/planner"
 )
 
 // Reconciler reconciles the pools of one kind.
@@ -253,7 +254,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, err
 	}
 	in.Foreign = append(in.Foreign, foreign...)
-	out := makePlan(in)
+	out := planner.Make(in)
 	granted := mem.retire(p.storeKey(), out.Taken, in.Now)
 	if st.addReservations(out.Retired, in.Now, r.ReleaseGracePeriod) {
 		mem.keepReservations(r.reservationKey(req.NamespacedName), p.object().GetUID(), st.reserved)
@@ -275,12 +276,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if len(out.Unassigned) > 0 && !reservedUntil.IsZero() {
 		// Nodes wait for ranges held back only by time: look again when that ends.
 		if left := reservedUntil.Sub(in.Now); out.RequeueAfter == 0 || left < out.RequeueAfter {
-			out.RequeueAfter = max(left, retiredRequeue)
+			out.RequeueAfter = max(left, planner.RetiredRequeue)
 		}
 	}
 	if at := mem.nextPrune(p.storeKey(), r.ReleaseGracePeriod); delivering && !at.IsZero() {
 		// A block taken from a node goes from its record once that is due.
-		if left := max(at.Sub(in.Now), retiredRequeue); out.RequeueAfter == 0 || left < out.RequeueAfter {
+		if left := max(at.Sub(in.Now), planner.RetiredRequeue); out.RequeueAfter == 0 || left < out.RequeueAfter {
 			out.RequeueAfter = left
 		}
 	}
@@ -338,7 +339,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	r.setListed(p, &c, omit, len(out.Assignments), "")
 	listed := out.Assignments
 	if omit {
-		listed = []assignment{}
+		listed = []planner.Assignment{}
 	}
 	desired := p.withStatus(layout, listed, false, c)
 	err = r.writeStatus(ctx, st, p, desired)
@@ -346,7 +347,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		// Under the threshold but too large to store (long node names, IPv6):
 		// the NodeIPAMs hold the blocks.
 		r.setListed(p, &c, true, len(out.Assignments), "the list is too large to store")
-		err = r.writeStatus(ctx, st, p, p.withStatus(layout, []assignment{}, false, c))
+		err = r.writeStatus(ctx, st, p, p.withStatus(layout, []planner.Assignment{}, false, c))
 	}
 	if err != nil {
 		return ctrl.Result{}, err
@@ -378,7 +379,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 //
 // With delivery off, a status that says its blocks are in NodeIPAMs cannot be
 // planned from: an error says so, and nothing is written.
-func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (pool, []assignment, error) {
+func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (pool, []planner.Assignment, error) {
 	c := p.common()
 	if !delivering {
 		if c.BlocksIn == v1alpha1.BlocksInNodeIPAM && p.allocationCount() == 0 {
@@ -449,7 +450,7 @@ func setListedTrue(c *v1alpha1.PoolStatusCommon) {
 // setAssignedConditions sets the allocated-node count and the Exhausted and Ready
 // conditions after a plan; it returns the exhaustion message, "" when every
 // selected node has a block.
-func setAssignedConditions(c *v1alpha1.PoolStatusCommon, layout blocks.Layout, out plan) string {
+func setAssignedConditions(c *v1alpha1.PoolStatusCommon, layout blocks.Layout, out planner.Plan) string {
 	c.AllocatedNodes = int32(len(out.Assignments))
 	if n := len(out.Unassigned); n > 0 {
 		msg := fmt.Sprintf("%d selected node(s) have no block (first: %s): no free block is left (%d usable blocks, %d assigned); "+
@@ -481,20 +482,20 @@ type inputNotes struct {
 }
 
 // planInput gathers the nodes, the daemons' reports and the status of the pool for
-// makePlan. It also returns the nodes' orphans (for the condition) and when the
+// planner.Make. It also returns the nodes' orphans (for the condition) and when the
 // first of the pool's time-bound reservations ends.
-func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout, st *poolState, assigned []assignment) (planInput, inputNotes, error) {
+func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout, st *poolState, assigned []planner.Assignment) (planner.Input, inputNotes, error) {
 	selector, err := compileSelector(p.nodeSelector())
 	if err != nil {
-		return planInput{}, inputNotes{}, fmt.Errorf("node selector of %s %s: %w", r.Kind, p.object().GetName(), err)
+		return planner.Input{}, inputNotes{}, fmt.Errorf("node selector of %s %s: %w", r.Kind, p.object().GetName(), err)
 	}
 	var nodes metav1.PartialObjectMetadataList
 	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
 	// Read only: the cache's own objects, not copies of 5,000 nodes per reconcile.
 	if err := r.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
-		return planInput{}, inputNotes{}, fmt.Errorf("listing nodes: %w", err)
+		return planner.Input{}, inputNotes{}, fmt.Errorf("listing nodes: %w", err)
 	}
-	existing, invalid := assigned, []misfit(nil)
+	existing, invalid := assigned, []planner.Misfit(nil)
 	if assigned == nil {
 		existing, invalid = p.existing(layout)
 	}
@@ -554,13 +555,13 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	for _, res := range live {
 		rep.held[res.Node] = append(rep.held[res.Node], res.Range)
 	}
-	in := planInput{
+	in := planner.Input{
 		Layout:   layout,
 		Existing: existing,
 		Invalid:  invalid,
 		Foreign:  rep.foreign,
 		Held:     rep.held,
-		Nodes:    make(map[string]nodeState, len(nodes.Items)),
+		Nodes:    make(map[string]planner.NodeState, len(nodes.Items)),
 		Pinned:   p.pinned(layout),
 		Departed: st.departed,
 		Now:      now,
@@ -568,7 +569,7 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 	}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		s := nodeState{Exists: true, Selected: selector.match(n), InUse: poolsInUse(n, key)}
+		s := planner.NodeState{Exists: true, Selected: selector.match(n), InUse: poolsInUse(n, key)}
 		in.Nodes[n.Name] = s
 		if s.Selected {
 			in.Selected = append(in.Selected, n.Name)

@@ -17,6 +17,7 @@ import (
 	nodeipamv1 "github.com/hwipam/hwipam/api/nodeipam/v1alpha1"
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/poolcontroller/planner"
 )
 
 // What the memory writes into the records (retiredOf) and what it reads back
@@ -36,11 +37,11 @@ func TestRetiredBlocksRoundTripThroughRecords(t *testing.T) {
 	m.pools["rail0"] = knownPool{UID: "uid-rail0"}
 	m.pools["cidrpool/rail1"] = knownPool{UID: "uid-rail1"}
 	nodes := []string{"n-a", "n-b", "n-c"}
-	var taken []misfit
+	var taken []planner.Misfit
 	for i := range 1 + rng.IntN(12) {
 		start := netip.AddrFrom4([4]byte{10, 7, byte(i), byte(rng.IntN(200))})
 		end, _ := iprange.Add(start, iprange.U64(uint64(rng.IntN(40))))
-		tk := misfit{Node: nodes[rng.IntN(len(nodes))], Range: iprange.Range{Start: start, End: end}}
+		tk := planner.Misfit{Node: nodes[rng.IntN(len(nodes))], Range: iprange.Range{Start: start, End: end}}
 		if !slices.Contains(taken, tk) {
 			taken = append(taken, tk)
 		}
@@ -51,13 +52,13 @@ func TestRetiredBlocksRoundTripThroughRecords(t *testing.T) {
 	var rs []reservation
 	for _, tk := range taken {
 		if rng.IntN(2) == 0 {
-			rs = append(rs, reservation{misfit: tk, Until: now.Add(time.Duration(1+rng.IntN(3600000)) * time.Millisecond)})
+			rs = append(rs, reservation{Misfit: tk, Until: now.Add(time.Duration(1+rng.IntN(3600000)) * time.Millisecond)})
 		}
 	}
 	m.keepReservations(ns+"/"+key, m.pools[key].UID, rs)
 	// Some daemons report, holding addresses in some of their retired blocks
 	// (which never overlap: each lies in its own /24).
-	heldBy := map[misfit]bool{}
+	heldBy := map[planner.Misfit]bool{}
 	reporting := map[string]bool{}
 	m.mu.Lock()
 	for _, n := range nodes {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/pkg/poolcontroller/planner"
 )
 
 // The trust boundary of the daemons' held reports (v1alpha1.HeldAnnotation).
@@ -351,14 +352,14 @@ func (r seenReport) opaqueReason() string {
 
 // retire records blocks taken from nodes in the pool with key as grants, since
 // now; it tells whether it recorded any that were not yet.
-func (m *Memory) retire(key string, taken []misfit, now time.Time) bool {
+func (m *Memory) retire(key string, taken []planner.Misfit, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.init()
 	return m.retireLocked(key, taken, now)
 }
 
-func (m *Memory) retireLocked(key string, taken []misfit, now time.Time) bool {
+func (m *Memory) retireLocked(key string, taken []planner.Misfit, now time.Time) bool {
 	added := false
 	for _, t := range taken {
 		if !t.Range.Start.IsValid() {
@@ -444,9 +445,9 @@ func (m *Memory) forgetPool(key string, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.init()
-	var taken []misfit
+	var taken []planner.Misfit
 	for node, b := range m.status[key] {
-		taken = append(taken, misfit{Node: node, Range: b})
+		taken = append(taken, planner.Misfit{Node: node, Range: b})
 	}
 	m.retireLocked(key, taken, now)
 	if len(m.status[key]) > 0 {
@@ -532,16 +533,16 @@ func (m *Memory) adoptFrom(from map[string]seenReport, now time.Time) {
 			if h.block.Start.IsValid() {
 				rs = append(rs, h.block)
 			}
-			var taken []misfit
+			var taken []planner.Misfit
 			for _, r := range rs {
 				for _, in := range clip(r, []iprange.Range{network}) {
-					taken = append(taken, misfit{Node: node, Range: in})
+					taken = append(taken, planner.Misfit{Node: node, Range: in})
 				}
 			}
 			if len(taken) > maxRangesPerPool {
 				taken = taken[:0]
 				for _, r := range spans(clipAll(rs, network), []iprange.Range{network}) {
-					taken = append(taken, misfit{Node: node, Range: r})
+					taken = append(taken, planner.Misfit{Node: node, Range: r})
 				}
 			}
 			if len(taken) > 0 {
@@ -670,7 +671,7 @@ func (r seenReport) holdsIn(key string, g iprange.Range) bool {
 		return true
 	}
 	h := r.parsed[key]
-	return (h.block.Start.IsValid() && h.block.Overlaps(g)) || overlapsAny(g, h.held)
+	return (h.block.Start.IsValid() && h.block.Overlaps(g)) || iprange.OverlapsAny(g, h.held)
 }
 
 // flag tells whether an ignored part of a report is new (not yet reported for

@@ -1,4 +1,4 @@
-package poolcontroller
+package planner
 
 import (
 	"fmt"
@@ -11,9 +11,10 @@ import (
 	"github.com/hwipam/hwipam/api/v1alpha1"
 	"github.com/hwipam/hwipam/pkg/blocks"
 	"github.com/hwipam/hwipam/pkg/iprange"
+	"github.com/hwipam/hwipam/test/harness"
 )
 
-// TestPlanInvariantsRandomized drives makePlan through random sequences of node
+// TestPlanInvariantsRandomized drives Make through random sequences of node
 // churn, selection changes and daemon annotations, feeding each plan's output back
 // as the next input as the controller does through status, and checks after every
 // step the invariants of DESIGN.md §5 that concern blocks.
@@ -28,14 +29,14 @@ func TestPlanInvariantsRandomized(t *testing.T) {
 		grace := time.Duration(rng.IntN(3)) * time.Minute
 		now := time.Unix(0, 0)
 		departed := map[string]time.Time{}
-		nodes := map[string]nodeState{}
-		var existing []assignment
+		nodes := map[string]NodeState{}
+		var existing []Assignment
 		for step := range 40 {
 			// Random world change.
 			name := fmt.Sprintf("n%02d", rng.IntN(24))
 			switch rng.IntN(4) {
 			case 0:
-				nodes[name] = nodeState{Exists: true, Selected: true}
+				nodes[name] = NodeState{Exists: true, Selected: true}
 			case 1:
 				delete(nodes, name)
 			case 2:
@@ -78,7 +79,7 @@ func TestPlanInvariantsRandomized(t *testing.T) {
 			if rng.IntN(4) == 0 {
 				foreign = append(foreign, randomRange())
 			}
-			out := makePlan(planInput{Layout: layout, Existing: existing, Selected: selected, Nodes: nodes,
+			out := Make(Input{Layout: layout, Existing: existing, Selected: selected, Nodes: nodes,
 				Departed: departed, Now: now, Grace: grace, Held: heldIn, Foreign: foreign})
 			// What no other node may get a block over after this plan: the
 			// held ranges, and the blocks taken in it.
@@ -90,11 +91,11 @@ func TestPlanInvariantsRandomized(t *testing.T) {
 				heldAfter[m.Node] = append(heldAfter[m.Node], m.Range)
 			}
 			freeFor := func(n string, b iprange.Range) bool {
-				if overlapsAny(b, foreign) {
+				if iprange.OverlapsAny(b, foreign) {
 					return false
 				}
 				for m, rs := range heldAfter {
-					if m != n && overlapsAny(b, rs) {
+					if m != n && iprange.OverlapsAny(b, rs) {
 						return false
 					}
 				}
@@ -151,12 +152,12 @@ func TestPlanInvariantsRandomized(t *testing.T) {
 			// A node that holds addresses in the pool gets a block over them
 			// when one is free for it, not a new range besides them.
 			for _, a := range out.Assignments {
-				if had(prev, a.Node) || overlapsAny(layout.Block(a.Index), heldIn[a.Node]) {
+				if had(prev, a.Node) || iprange.OverlapsAny(layout.Block(a.Index), heldIn[a.Node]) {
 					continue
 				}
 				for i := range layout.Count() {
 					b := layout.Block(i)
-					if _, used := seenIdx[i]; !used && layout.Usable(i) && overlapsAny(b, heldIn[a.Node]) && freeFor(a.Node, b) {
+					if _, used := seenIdx[i]; !used && layout.Usable(i) && iprange.OverlapsAny(b, heldIn[a.Node]) && freeFor(a.Node, b) {
 						t.Fatalf("%s: %s got block %d beside what it holds (%v) while block %d over it is free",
 							ctx, a.Node, a.Index, heldIn[a.Node], i)
 					}
@@ -177,10 +178,10 @@ func TestPlanDoesNotStarveANodeByItsOwnHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	whole := layout.Range()
-	nodes := map[string]nodeState{"a": {Exists: true, Selected: true}, "b": {Exists: true, Selected: true}}
-	out := makePlan(planInput{Layout: layout, Selected: []string{"a", "b"}, Nodes: nodes, Departed: map[string]time.Time{},
+	nodes := map[string]NodeState{"a": {Exists: true, Selected: true}, "b": {Exists: true, Selected: true}}
+	out := Make(Input{Layout: layout, Selected: []string{"a", "b"}, Nodes: nodes, Departed: map[string]time.Time{},
 		Held: map[string][]iprange.Range{"b": {whole}}})
-	if len(out.Assignments) != 1 || out.Assignments[0] != (assignment{Node: "b", Index: 0}) {
+	if len(out.Assignments) != 1 || out.Assignments[0] != (Assignment{Node: "b", Index: 0}) {
 		t.Errorf("assignments %+v, want b alone with block 0 (a waits: b holds the whole pool)", out.Assignments)
 	}
 	if !slices.Equal(out.Unassigned, []string{"a"}) {
@@ -202,14 +203,14 @@ func BenchmarkMakePlan(b *testing.B) {
 		b.Fatal(err)
 	}
 	const n = 5000
-	nodes := make(map[string]nodeState, n)
+	nodes := make(map[string]NodeState, n)
 	var selected []string
 	for i := range n {
 		name := fmt.Sprintf("node-%05d", i)
-		nodes[name] = nodeState{Exists: true, Selected: true}
+		nodes[name] = NodeState{Exists: true, Selected: true}
 		selected = append(selected, name)
 	}
-	first := makePlan(planInput{Layout: layout, Selected: selected, Nodes: nodes, Departed: map[string]time.Time{}})
+	first := Make(Input{Layout: layout, Selected: selected, Nodes: nodes, Departed: map[string]time.Time{}})
 	if len(first.Assignments) != n {
 		b.Fatalf("%d of %d nodes got a block", len(first.Assignments), n)
 	}
@@ -229,13 +230,13 @@ func BenchmarkMakePlan(b *testing.B) {
 	}
 	for _, c := range []struct {
 		name     string
-		existing []assignment
+		existing []Assignment
 		held     map[string][]iprange.Range
 	}{{"new-pool", nil, nil}, {"all-assigned", first.Assignments, nil}, {"orphans", nil, orphans}, {"every-node-holds", nil, everyone}} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				out := makePlan(planInput{Layout: layout, Existing: c.existing, Selected: selected, Nodes: nodes,
+				out := Make(Input{Layout: layout, Existing: c.existing, Selected: selected, Nodes: nodes,
 					Departed: map[string]time.Time{}, Held: c.held})
 				if len(out.Assignments) != n {
 					b.Fatalf("%d of %d nodes got a block", len(out.Assignments), n)
@@ -250,7 +251,7 @@ func BenchmarkMakePlan(b *testing.B) {
 // overlaps a block. Randomised, with a printed seed (HWIPAM_HELD_SEED replays
 // one).
 func TestHeldIndexAgreesWithAScan(t *testing.T) {
-	rng := seededRand(t, "HWIPAM_HELD_SEED", 1)
+	rng := harness.Rand(t)
 	addr := func(v int) netip.Addr { return netip.AddrFrom4([4]byte{10, 0, byte(v >> 8), byte(v)}) }
 	span := func(maxLen int) iprange.Range {
 		start := rng.IntN(4000)
@@ -275,9 +276,9 @@ func TestHeldIndexAgreesWithAScan(t *testing.T) {
 		for range 100 {
 			b := span(32)
 			n := append(nodes, "")[rng.IntN(len(nodes)+1)]
-			want := overlapsAny(b, foreign)
+			want := iprange.OverlapsAny(b, foreign)
 			for m, rs := range held {
-				want = want || (m != n && overlapsAny(b, rs))
+				want = want || (m != n && iprange.OverlapsAny(b, rs))
 			}
 			if got := x.othersIn(n, b); got != want {
 				t.Fatalf("round %d: others than %q in %s: index says %v, a scan %v (held %v, foreign %v)", round, n, b, got, want,

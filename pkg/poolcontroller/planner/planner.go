@@ -1,4 +1,10 @@
-package poolcontroller
+// Package planner decides, for one pool, which node keeps, gets or loses which
+// block: a pure function of what the reconciler read (the pool's layout, the
+// nodes' records and reports, the nodes the selector picks), with no I/O. The
+// reconciler (package poolcontroller) gathers its Input from the API server and
+// the records, and writes what the Plan says into the records and the pool's
+// status.
+package planner
 
 import (
 	"net/netip"
@@ -10,14 +16,14 @@ import (
 	"github.com/hwipam/hwipam/pkg/iprange"
 )
 
-// assignment is one node's block, by index into the pool's layout.
-type assignment struct {
+// Assignment is one node's block, by index into the pool's layout.
+type Assignment struct {
 	Node  string
 	Index uint64
 }
 
-// nodeState is what the planner needs to know of a node named in a pool.
-type nodeState struct {
+// NodeState is what the planner needs to know of a node named in a pool.
+type NodeState struct {
 	// Exists is false when the node object is gone.
 	Exists bool
 	// Selected is true when the node matches the pool's nodeSelector.
@@ -27,13 +33,13 @@ type nodeState struct {
 	InUse bool
 }
 
-// planInput is everything one pool's reconcile decides from.
-type planInput struct {
+// Input is everything one pool's reconcile decides from.
+type Input struct {
 	Layout blocks.Layout
 	// Existing are the assignments read from status that fit the layout, in status
 	// order; Invalid are the status entries that no longer fit (or repeat a node).
-	Existing []assignment
-	Invalid  []misfit
+	Existing []Assignment
+	Invalid  []Misfit
 	// Foreign are ranges no node gets a block overlapping: blocks of overlapping
 	// pools and addresses nodes hold in other pools.
 	Foreign []iprange.Range
@@ -45,7 +51,7 @@ type planInput struct {
 	// Selected are the names of the nodes matching the nodeSelector, sorted.
 	Selected []string
 	// Nodes describes every node named in Existing or Selected.
-	Nodes map[string]nodeState
+	Nodes map[string]NodeState
 	// Pinned gives the block a node must have (CIDRPool static allocations).
 	Pinned map[string]uint64
 	// Departed records, per node, when its block first became releasable; the
@@ -55,10 +61,10 @@ type planInput struct {
 	Grace    time.Duration
 }
 
-// plan is the outcome of one pool's reconcile.
-type plan struct {
+// Plan is the outcome of one pool's reconcile.
+type Plan struct {
 	// Assignments is every node's block after the reconcile, sorted by node.
-	Assignments []assignment
+	Assignments []Assignment
 	// Released are nodes whose block was released; Replaced are selected nodes whose
 	// old block no longer fit the spec and who got a new one (or none, if exhausted).
 	Released []string
@@ -68,29 +74,29 @@ type plan struct {
 	// Retired are the blocks taken from nodes in this reconcile because they no
 	// longer fit the spec, which the reconciler keeps out of other nodes' reach for
 	// the grace period.
-	Retired []misfit
+	Retired []Misfit
 	// Taken are all the blocks taken from nodes in this reconcile (Retired,
 	// released blocks, status entries that no longer fit): the reconciler keeps
 	// them as the nodes' grants (see trust.go).
-	Taken []misfit
+	Taken []Misfit
 	// Unassigned are selected nodes left without a block: the pool is exhausted.
 	Unassigned []string
 	// RequeueAfter is when the next grace period ends, 0 if none is running.
 	RequeueAfter time.Duration
 }
 
-// misfit is a range of a node's that no longer is (or never was) a block of the
+// Misfit is a range of a node's that no longer is (or never was) a block of the
 // current layout; Range is the zero Range when it could not be parsed.
-type misfit struct {
+type Misfit struct {
 	Node  string
 	Range iprange.Range
 }
 
-// retiredRequeue is how soon a pool with waiting nodes is reconciled again after
+// RetiredRequeue is how soon a pool with waiting nodes is reconciled again after
 // blocks were retired.
-const retiredRequeue = time.Second
+const RetiredRequeue = time.Second
 
-// makePlan decides which node keeps, gets or loses which block. Rules, in order:
+// Make decides which node keeps, gets or loses which block. Rules, in order:
 //   - an existing block of a selected node is kept;
 //   - an existing block of a node that is gone or no longer selected is kept while
 //     the node exists and its daemon reports the pool in use, and otherwise for the
@@ -104,10 +110,10 @@ const retiredRequeue = time.Second
 //     in; so exhaustion is deterministic, a node that holds much of the pool is
 //     not starved by the nodes before it, and a node that leaves and rejoins a
 //     pool gets back a block it holds rather than accumulating new ones.
-func makePlan(in planInput) plan {
-	var out plan
+func Make(in Input) Plan {
+	var out Plan
 	// Sized for every node up front: grown one by one, these maps were rehashed
-	// some dozen times per 5,000-node pool, most of makePlan's time.
+	// some dozen times per 5,000-node pool, most of Make's time.
 	size := len(in.Existing) + len(in.Selected)
 	taken := make(map[uint64]bool, size)
 	have := make(map[string]bool, size)
@@ -120,11 +126,11 @@ func makePlan(in planInput) plan {
 	// departed node's, it had no grace period in status).
 	retire := func(node string, r iprange.Range, remember bool) {
 		if remember {
-			out.Retired = append(out.Retired, misfit{Node: node, Range: r})
+			out.Retired = append(out.Retired, Misfit{Node: node, Range: r})
 		}
 		if r.Start.IsValid() {
 			held[node] = append(held[node], r)
-			out.Taken = append(out.Taken, misfit{Node: node, Range: r})
+			out.Taken = append(out.Taken, Misfit{Node: node, Range: r})
 		}
 	}
 	// free: no other node may hold addresses in the block; n itself may.
@@ -158,7 +164,7 @@ func makePlan(in planInput) plan {
 		}
 		return best, found
 	}
-	keep := make([]assignment, 0, size)
+	keep := make([]Assignment, 0, size)
 	for _, a := range in.Existing {
 		st := in.Nodes[a.Node]
 		if st.Selected {
@@ -220,7 +226,7 @@ func makePlan(in planInput) plan {
 		}
 		if pin, ok := in.Pinned[n]; ok {
 			if !taken[pin] && free(n, in.Layout.Block(pin)) {
-				keep = append(keep, assignment{Node: n, Index: pin})
+				keep = append(keep, Assignment{Node: n, Index: pin})
 				taken[pin], have[n] = true, true
 			}
 			continue
@@ -235,7 +241,7 @@ func makePlan(in planInput) plan {
 			continue
 		}
 		if i, ok := own(n); ok {
-			keep = append(keep, assignment{Node: n, Index: i})
+			keep = append(keep, Assignment{Node: n, Index: i})
 			taken[i], have[n] = true, true
 			continue
 		}
@@ -259,7 +265,7 @@ func makePlan(in planInput) plan {
 			out.Unassigned = append(out.Unassigned, n)
 			continue
 		}
-		keep = append(keep, assignment{Node: n, Index: cursor})
+		keep = append(keep, Assignment{Node: n, Index: cursor})
 		taken[cursor], have[n] = true, true
 		cursor++
 	}
@@ -268,12 +274,12 @@ func makePlan(in planInput) plan {
 			delete(in.Departed, n)
 		}
 	}
-	slices.SortFunc(keep, func(a, b assignment) int { return strings.Compare(a.Node, b.Node) })
+	slices.SortFunc(keep, func(a, b Assignment) int { return strings.Compare(a.Node, b.Node) })
 	out.Assignments = keep
 	// Blocks retired now may go to waiting nodes in the next reconcile; nothing else
 	// would trigger it, so ask for one.
-	if len(out.Unassigned) > 0 && len(out.Released)+len(out.Replaced) > 0 && (out.RequeueAfter == 0 || out.RequeueAfter > retiredRequeue) {
-		out.RequeueAfter = retiredRequeue
+	if len(out.Unassigned) > 0 && len(out.Released)+len(out.Replaced) > 0 && (out.RequeueAfter == 0 || out.RequeueAfter > RetiredRequeue) {
+		out.RequeueAfter = RetiredRequeue
 	}
 	slices.Sort(out.Replaced)
 	out.Replaced = slices.Compact(out.Replaced)
@@ -353,15 +359,6 @@ func (x heldIndex) othersIn(n string, b iprange.Range) bool {
 	for j := i - 1; j >= 0 && !x.maxEnd[j].Less(b.Start); j-- {
 		sp := x.spans[j]
 		if (sp.foreign || sp.node != n) && sp.r.Overlaps(b) {
-			return true
-		}
-	}
-	return false
-}
-
-func overlapsAny(r iprange.Range, rs []iprange.Range) bool {
-	for _, o := range rs {
-		if r.Overlaps(o) {
 			return true
 		}
 	}
