@@ -1,6 +1,7 @@
 package poolcontroller
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -300,10 +301,20 @@ func (m *Memory) countReports(key string, network iprange.Range, leaveOthers boo
 			ignored = append(ignored, ignoredReport{node: name, reason: ignoredMalformed,
 				text: "has entries that are not address ranges: " + strings.Join(rep.bad, ", ")})
 		}
-		for _, k := range m.reportedKeys(name, rep) {
-			if leaveOthers && k != key && m.ownReconcileReads(rep, k, network) {
-				continue
+		var buf [8]string
+		keys := buf[:0]
+		if rep.opaque == "" {
+			// In map order (a sort of its pools per node and reconcile was a
+			// tenth of a join's CPU): what depends on order is sorted below.
+			for k := range rep.parsed {
+				if !leaveOthers || k == key || !m.ownReconcileReads(rep, k, network) {
+					keys = append(keys, k)
+				}
 			}
+		} else {
+			keys = m.reportedKeys(name, rep)
+		}
+		for _, k := range keys {
 			c, why := m.count(name, rep, k)
 			if why != "" {
 				reason := ignoredOutside
@@ -331,7 +342,9 @@ func (m *Memory) countReports(key string, network iprange.Range, leaveOthers boo
 		}
 	}
 	slices.Sort(out.orphans)
-	slices.SortStableFunc(ignored, func(a, b ignoredReport) int { return strings.Compare(a.node, b.node) })
+	slices.SortFunc(ignored, func(a, b ignoredReport) int {
+		return cmp.Or(strings.Compare(a.node, b.node), strings.Compare(a.text, b.text))
+	})
 	return out, ignored
 }
 
