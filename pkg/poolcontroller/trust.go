@@ -288,10 +288,10 @@ func (m *Memory) readReports(key string, network iprange.Range) (reports, []igno
 func (m *Memory) countReports(key string, network iprange.Range, leaveOthers bool) (reports, []ignoredReport) {
 	out := reports{held: map[string][]iprange.Range{}}
 	var ignored []ignoredReport
-	// In map order: a sort of every node's name per pool and reconcile was a
-	// tenth of a join's CPU at 100,000 nodes. What is kept in order is put in
-	// order below (orphans, ignored); the foreign ranges are sorted by the
-	// planner's index.
+	// Nodes, and a readable report's pools, in map order: sorting them per
+	// pool and reconcile was a quarter of a join's CPU at 100,000 nodes. What
+	// is kept in order is sorted below (orphans, ignored); the foreign ranges
+	// are sorted by the planner's index.
 	for name, rep := range m.reports {
 		if rep.opaque != "" {
 			ignored = append(ignored, ignoredReport{node: name, reason: rep.opaqueReason(),
@@ -304,8 +304,6 @@ func (m *Memory) countReports(key string, network iprange.Range, leaveOthers boo
 		var buf [8]string
 		keys := buf[:0]
 		if rep.opaque == "" {
-			// In map order (a sort of its pools per node and reconcile was a
-			// tenth of a join's CPU): what depends on order is sorted below.
 			for k := range rep.parsed {
 				if !leaveOthers || k == key || !m.ownReconcileReads(rep, k, network) {
 					keys = append(keys, k)
