@@ -59,6 +59,9 @@ type Input struct {
 	Departed map[string]time.Time
 	Now      time.Time
 	Grace    time.Duration
+	// SpareLimit is how many spare blocks the plan lists at most (see
+	// Plan.Spare); 0 lists none.
+	SpareLimit int
 }
 
 // Plan is the outcome of one pool's reconcile.
@@ -83,6 +86,14 @@ type Plan struct {
 	Unassigned []string
 	// RequeueAfter is when the next grace period ends, 0 if none is running.
 	RequeueAfter time.Duration
+	// Spare are the lowest usable blocks, ascending, at most Input.SpareLimit,
+	// that after this plan no node has, no node may hold anything in (Held,
+	// and the blocks taken in this plan), that overlap no Foreign range and
+	// that no node is pinned to: each may go to any node that joins, holds
+	// nothing in the pool and is pinned to nothing, without another plan,
+	// for as long as nothing this plan read has changed. The lowest is the
+	// block Make would give such a node.
+	Spare []uint64
 }
 
 // Misfit is a range of a node's that no longer is (or never was) a block of the
@@ -276,6 +287,7 @@ func Make(in Input) Plan {
 	}
 	slices.SortFunc(keep, func(a, b Assignment) int { return strings.Compare(a.Node, b.Node) })
 	out.Assignments = keep
+	out.Spare = spare(in, taken, free)
 	// Blocks retired now may go to waiting nodes in the next reconcile; nothing else
 	// would trigger it, so ask for one.
 	if len(out.Unassigned) > 0 && len(out.Released)+len(out.Replaced) > 0 && (out.RequeueAfter == 0 || out.RequeueAfter > RetiredRequeue) {
@@ -283,6 +295,33 @@ func Make(in Input) Plan {
 	}
 	slices.Sort(out.Replaced)
 	out.Replaced = slices.Compact(out.Replaced)
+	return out
+}
+
+// spare lists the lowest usable blocks, at most in.SpareLimit, that are not
+// taken, not pinned to any node and free of every node's held ranges and of
+// the foreign ones. It walks from the first block: past every block taken, so
+// its cost grows with the node count as the plan's own does, and past at most
+// SpareLimit free ones.
+func spare(in Input, taken map[uint64]bool, free func(string, iprange.Range) bool) []uint64 {
+	if in.SpareLimit <= 0 {
+		return nil
+	}
+	pinned := make(map[uint64]bool, len(in.Pinned))
+	for _, i := range in.Pinned {
+		pinned[i] = true
+	}
+	var out []uint64
+	for i := uint64(0); len(out) < in.SpareLimit; i++ {
+		next, ok := in.Layout.NextUsable(i)
+		if !ok {
+			break
+		}
+		i = next
+		if !taken[i] && !pinned[i] && free("", in.Layout.Block(i)) {
+			out = append(out, i)
+		}
+	}
 	return out
 }
 

@@ -79,8 +79,9 @@ func TestPlanInvariantsRandomized(t *testing.T) {
 			if rng.IntN(4) == 0 {
 				foreign = append(foreign, randomRange())
 			}
+			limit := rng.IntN(6)
 			out := Make(Input{Layout: layout, Existing: existing, Selected: selected, Nodes: nodes,
-				Departed: departed, Now: now, Grace: grace, Held: heldIn, Foreign: foreign})
+				Departed: departed, Now: now, Grace: grace, Held: heldIn, Foreign: foreign, SpareLimit: limit})
 			// What no other node may get a block over after this plan: the
 			// held ranges, and the blocks taken in it.
 			heldAfter := map[string][]iprange.Range{}
@@ -163,8 +164,25 @@ func TestPlanInvariantsRandomized(t *testing.T) {
 					}
 				}
 			}
+			checkSpare(t, ctx, layout, out, limit, seenIdx, func(b iprange.Range) bool { return freeFor("", b) })
 			existing = out.Assignments
 		}
+	}
+}
+
+// checkSpare checks a plan's spare blocks against a scan of the whole layout:
+// they are the lowest usable blocks, ascending and at most limit, that no node
+// has (used) and that free says no one holds anything in.
+func checkSpare(t *testing.T, ctx string, layout blocks.Layout, out Plan, limit int, used map[uint64]string, free func(iprange.Range) bool) {
+	t.Helper()
+	var want []uint64
+	for i := uint64(0); i < layout.Count() && len(want) < limit; i++ {
+		if _, taken := used[i]; !taken && layout.Usable(i) && free(layout.Block(i)) {
+			want = append(want, i)
+		}
+	}
+	if !slices.Equal(out.Spare, want) {
+		t.Fatalf("%s: spare blocks %v, want %v (limit %d, assignments %v)", ctx, out.Spare, want, limit, out.Assignments)
 	}
 }
 
