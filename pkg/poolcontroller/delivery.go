@@ -104,6 +104,9 @@ type poolBlocks struct {
 	template nodeipamv1.PoolSpec
 	layout   blocks.Layout
 	blocks   map[string]uint64
+	// joins is the index of free blocks that joining nodes are given blocks
+	// from before the pool's next plan (see joins.go); nil: none.
+	joins *joinIndex
 }
 
 // val returns the block of index i as status lists it.
@@ -378,20 +381,32 @@ func (d *Delivery) enqueueObject(o any) {
 }
 
 // Set records a pool's blocks in layout, by node, as its reconcile decided them
-// (as), and queues the nodes whose NodeIPAM they change.
-func (d *Delivery) Set(p pool, layout blocks.Layout, as []planner.Assignment) {
+// (as, sorted by node), and queues the nodes whose NodeIPAM they change. The
+// blocks placed from the pool's index since the reconcile started are merged
+// in (see mergePlaced), and the assignments returned are those recorded;
+// short says that a node lost the block its plan gave it to a placement and
+// got none, and waits for another plan. spare and skip are the pool's new
+// index of free blocks for joining nodes (see joins.go); nil spare: none.
+func (d *Delivery) Set(p pool, layout blocks.Layout, as []planner.Assignment, spare []uint64, skip map[string]bool) (recorded []planner.Assignment, short bool) {
 	if !d.on() {
-		return
+		return as, false
 	}
 	ref := poolRef{p.kind(), p.object().GetName()}
 	tmpl := p.template()
+	d.mu.Lock()
+	old := d.pools[ref]
+	if old != nil && old.joins != nil && old.template.PoolUID == tmpl.PoolUID && old.template.Generation == tmpl.Generation {
+		as, spare, short = mergePlaced(as, old.joins.placed, spare)
+	}
 	bs := make(map[string]uint64, len(as))
 	for _, a := range as {
 		bs[a.Node] = a.Index
 	}
-	d.mu.Lock()
-	old := d.pools[ref]
-	d.pools[ref] = &poolBlocks{template: tmpl, layout: layout, blocks: bs}
+	var joins *joinIndex
+	if spare != nil {
+		joins = &joinIndex{spare: spare, skip: skip, placed: map[string]uint64{}}
+	}
+	d.pools[ref] = &poolBlocks{template: tmpl, layout: layout, blocks: bs, joins: joins}
 	delete(d.gone, ref)
 	d.mu.Unlock()
 	if old == nil || !reflect.DeepEqual(old.template, tmpl) {
@@ -412,7 +427,7 @@ func (d *Delivery) Set(p pool, layout blocks.Layout, as []planner.Assignment) {
 		} else {
 			d.queueObserved(ref)
 		}
-		return
+		return as, short
 	}
 	for n, b := range bs {
 		if ob, ok := old.blocks[n]; !ok || ob != b {
@@ -424,6 +439,7 @@ func (d *Delivery) Set(p pool, layout blocks.Layout, as []planner.Assignment) {
 			d.change(n)
 		}
 	}
+	return as, short
 }
 
 // change queues a NodeIPAM (or the PoolSpecs) that a pool's blocks changed,
@@ -505,6 +521,11 @@ func (d *Delivery) Assigned(kind, name string, uid types.UID, gen int64) ([]plan
 	if pb == nil || pb.template.PoolUID != uid || pb.template.Generation != gen {
 		return nil, false
 	}
+	if pb.joins != nil {
+		// The plan starts from these: what is placed from now on is
+		// merged into it (Set).
+		pb.joins.placed = map[string]uint64{}
+	}
 	out := make([]planner.Assignment, 0, len(pb.blocks))
 	for n, i := range pb.blocks {
 		out = append(out, planner.Assignment{Node: n, Index: i})
@@ -521,6 +542,11 @@ func (d *Delivery) Existing(ctx context.Context, kind, name string, uid types.UI
 	ref := poolRef{kind, name}
 	d.mu.Lock()
 	if pb := d.pools[ref]; pb != nil && pb.template.PoolUID == uid {
+		// A plan from another layout starts: nothing is placed from the
+		// old one's index meanwhile, which the plan would not know of.
+		if pb.joins != nil {
+			pb.joins.frozen = true
+		}
 		out := make(map[string]blockVal, len(pb.blocks))
 		for n, i := range pb.blocks {
 			out[n] = pb.val(i)

@@ -65,6 +65,8 @@ type Reconciler struct {
 	// NodeIPAMs only (status.blocksIn says so). 0 lists every block.
 	MaxListed int
 	writes    atomic.Uint64
+	// lastTook is the last reconcile's duration, in nanoseconds (see followUp).
+	lastTook atomic.Int64
 }
 
 // reservationKey names a pool's reservations in the memory: its namespace and
@@ -154,7 +156,9 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, err error) {
 	start := time.Now()
 	defer func() {
-		reconcileDuration.WithLabelValues(r.Kind).Observe(time.Since(start).Seconds())
+		took := time.Since(start)
+		r.lastTook.Store(int64(took))
+		reconcileDuration.WithLabelValues(r.Kind).Observe(took.Seconds())
 		if err != nil {
 			reconcileErrors.WithLabelValues(r.Kind).Inc()
 		}
@@ -173,7 +177,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			if err := mem.load(ctx, r.now()); err != nil {
 				return ctrl.Result{}, err
 			}
-			mem.forgetPool(v1alpha1.PoolKey(r.Kind, req.Name), r.now())
+			key := v1alpha1.PoolKey(r.Kind, req.Name)
+			if given := r.Delivery.Frozen(r.Kind, req.Name); given != nil {
+				// Blocks placed for joining nodes since the pool's last
+				// plan, which the memory does not know of yet.
+				mem.blocksOf(key, given, r.now())
+			}
+			mem.forgetPool(key, r.now())
 			mem.keepReservations(r.reservationKey(req.NamespacedName), "", nil)
 			r.Delivery.Remove(r.Kind, req.Name)
 			if r.Delivery.on() {
@@ -220,6 +230,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		meta.RemoveStatusCondition(&c.Conditions, v1alpha1.ConditionConflict)
 		meta.RemoveStatusCondition(&c.Conditions, v1alpha1.ConditionExhausted)
 		c.AllocatedNodes = int32(p.allocationCount())
+		r.Delivery.Freeze(r.Kind, req.Name)
 		return ctrl.Result{}, r.writeStatus(ctx, st, p, p.withStatus(nil, nil, true, c))
 	}
 	setCondition(&c, v1alpha1.ConditionInvalidSpec, false, "Valid", "the spec is valid")
@@ -244,6 +255,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		meta.RemoveStatusCondition(&c.Conditions, v1alpha1.ConditionExhausted)
 		c.AllocatedNodes, c.SelectedNodes = int32(p.allocationCount()), 0
 		updateMetrics(r.Kind, p.object(), layout, p.allocationCount(), 0)
+		r.Delivery.Freeze(r.Kind, req.Name)
 		return ctrl.Result{}, r.writeStatus(ctx, st, p, p.withStatus(nil, nil, true, c))
 	}
 	setCondition(&c, v1alpha1.ConditionConflict, false, "NoOverlap", "the pool overlaps no other pool")
@@ -254,6 +266,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, err
 	}
 	in.Foreign = append(in.Foreign, foreign...)
+	// Joining nodes get blocks from this plan's spare ones until the next
+	// plan (see joins.go) where nothing but this controller can change what
+	// is free: records as the memory, no other pool over this one's network,
+	// no record written by someone else.
+	joins := delivering && mem.trustsOnlyGrants() && len(in.Foreign) == 0 && len(notes.untrusted) == 0 &&
+		len(r.Delivery.UntrustedNodes()) == 0
+	if joins {
+		in.SpareLimit = spareLimit
+	}
 	out := planner.Make(in)
 	granted := mem.retire(p.storeKey(), out.Taken, in.Now)
 	if st.addReservations(out.Retired, in.Now, r.ReleaseGracePeriod) {
@@ -283,6 +304,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		// A block taken from a node goes from its record once that is due.
 		if left := max(at.Sub(in.Now), planner.RetiredRequeue); out.RequeueAfter == 0 || left < out.RequeueAfter {
 			out.RequeueAfter = left
+		}
+	}
+	if delivering {
+		// The NodeIPAM writes are queued before the status is written; the
+		// blocks placed for joining nodes while this plan ran are merged in.
+		var spare []uint64
+		var skip map[string]bool
+		if joins {
+			spare, skip = out.Spare, joinSkips(in, out)
+			if spare == nil {
+				spare = []uint64{}
+			}
+		}
+		var short bool
+		out.Assignments, short = r.Delivery.Set(p, layout, out.Assignments, spare, skip)
+		if short && (out.RequeueAfter == 0 || out.RequeueAfter > planner.RetiredRequeue) {
+			out.RequeueAfter = planner.RetiredRequeue
 		}
 	}
 	for _, n := range out.Replaced {
@@ -320,10 +358,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	st.exhausted = len(out.Unassigned)
 	updateMetrics(r.Kind, p.object(), layout, len(out.Assignments), len(out.Unassigned))
 
-	if delivering {
-		// The NodeIPAM writes are queued before the status is written.
-		r.Delivery.Set(p, layout, out.Assignments)
-	}
 	// A status that lists blocks a daemon may have read (an nv-ipam or earlier
 	// hwipam daemon reads nothing else) stops listing them only once every
 	// NodeIPAM write queued so far is done: a controller that restarts then

@@ -317,3 +317,13 @@ func ceilSecond(t time.Time) time.Time {
 	}
 	return t
 }
+
+// trustsOnlyGrants reports whether a report counts only within its node's
+// grants, its records' blocks: the records are the memory and no report is
+// adopted (see load). Only then may joining nodes get blocks from a pool's
+// index between its plans (see joins.go).
+func (m *Memory) trustsOnlyGrants() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.recordsOnly && !m.trustFirst
+}

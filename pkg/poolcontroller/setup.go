@@ -113,6 +113,9 @@ func (r *Reconciler) overlappingPools(ctx context.Context, namespace string, o c
 			continue
 		}
 		if mine, ok := p.network(); ok && mine.Overlaps(theirs) {
+			// What is free in this pool may change: no join is placed from
+			// its index until its plan has seen the other pool.
+			r.Delivery.Freeze(r.Kind, p.object().GetName())
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())})
 		}
 	}
@@ -125,27 +128,45 @@ type nodeQueue = workqueue.TypedRateLimitingInterface[reconcile.Request]
 // reconciled (see nodeHandler).
 const reportDelay = 500 * time.Millisecond
 
-// nodeHandler maps Node events to the pools they concern.
+// nodeHandler maps Node events to the pools they concern. A node that a pool
+// selects and that has no block of it (it joined, or its labels changed) gets
+// one from the pool's index of free blocks when the index allows it (see
+// joins.go): its record is queued at once, and the pool's plan follows later.
 func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
-	enqueue := func(ctx context.Context, q nodeQueue, nodes ...client.Object) {
+	// joined is the node as it is now, nil when it is gone.
+	enqueue := func(ctx context.Context, q nodeQueue, joined client.Object, nodes ...client.Object) {
 		for _, p := range r.poolsOfKind(ctx, namespace) {
-			if r.concerns(p, nodes...) || reportsHolds(nodes...) {
-				q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())})
+			if !r.concerns(p, nodes...) && !reportsHolds(nodes...) {
+				continue
 			}
+			req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())}
+			if joined == nil {
+				q.Add(req)
+				continue
+			}
+			if placed, low := r.placeJoin(p, joined); placed && !low {
+				q.AddAfter(req, r.followUp())
+				continue
+			}
+			q.Add(req)
 		}
 	}
 	// A report that changed, and nothing else: every pool, but at most once a
 	// reportDelay whatever the daemons write (a delayed item is queued once), so
 	// that a daemon rewriting its report in a loop costs each pool one
-	// reconcile a reportDelay, not one per write.
+	// reconcile a reportDelay, not one per write; once a plan takes longer
+	// than 50 ms, ten times its duration (a report frees what it no longer
+	// holds and counts only within its node's grants: nothing waits on it
+	// but the release of retired blocks).
 	enqueueReport := func(ctx context.Context, q nodeQueue) {
+		delay := max(reportDelay, r.followUp()/2)
 		for _, p := range r.poolsOfKind(ctx, namespace) {
-			q.AddAfter(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())}, reportDelay)
+			q.AddAfter(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())}, delay)
 		}
 	}
 	return handler.Funcs{
-		CreateFunc: func(ctx context.Context, e event.CreateEvent, q nodeQueue) { enqueue(ctx, q, e.Object) },
-		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q nodeQueue) { enqueue(ctx, q, e.Object) },
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q nodeQueue) { enqueue(ctx, q, e.Object, e.Object) },
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q nodeQueue) { enqueue(ctx, q, nil, e.Object) },
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q nodeQueue) {
 			o, n := e.ObjectOld, e.ObjectNew
 			if o.GetAnnotations()[v1alpha1.HeldAnnotation] != n.GetAnnotations()[v1alpha1.HeldAnnotation] {
@@ -154,16 +175,16 @@ func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
 					enqueueReport(ctx, q)
 					return
 				}
-				enqueue(ctx, q, o, n)
+				enqueue(ctx, q, n, o, n)
 				return
 			}
 			if mapsEqual(o.GetLabels(), n.GetLabels()) &&
 				o.GetAnnotations()[v1alpha1.PoolsInUseAnnotation] == n.GetAnnotations()[v1alpha1.PoolsInUseAnnotation] {
 				return // nothing a pool selects on or reads changed
 			}
-			enqueue(ctx, q, o, n)
+			enqueue(ctx, q, n, o, n)
 		},
-		GenericFunc: func(ctx context.Context, e event.GenericEvent, q nodeQueue) { enqueue(ctx, q, e.Object) },
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q nodeQueue) { enqueue(ctx, q, nil, e.Object) },
 	}
 }
 
