@@ -88,8 +88,10 @@ type joinIndex struct {
 
 // Place gives node the lowest spare block of the pool, if the pool's index
 // allows it (the pool of UID uid and generation gen was planned with one, and
-// the node has no block and is not skipped), and queues the node's record. low
-// says that the index is running short and the pool wants a plan now.
+// the node has no block and is not skipped), and marks the node's record as
+// pending; the caller queues it (Queue) once it has placed the node in every
+// pool it joins, so that one write carries them all. low says that the index
+// is running short and the pool wants a plan now.
 func (d *Delivery) Place(kind, name string, uid types.UID, gen int64, node string) (placed, low bool) {
 	if !d.on() {
 		return false, false
@@ -110,9 +112,15 @@ func (d *Delivery) Place(kind, name string, uid types.UID, gen int64, node strin
 	x.placed[node] = i
 	d.changes++
 	d.pending[node] = d.changes
-	d.queue.Add(node)
 	joinsPlaced.WithLabelValues(kind).Inc()
 	return true, len(x.spare) < spareLimit/4
+}
+
+// Queue queues node's record for writing, after Place.
+func (d *Delivery) Queue(node string) {
+	if d.on() {
+		d.queue.Add(node)
+	}
 }
 
 // Freeze stops placements from a pool's index: every join waits for the

@@ -135,6 +135,12 @@ const reportDelay = 500 * time.Millisecond
 func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
 	// joined is the node as it is now, nil when it is gone.
 	enqueue := func(ctx context.Context, q nodeQueue, joined client.Object, nodes ...client.Object) {
+		placedAny := false
+		defer func() {
+			if placedAny {
+				r.Delivery.Queue(joined.GetName())
+			}
+		}()
 		for _, p := range r.poolsOfKind(ctx, namespace) {
 			if !r.concerns(p, nodes...) && !reportsHolds(nodes...) {
 				continue
@@ -144,7 +150,9 @@ func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
 				q.Add(req)
 				continue
 			}
-			if placed, low := r.placeJoin(p, joined); placed && !low {
+			placed, low := r.placeJoin(p, joined)
+			placedAny = placedAny || placed
+			if placed && !low {
 				q.AddAfter(req, r.followUp())
 				continue
 			}

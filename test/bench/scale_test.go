@@ -70,6 +70,11 @@ import (
 //     as a daemon watches, from just before the create until 3 s after the join
 //     was served: new, that node's NodeIPAM by name (fieldSelector
 //     metadata.name); old, the IPPools and CIDRPools of the namespace.
+//   - burst-joins/s, burst-s-median, -p99, -max and burst-over-5s (new): after
+//     those joins, Nodes created at 100 a second for a minute, as a cluster
+//     autoscaler adds them (HWIPAM_BENCH_BURST_RATE, HWIPAM_BENCH_BURST_SECONDS;
+//     0 seconds: none), each from its create's return until its NodeIPAM lists
+//     8 blocks (see burst);
 //   - controller-peak-RSS-MiB: its VmHWM at the end of the run;
 //     status-writes and reconcile-errors: its counters then.
 //   - daemon-start-s and daemon-RSS-MiB (new): the real ipam-node started for a
@@ -318,6 +323,8 @@ func (w *scaleWorld) run(b *testing.B, d scaleDesign, nodes int) map[string]floa
 	out["bytes/join-max"] = wire[len(wire)-1]
 
 	if d.nodeIPAM {
+		// 100 joins a second for a minute (see burst).
+		joined = append(joined, w.burst(b, ns, nodes, out)...)
 		start, rss := w.daemonStart(b, ns, createdNodeName(0), "rail0")
 		out["daemon-start-s"] = start.Seconds()
 		out["daemon-RSS-MiB"] = float64(rss) / 1024
