@@ -72,6 +72,11 @@ type Delivery struct {
 	// waits in the rate limiter, or an object waiting to be created again, stays
 	// pending (see Idle).
 	pending map[string]uint64
+	// freezes counts, per pool, what stopped its joins index (see
+	// joins.go); snaps is the count when the pool's running plan started:
+	// a plan whose index was frozen meanwhile installs a frozen one.
+	freezes map[poolRef]uint64
+	snaps   map[poolRef]uint64
 	changes uint64
 	// untrusted are the nodes whose NodeIPAM someone other than the controller
 	// wrote, as the cache last saw them (see UntrustedNodes).
@@ -135,6 +140,8 @@ func (d *Delivery) init() {
 		d.pools = map[poolRef]*poolBlocks{}
 		d.gone = map[poolRef]bool{}
 		d.pending = map[string]uint64{}
+		d.freezes = map[poolRef]uint64{}
+		d.snaps = map[poolRef]uint64{}
 		d.untrusted = map[string]bool{}
 		d.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 30*time.Second),
@@ -384,19 +391,19 @@ func (d *Delivery) enqueueObject(o any) {
 // (as, sorted by node), and queues the nodes whose NodeIPAM they change. The
 // blocks placed from the pool's index since the reconcile started are merged
 // in (see mergePlaced), and the assignments returned are those recorded;
-// short says that a node lost the block its plan gave it to a placement and
-// got none, and waits for another plan. spare and skip are the pool's new
+// unplaced are the nodes that lost the block their plan gave them to a
+// placement and got none, and wait for another plan. spare and skip are the pool's new
 // index of free blocks for joining nodes (see joins.go); nil spare: none.
-func (d *Delivery) Set(p pool, layout blocks.Layout, as []planner.Assignment, spare []uint64, skip map[string]bool) (recorded []planner.Assignment, short bool) {
+func (d *Delivery) Set(p pool, layout blocks.Layout, as []planner.Assignment, spare []uint64, skip map[string]bool) (recorded []planner.Assignment, unplaced []string) {
 	if !d.on() {
-		return as, false
+		return as, nil
 	}
 	ref := poolRef{p.kind(), p.object().GetName()}
 	tmpl := p.template()
 	d.mu.Lock()
 	old := d.pools[ref]
 	if old != nil && old.joins != nil && old.template.PoolUID == tmpl.PoolUID && old.template.Generation == tmpl.Generation {
-		as, spare, short = mergePlaced(as, old.joins.placed, spare)
+		as, spare, unplaced = mergePlaced(as, old.joins.placed, spare)
 	}
 	bs := make(map[string]uint64, len(as))
 	for _, a := range as {
@@ -404,7 +411,8 @@ func (d *Delivery) Set(p pool, layout blocks.Layout, as []planner.Assignment, sp
 	}
 	var joins *joinIndex
 	if spare != nil {
-		joins = &joinIndex{spare: spare, skip: skip, placed: map[string]uint64{}}
+		joins = &joinIndex{spare: spare, start: len(spare), skip: skip, placed: map[string]uint64{},
+			frozen: d.freezes[ref] != d.snaps[ref]}
 	}
 	d.pools[ref] = &poolBlocks{template: tmpl, layout: layout, blocks: bs, joins: joins}
 	delete(d.gone, ref)
@@ -427,7 +435,7 @@ func (d *Delivery) Set(p pool, layout blocks.Layout, as []planner.Assignment, sp
 		} else {
 			d.queueObserved(ref)
 		}
-		return as, short
+		return as, unplaced
 	}
 	for n, b := range bs {
 		if ob, ok := old.blocks[n]; !ok || ob != b {
@@ -439,7 +447,7 @@ func (d *Delivery) Set(p pool, layout blocks.Layout, as []planner.Assignment, sp
 			d.change(n)
 		}
 	}
-	return as, short
+	return as, unplaced
 }
 
 // change queues a NodeIPAM (or the PoolSpecs) that a pool's blocks changed,
@@ -526,6 +534,7 @@ func (d *Delivery) Assigned(kind, name string, uid types.UID, gen int64) ([]plan
 		// merged into it (Set).
 		pb.joins.placed = map[string]uint64{}
 	}
+	d.snaps[poolRef{kind, name}] = d.freezes[poolRef{kind, name}]
 	out := make([]planner.Assignment, 0, len(pb.blocks))
 	for n, i := range pb.blocks {
 		out = append(out, planner.Assignment{Node: n, Index: i})
@@ -539,14 +548,27 @@ func (d *Delivery) Assigned(kind, name string, uid types.UID, gen int64) ([]plan
 // the controller wrote show them (a controller restarted while the pool's status
 // lists no blocks; an object someone else wrote counts for nothing).
 func (d *Delivery) Existing(ctx context.Context, kind, name string, uid types.UID) (map[string]blockVal, error) {
+	return d.existing(ctx, kind, name, uid, false)
+}
+
+// ExistingToPlan is Existing for the pool's own plan, which starts there (see
+// Assigned).
+func (d *Delivery) ExistingToPlan(ctx context.Context, kind, name string, uid types.UID) (map[string]blockVal, error) {
+	return d.existing(ctx, kind, name, uid, true)
+}
+
+func (d *Delivery) existing(ctx context.Context, kind, name string, uid types.UID, plan bool) (map[string]blockVal, error) {
 	ref := poolRef{kind, name}
 	d.mu.Lock()
+	// The pool's own plan starts from the records (a start, another layout,
+	// another pool of the name): nothing is placed from an earlier index
+	// meanwhile, which it would not know of. Or another pool over this one's
+	// network plans: what is free here may be that pool's soon.
+	d.freezeLocked(ref)
+	if plan {
+		d.snaps[ref] = d.freezes[ref]
+	}
 	if pb := d.pools[ref]; pb != nil && pb.template.PoolUID == uid {
-		// A plan from another layout starts: nothing is placed from the
-		// old one's index meanwhile, which the plan would not know of.
-		if pb.joins != nil {
-			pb.joins.frozen = true
-		}
 		out := make(map[string]blockVal, len(pb.blocks))
 		for n, i := range pb.blocks {
 			out[n] = pb.val(i)

@@ -23,21 +23,29 @@ import (
 // count.
 //
 // Why that gives no block twice. A spare block is one that, at the last plan,
-// no node had, no node may hold anything in (its grants, the reservations of
-// retired blocks) and no other pool covers. Until the next plan only the
-// controller itself can change that, and each way it can is closed:
+// no node had, no node may hold anything in (what the reports count, the
+// reservations of retired blocks, and every grant, reported or not, which a
+// late report may still claim: planner.Input.SpareExcluded) and no other pool
+// covers. Until the next plan only the controller itself can change that, and
+// each way it can is closed:
 //   - other placements: one index per pool, under Delivery's lock, and a block
 //     leaves it when it is given;
 //   - the next plan, which started from the blocks as they were before some
 //     placements: Delivery.Assigned marks where it started, and Delivery.Set
 //     merges the placements made since into the plan (a node the plan gave the
 //     same block to takes another spare; a node placed keeps the block it got);
-//   - a plan from another layout (a spec edit), or from the records at a
-//     start: the index is dropped when such a plan starts (Delivery.Existing),
-//     and a placement checks the pool's UID and generation;
-//   - another pool created, edited or deleted over this pool's network: the
-//     index is dropped at the event (the reconcilers' overlap mapper), as are
-//     the indexes of pools that have foreign ranges or a conflict;
+//   - a plan from another layout (a spec edit), from the records at a start,
+//     or of a pool created again under the name: the index is frozen when such
+//     a plan starts (Delivery.ExistingToPlan; for a pool created again, the old
+//     pool's blocks, placements included, become its nodes' grants first:
+//     Delivery.Replaced), and a placement checks the pool's UID and
+//     generation;
+//   - another pool created, edited, deleted or planned over this pool's
+//     network: the index is frozen at the event (the reconcilers' overlap
+//     mapper) and when the other pool's plan reads this pool's blocks
+//     (Delivery.Existing); pools with foreign ranges, a conflict or a deletion
+//     under way keep none. A freeze while a plan runs makes the index that plan
+//     installs a frozen one (Delivery's freezes and snaps);
 //   - reports: with the records as the memory, a report counts only within
 //     the node's own grants, which are never spare; a node whose record
 //     someone else wrote (whose report counts beyond its grants) stops every
@@ -51,7 +59,7 @@ import (
 
 // spareLimit is how many spare blocks a pool's index holds: joins until the
 // pool's next plan, which a join asks for within followUpMax (and at once when
-// a quarter is left).
+// a quarter of the index is left).
 const spareLimit = 8192
 
 // followUpMin and followUpMax bound how long after a placement the pool's
@@ -73,8 +81,10 @@ func init() { metrics.Registry.MustRegister(joinsPlaced) }
 
 // joinIndex is a pool's index of free blocks, as its last plan left it.
 type joinIndex struct {
-	// spare are the free blocks, ascending (see planner.Plan.Spare).
+	// spare are the free blocks, ascending (see planner.Plan.Spare); start
+	// is how many there were.
 	spare []uint64
+	start int
 	// skip are the nodes without a block that hold something in the pool or
 	// are pinned to a block: only a plan gives them one.
 	skip map[string]bool
@@ -113,7 +123,16 @@ func (d *Delivery) Place(kind, name string, uid types.UID, gen int64, node strin
 	d.changes++
 	d.pending[node] = d.changes
 	joinsPlaced.WithLabelValues(kind).Inc()
-	return true, len(x.spare) < spareLimit/4
+	return true, len(x.spare) < x.start/4
+}
+
+// freezeLocked stops placements from ref's index, now and from an index a
+// plan that started before installs; with d.mu held.
+func (d *Delivery) freezeLocked(ref poolRef) {
+	d.freezes[ref]++
+	if pb := d.pools[ref]; pb != nil && pb.joins != nil {
+		pb.joins.frozen = true
+	}
 }
 
 // Queue queues node's record for writing, after Place.
@@ -132,17 +151,29 @@ func (d *Delivery) Freeze(kind, name string) {
 // Frozen freezes a pool's index (see Freeze) and returns the pool's blocks
 // as they are then, placements included, by node; nil when it has none here.
 func (d *Delivery) Frozen(kind, name string) map[string]iprange.Range {
+	return d.frozen(kind, name, "")
+}
+
+// Replaced is Frozen for a pool whose blocks here are of a pool of its name
+// with another UID than uid (deleted and created again); nil otherwise.
+func (d *Delivery) Replaced(kind, name string, uid types.UID) map[string]iprange.Range {
+	return d.frozen(kind, name, uid)
+}
+
+func (d *Delivery) frozen(kind, name string, unless types.UID) map[string]iprange.Range {
 	if !d.on() {
 		return nil
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	pb := d.pools[poolRef{kind, name}]
-	if pb == nil {
+	ref := poolRef{kind, name}
+	pb := d.pools[ref]
+	if unless != "" && (pb == nil || pb.template.PoolUID == unless) {
 		return nil
 	}
-	if pb.joins != nil {
-		pb.joins.frozen = true
+	d.freezeLocked(ref)
+	if pb == nil {
+		return nil
 	}
 	out := make(map[string]iprange.Range, len(pb.blocks))
 	for n, i := range pb.blocks {
@@ -154,12 +185,12 @@ func (d *Delivery) Frozen(kind, name string) map[string]iprange.Range {
 // mergePlaced returns a plan's assignments (sorted by node) with the blocks
 // placed since the plan started: a node placed keeps its block (the plan may
 // have given it another, which no one else has then); a node the plan gave a
-// placed block to gets the lowest of spare instead, or none (short is then
-// true, and the pool wants another plan). It returns what is left of spare,
-// without the blocks placed.
-func mergePlaced(as []planner.Assignment, placed map[string]uint64, spare []uint64) (out []planner.Assignment, left []uint64, short bool) {
+// placed block to gets the lowest of spare instead, or none (it is then in
+// unplaced, and the pool wants another plan). It returns what is left of
+// spare, without the blocks placed.
+func mergePlaced(as []planner.Assignment, placed map[string]uint64, spare []uint64) (out []planner.Assignment, left []uint64, unplaced []string) {
 	if len(placed) == 0 {
-		return as, spare, false
+		return as, spare, nil
 	}
 	byBlock := make(map[uint64]string, len(placed))
 	for n, i := range placed {
@@ -188,14 +219,30 @@ func mergePlaced(as []planner.Assignment, placed map[string]uint64, spare []uint
 	left = slices.DeleteFunc(slices.Clone(spare), func(i uint64) bool { _, ok := byBlock[i]; return ok })
 	for _, n := range bumped {
 		if len(left) == 0 {
-			short = true
-			break
+			unplaced = append(unplaced, n)
+			continue
 		}
 		out = append(out, planner.Assignment{Node: n, Index: left[0]})
 		left = left[1:]
 	}
 	slices.SortFunc(out, func(a, b planner.Assignment) int { return cmp.Compare(a.Node, b.Node) })
-	return out, left, short
+	return out, left, unplaced
+}
+
+// afterMerge updates a plan's nodes without a block after its assignments
+// were merged with placements (see mergePlaced): those placed since have one,
+// and those unplaced have none.
+func afterMerge(out *planner.Plan, unplaced []string) {
+	if len(out.Unassigned) == 0 && len(unplaced) == 0 {
+		return
+	}
+	has := func(n string) bool {
+		_, ok := slices.BinarySearchFunc(out.Assignments, n, func(a planner.Assignment, n string) int { return cmp.Compare(a.Node, n) })
+		return ok
+	}
+	out.Unassigned = append(slices.DeleteFunc(out.Unassigned, has), unplaced...)
+	slices.Sort(out.Unassigned)
+	out.Unassigned = slices.Compact(out.Unassigned)
 }
 
 // joinSkips returns the nodes an index skips: those of held (what they may
@@ -225,11 +272,27 @@ func joinSkips(in planner.Input, out planner.Plan) map[string]bool {
 	return skip
 }
 
-// followUp is how long after a placement the pool's plan runs (see
-// followUpFactor).
-func (r *Reconciler) followUp() time.Duration {
-	d := time.Duration(r.lastTook.Load()) * followUpFactor
-	return min(max(d, followUpMin), followUpMax)
+// followUp is how long after a placement pool's plan runs (see
+// followUpFactor); pool nil: any pool's, after the last plan of the kind.
+func (r *Reconciler) followUp(pool client.Object) time.Duration {
+	took := time.Duration(r.lastTook.Load())
+	if pool != nil {
+		r.mu.Lock()
+		took = r.took[client.ObjectKeyFromObject(pool)]
+		r.mu.Unlock()
+	}
+	return min(max(took*followUpFactor, followUpMin), followUpMax)
+}
+
+// tookToPlan records how long a plan of pool took (see followUp).
+func (r *Reconciler) tookToPlan(pool types.NamespacedName, took time.Duration) {
+	r.lastTook.Store(int64(took))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.took == nil {
+		r.took = map[types.NamespacedName]time.Duration{}
+	}
+	r.took[pool] = took
 }
 
 // placeJoin gives node a block of pool p from the pool's index when the pool

@@ -78,7 +78,8 @@ func TestPlacedJoinsMergeIntoARacingPlan(t *testing.T) {
 		in2 := planner.Input{Layout: layout, Existing: first.Assignments, Selected: sel2, Nodes: nodes2, Held: held,
 			Departed: map[string]time.Time{}, Now: now, SpareLimit: 1 + rng.IntN(20)}
 		second := planner.Make(in2)
-		merged, left, short := mergePlaced(second.Assignments, placed, second.Spare)
+		merged, left, unplaced := mergePlaced(second.Assignments, placed, second.Spare)
+		short := len(unplaced) > 0
 
 		byNode, byBlock := map[string]uint64{}, map[uint64]string{}
 		for _, a := range merged {

@@ -65,8 +65,10 @@ type Reconciler struct {
 	// NodeIPAMs only (status.blocksIn says so). 0 lists every block.
 	MaxListed int
 	writes    atomic.Uint64
-	// lastTook is the last reconcile's duration, in nanoseconds (see followUp).
+	// lastTook is the last reconcile's duration, in nanoseconds, and took
+	// each pool's (see followUp).
 	lastTook atomic.Int64
+	took     map[types.NamespacedName]time.Duration
 }
 
 // reservationKey names a pool's reservations in the memory: its namespace and
@@ -150,6 +152,7 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.state, key)
+	delete(r.took, key)
 }
 
 // Reconcile brings one pool's status in line with its spec and the nodes.
@@ -157,7 +160,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	start := time.Now()
 	defer func() {
 		took := time.Since(start)
-		r.lastTook.Store(int64(took))
+		r.tookToPlan(req.NamespacedName, took)
 		reconcileDuration.WithLabelValues(r.Kind).Observe(took.Seconds())
 		if err != nil {
 			reconcileErrors.WithLabelValues(r.Kind).Inc()
@@ -199,6 +202,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, fmt.Errorf("reading %s %s: %w", r.Kind, req, err)
 	}
 	if !p.object().GetDeletionTimestamp().IsZero() {
+		r.Delivery.Freeze(r.Kind, req.Name)
 		return ctrl.Result{}, nil
 	}
 	// What a controller before this one kept (reservations, reports) is read
@@ -273,7 +277,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	joins := delivering && mem.trustsOnlyGrants() && len(in.Foreign) == 0 && len(notes.untrusted) == 0 &&
 		len(r.Delivery.UntrustedNodes()) == 0
 	if joins {
-		in.SpareLimit = spareLimit
+		in.SpareLimit, in.SpareExcluded = spareLimit, mem.grantRanges(layout.Range())
 	}
 	out := planner.Make(in)
 	granted := mem.retire(p.storeKey(), out.Taken, in.Now)
@@ -317,9 +321,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 				spare = []uint64{}
 			}
 		}
-		var short bool
-		out.Assignments, short = r.Delivery.Set(p, layout, out.Assignments, spare, skip)
-		if short && (out.RequeueAfter == 0 || out.RequeueAfter > planner.RetiredRequeue) {
+		var unplaced []string
+		out.Assignments, unplaced = r.Delivery.Set(p, layout, out.Assignments, spare, skip)
+		afterMerge(&out, unplaced)
+		if len(unplaced) > 0 && (out.RequeueAfter == 0 || out.RequeueAfter > planner.RetiredRequeue) {
 			out.RequeueAfter = planner.RetiredRequeue
 		}
 	}
@@ -424,10 +429,16 @@ func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (
 		return p, nil, nil
 	}
 	obj := p.object()
+	if old := r.Delivery.Replaced(r.Kind, obj.GetName(), obj.GetUID()); old != nil {
+		// The blocks of a pool of this name deleted and created again, as
+		// this process gave them, joins placed since its last plan included:
+		// its nodes' grants from this plan on (see planInput).
+		r.memory().blocksOf(p.storeKey(), old, r.now())
+	}
 	if as, ok := r.Delivery.Assigned(r.Kind, obj.GetName(), obj.GetUID(), obj.GetGeneration()); ok {
 		return p, as, nil
 	}
-	bs, err := r.Delivery.Existing(ctx, r.Kind, obj.GetName(), obj.GetUID())
+	bs, err := r.Delivery.ExistingToPlan(ctx, r.Kind, obj.GetName(), obj.GetUID())
 	if err != nil {
 		return nil, nil, err
 	}

@@ -153,7 +153,7 @@ func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
 			placed, low := r.placeJoin(p, joined)
 			placedAny = placedAny || placed
 			if placed && !low {
-				q.AddAfter(req, r.followUp())
+				q.AddAfter(req, r.followUp(p.object()))
 				continue
 			}
 			q.Add(req)
@@ -167,7 +167,7 @@ func (r *Reconciler) nodeHandler(namespace string) handler.EventHandler {
 	// holds and counts only within its node's grants: nothing waits on it
 	// but the release of retired blocks).
 	enqueueReport := func(ctx context.Context, q nodeQueue) {
-		delay := max(reportDelay, r.followUp()/2)
+		delay := max(reportDelay, r.followUp(nil)/2)
 		for _, p := range r.poolsOfKind(ctx, namespace) {
 			q.AddAfter(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(p.object())}, delay)
 		}

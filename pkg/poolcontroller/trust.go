@@ -845,3 +845,22 @@ func rangeString(r iprange.Range) string {
 	}
 	return r.String()
 }
+
+// grantRanges returns the grants of every node, in any pool, that overlap
+// network: blocks taken from nodes that a report may still claim (see
+// planner.Input.SpareExcluded).
+func (m *Memory) grantRanges(network iprange.Range) []iprange.Range {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []iprange.Range
+	for _, byNode := range m.given {
+		for _, gs := range byNode {
+			for _, g := range gs {
+				if g.Range.Overlaps(network) {
+					out = append(out, g.Range)
+				}
+			}
+		}
+	}
+	return out
+}

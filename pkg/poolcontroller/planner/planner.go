@@ -60,8 +60,11 @@ type Input struct {
 	Now      time.Time
 	Grace    time.Duration
 	// SpareLimit is how many spare blocks the plan lists at most (see
-	// Plan.Spare); 0 lists none.
-	SpareLimit int
+	// Plan.Spare); 0 lists none. No spare block overlaps SpareExcluded either
+	// (the blocks taken from nodes that their daemons have not reported
+	// holding anything in, which a late report may still claim).
+	SpareLimit    int
+	SpareExcluded []iprange.Range
 }
 
 // Plan is the outcome of one pool's reconcile.
@@ -89,7 +92,7 @@ type Plan struct {
 	// Spare are the lowest usable blocks, ascending, at most Input.SpareLimit,
 	// that after this plan no node has, no node may hold anything in (Held,
 	// and the blocks taken in this plan), that overlap no Foreign range and
-	// that no node is pinned to: each may go to any node that joins, holds
+	// that no node is pinned to, nor overlap Input.SpareExcluded: each may go to any node that joins, holds
 	// nothing in the pool and is pinned to nothing, without another plan,
 	// for as long as nothing this plan read has changed. The lowest is the
 	// block Make would give such a node.
@@ -299,8 +302,8 @@ func Make(in Input) Plan {
 }
 
 // spare lists the lowest usable blocks, at most in.SpareLimit, that are not
-// taken, not pinned to any node and free of every node's held ranges and of
-// the foreign ones. It walks from the first block: past every block taken, so
+// taken, not pinned to any node and free of every node's held ranges, of the
+// foreign ones and of in.SpareExcluded. It walks from the first block: past every block taken, so
 // its cost grows with the node count as the plan's own does, and past at most
 // SpareLimit free ones.
 func spare(in Input, taken map[uint64]bool, free func(string, iprange.Range) bool) []uint64 {
@@ -311,6 +314,7 @@ func spare(in Input, taken map[uint64]bool, free func(string, iprange.Range) boo
 	for _, i := range in.Pinned {
 		pinned[i] = true
 	}
+	excluded := newHeldIndex(nil, in.SpareExcluded)
 	var out []uint64
 	for i := uint64(0); len(out) < in.SpareLimit; i++ {
 		next, ok := in.Layout.NextUsable(i)
@@ -318,7 +322,7 @@ func spare(in Input, taken map[uint64]bool, free func(string, iprange.Range) boo
 			break
 		}
 		i = next
-		if !taken[i] && !pinned[i] && free("", in.Layout.Block(i)) {
+		if b := in.Layout.Block(i); !taken[i] && !pinned[i] && free("", b) && !excluded.othersIn("", b) {
 			out = append(out, i)
 		}
 	}

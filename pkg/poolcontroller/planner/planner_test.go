@@ -80,8 +80,13 @@ func TestPlanInvariantsRandomized(t *testing.T) {
 				foreign = append(foreign, randomRange())
 			}
 			limit := rng.IntN(6)
+			var excluded []iprange.Range
+			for range rng.IntN(3) {
+				excluded = append(excluded, randomRange())
+			}
 			out := Make(Input{Layout: layout, Existing: existing, Selected: selected, Nodes: nodes,
-				Departed: departed, Now: now, Grace: grace, Held: heldIn, Foreign: foreign, SpareLimit: limit})
+				Departed: departed, Now: now, Grace: grace, Held: heldIn, Foreign: foreign, SpareLimit: limit,
+				SpareExcluded: excluded})
 			// What no other node may get a block over after this plan: the
 			// held ranges, and the blocks taken in it.
 			heldAfter := map[string][]iprange.Range{}
@@ -164,7 +169,9 @@ func TestPlanInvariantsRandomized(t *testing.T) {
 					}
 				}
 			}
-			checkSpare(t, ctx, layout, out, limit, seenIdx, func(b iprange.Range) bool { return freeFor("", b) })
+			checkSpare(t, ctx, layout, out, limit, seenIdx, func(b iprange.Range) bool {
+				return freeFor("", b) && !iprange.OverlapsAny(b, excluded)
+			})
 			existing = out.Assignments
 		}
 	}
