@@ -38,10 +38,7 @@ func TestJoinPlacedWhileThePoolsPlanIsStuck(t *testing.T) {
 	runController(t, w.opts)
 	w.waitBlock("node-b")
 	w.waitBlock("node-c")
-	eventually(t, "the status listing b and c", func() (bool, string) {
-		st, _ := w.statusBlocks()
-		return len(st) == 2, fmt.Sprint(st)
-	})
+	w.waitStatusLists(2)
 	w.faults.Add(harness.FaultRule{Path: poolStatusPath, Fault: harness.FaultSlow, Delay: 20 * time.Second})
 	// d's join: placed, and the plan that follows it is stuck in its status
 	// write.
@@ -67,15 +64,7 @@ func TestJoinPlacedWhileThePoolsPlanIsStuck(t *testing.T) {
 	}
 	w.checkOneOwner()
 	w.faults.Clear()
-	eventually(t, "the status listing the 4 recorded blocks", func() (bool, string) {
-		st, _ := w.statusBlocks()
-		bs := nodeBlocks(t, w.c, w.ns)
-		ok := len(st) == 4
-		for n, b := range st {
-			ok = ok && slices.Contains(bs[n], "IPPool/rail0="+b)
-		}
-		return ok, fmt.Sprintf("status %v, records %v", st, bs)
-	})
+	w.waitStatusLists(4)
 	w.checkOneOwner()
 }
 

@@ -128,6 +128,21 @@ func (w *recordsWorld) checkOneOwner() {
 	}
 }
 
+// waitStatusLists waits until the pool's status lists n blocks, each the one
+// its node's record gives it.
+func (w *recordsWorld) waitStatusLists(n int) {
+	w.t.Helper()
+	eventually(w.t, fmt.Sprintf("the status listing the %d recorded blocks", n), func() (bool, string) {
+		st, _ := w.statusBlocks()
+		bs := nodeBlocks(w.t, w.c, w.ns)
+		ok := len(st) == n
+		for node, b := range st {
+			ok = ok && slices.Contains(bs[node], "IPPool/rail0="+b)
+		}
+		return ok, fmt.Sprintf("status %v, records %v", st, bs)
+	})
+}
+
 var poolStatusPath = regexp.MustCompile(`/ippools/rail0/status$`)
 
 // TestFailedStatusWriteGivesNoBlockTwice: nodes b and c hold blocks; every write
@@ -172,15 +187,7 @@ func TestFailedStatusWriteGivesNoBlockTwice(t *testing.T) {
 			}
 			// The writes go through again: the status lists what the records hold.
 			w.faults.Clear()
-			eventually(t, "the status listing the 4 recorded blocks", func() (bool, string) {
-				st, _ := w.statusBlocks()
-				bs := nodeBlocks(t, w.c, w.ns)
-				ok := len(st) == 4
-				for n, b := range st {
-					ok = ok && slices.Contains(bs[n], "IPPool/rail0="+b)
-				}
-				return ok, fmt.Sprintf("status %v, records %v", st, bs)
-			})
+			w.waitStatusLists(4)
 			w.checkOneOwner()
 		})
 	}
