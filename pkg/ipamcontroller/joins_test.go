@@ -26,7 +26,7 @@ import (
 // without waiting for a plan of the whole pool (pkg/poolcontroller/joins.go).
 
 // TestJoinPlacedWhileThePoolsPlanIsStuck: the pool's plan is stuck in a status
-// write that takes 20 s; a node that joins meanwhile has its block in its
+// write that takes 12 s; a node that joins meanwhile has its block in its
 // record within 5 s, a block no other node has, and the status lists it once
 // the writes go through. Before the index, the join waited for the stuck plan
 // and then for a plan of its own.
@@ -39,7 +39,7 @@ func TestJoinPlacedWhileThePoolsPlanIsStuck(t *testing.T) {
 	w.waitBlock("node-b")
 	w.waitBlock("node-c")
 	w.waitStatusLists(2)
-	w.faults.Add(harness.FaultRule{Path: poolStatusPath, Fault: harness.FaultSlow, Delay: 20 * time.Second})
+	w.faults.Add(harness.FaultRule{Path: poolStatusPath, Fault: harness.FaultSlow, Delay: 12 * time.Second})
 	// d's join: placed, and the plan that follows it is stuck in its status
 	// write.
 	w.node("node-d")
