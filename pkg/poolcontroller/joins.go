@@ -64,8 +64,9 @@ const spareLimit = 8192
 
 // followUpMin and followUpMax bound how long after a placement the pool's
 // plan runs (to write its status and conditions): 20 times the last plan's
-// duration, so that joins at any rate cost the pool a plan at most every
-// followUpMax, and at least a twentieth of its time.
+// duration up to its status write (a slow API server stretches that write,
+// not the plan), so that joins at any rate cost the pool a plan at most every
+// followUpMax, and at most a twentieth of its time.
 const (
 	followUpMin    = time.Second
 	followUpMax    = time.Minute

@@ -159,9 +159,7 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, err error) {
 	start := time.Now()
 	defer func() {
-		took := time.Since(start)
-		r.tookToPlan(req.NamespacedName, took)
-		reconcileDuration.WithLabelValues(r.Kind).Observe(took.Seconds())
+		reconcileDuration.WithLabelValues(r.Kind).Observe(time.Since(start).Seconds())
 		if err != nil {
 			reconcileErrors.WithLabelValues(r.Kind).Inc()
 		}
@@ -381,6 +379,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		listed = []planner.Assignment{}
 	}
 	desired := p.withStatus(layout, listed, false, c)
+	// How long the plan took, without the status write, which a slow API
+	// server can stretch to seconds (see followUp).
+	r.tookToPlan(req.NamespacedName, time.Since(start))
 	err = r.writeStatus(ctx, st, p, desired)
 	if err != nil && isTooLarge(err) && delivering && !omit && flushed() {
 		// Under the threshold but too large to store (long node names, IPv6):
