@@ -16,7 +16,6 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -168,9 +167,10 @@ func Run(ctx context.Context, o *Options) error {
 		return err
 	}
 	// Nothing reads managedFields, which on a real Node are several kB (kubelet's
-	// status fields) of every cached node's metadata. A status update sent from a
-	// cached pool without them leaves them as stored.
-	cacheOpts.DefaultTransform = cache.TransformStripManagedFields()
+	// status fields) of every cached node's metadata, nor a Node's annotations
+	// but hwipam's. A status update sent from a cached pool without them leaves
+	// them as stored.
+	cacheOpts.DefaultTransform = poolcontroller.CacheTransform()
 	cacheOpts.ByObject[&nodeipamv1.NodeIPAM{}] = poolcontroller.NodeIPAMCacheOptions(o.PoolsNamespace)
 	cacheOpts.ByObject[&nodeipamv1.PoolSpecs{}] = poolcontroller.NodeIPAMCacheOptions(o.PoolsNamespace)
 	if err := nodeipamv1.AddToScheme(scheme); err != nil {

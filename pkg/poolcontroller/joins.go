@@ -2,6 +2,7 @@ package poolcontroller
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"time"
 
@@ -10,7 +11,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"github.com/hwipam/hwipam/pkg/iprange"
 	"github.com/hwipam/hwipam/pkg/poolcontroller/planner"
 )
 
@@ -151,17 +151,17 @@ func (d *Delivery) Freeze(kind, name string) {
 
 // Frozen freezes a pool's index (see Freeze) and returns the pool's blocks
 // as they are then, placements included, by node; nil when it has none here.
-func (d *Delivery) Frozen(kind, name string) map[string]iprange.Range {
+func (d *Delivery) Frozen(kind, name string) *poolStatus {
 	return d.frozen(kind, name, "")
 }
 
 // Replaced is Frozen for a pool whose blocks here are of a pool of its name
 // with another UID than uid (deleted and created again); nil otherwise.
-func (d *Delivery) Replaced(kind, name string, uid types.UID) map[string]iprange.Range {
+func (d *Delivery) Replaced(kind, name string, uid types.UID) *poolStatus {
 	return d.frozen(kind, name, uid)
 }
 
-func (d *Delivery) frozen(kind, name string, unless types.UID) map[string]iprange.Range {
+func (d *Delivery) frozen(kind, name string, unless types.UID) *poolStatus {
 	if !d.on() {
 		return nil
 	}
@@ -176,11 +176,7 @@ func (d *Delivery) frozen(kind, name string, unless types.UID) map[string]iprang
 	if pb == nil {
 		return nil
 	}
-	out := make(map[string]iprange.Range, len(pb.blocks))
-	for n, i := range pb.blocks {
-		out[n] = pb.layout.Block(i)
-	}
-	return out
+	return &poolStatus{layout: pb.layout, index: maps.Clone(pb.blocks)}
 }
 
 // mergePlaced returns a plan's assignments (sorted by node) with the blocks

@@ -43,17 +43,18 @@ func TestReadReportsOfOnePoolAsCountingEveryPool(t *testing.T) {
 			if rng.IntN(5) == 0 {
 				continue // a pool this process has not reconciled
 			}
-			m.status[k] = map[string]iprange.Range{}
+			given := map[string]iprange.Range{}
 			lo := int(networks[k].Start.As4()[2])<<8 | int(networks[k].Start.As4()[3])
 			for _, n := range nodes {
 				if rng.IntN(3) > 0 {
-					m.status[k][n] = span(lo, 240)
+					given[n] = span(lo, 240)
 				}
 				if rng.IntN(3) == 0 {
 					m.given[k] = cmpOr(m.given[k])
 					m.given[k][n] = append(m.given[k][n], grant{Range: span(lo, 240)})
 				}
 			}
+			m.status[k] = statusOfRanges(given)
 		}
 		for _, n := range nodes {
 			switch rng.IntN(6) {
@@ -70,7 +71,7 @@ func TestReadReportsOfOnePoolAsCountingEveryPool(t *testing.T) {
 				}
 				var h parsedHold
 				lo := rng.IntN(1024)
-				if g := m.status[k][n]; g.Start.IsValid() && rng.IntN(2) == 0 {
+				if g, ok := m.status[k].block(n); ok && rng.IntN(2) == 0 {
 					h.block = g
 				} else if rng.IntN(2) == 0 {
 					h.block = span(lo, 8)
@@ -104,7 +105,7 @@ func TestReadReportsOfOnePoolAsCountingEveryPool(t *testing.T) {
 			}
 			for _, ig := range wantIgnored {
 				own := strings.Contains(ig.text, fmt.Sprintf("%q", key)) || m.reports[ig.node].opaque != "" ||
-					len(m.status[keyOf(ig.text)]) == 0
+					m.status[keyOf(ig.text)].len() == 0
 				if own && !slices.Contains(gotIgnored, ig) {
 					t.Fatalf("%s: %+v not among the ignored parts (%+v)", ctx, ig, gotIgnored)
 				}
@@ -137,4 +138,26 @@ func sortedRanges(rs []iprange.Range) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// listLayout is a layout of the blocks listed, whatever they are: for tests that
+// give nodes any range.
+type listLayout []iprange.Range
+
+func (l listLayout) Count() uint64                      { return uint64(len(l)) }
+func (l listLayout) Block(i uint64) iprange.Range       { return l[i] }
+func (l listLayout) Usable(i uint64) bool               { return i < uint64(len(l)) }
+func (l listLayout) NextUsable(i uint64) (uint64, bool) { return i, i < uint64(len(l)) }
+func (l listLayout) Range() iprange.Range               { return iprange.Range{} }
+
+// statusOfRanges is the poolStatus that gives each node its range.
+func statusOfRanges(given map[string]iprange.Range) poolStatus {
+	var l listLayout
+	s := poolStatus{index: map[string]uint64{}}
+	for n, r := range given {
+		s.index[n] = uint64(len(l))
+		l = append(l, r)
+	}
+	s.layout = l
+	return s
 }

@@ -182,7 +182,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			if given := r.Delivery.Frozen(r.Kind, req.Name); given != nil {
 				// Blocks placed for joining nodes since the pool's last
 				// plan, which the memory does not know of yet.
-				mem.blocksOf(key, given, r.now())
+				mem.blocksOf(key, *given, r.now())
 			}
 			mem.forgetPool(key, r.now())
 			mem.keepReservations(r.reservationKey(req.NamespacedName), "", nil)
@@ -394,11 +394,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	// The blocks now given are the nodes' grants (see trust.go), whatever
 	// happens before the next reconcile reads them back.
-	given := make(map[string]iprange.Range, len(out.Assignments))
-	for _, a := range out.Assignments {
-		given[a.Node] = layout.Block(a.Index)
-	}
-	mem.blocksOf(p.storeKey(), given, in.Now)
+	mem.blocksOfPlan(p.storeKey(), layout, out.Assignments, in.Now)
 	return ctrl.Result{RequeueAfter: out.RequeueAfter}, nil
 }
 
@@ -434,7 +430,7 @@ func (r *Reconciler) plannedFrom(ctx context.Context, p pool, delivering bool) (
 		// The blocks of a pool of this name deleted and created again, as
 		// this process gave them, joins placed since its last plan included:
 		// its nodes' grants from this plan on (see planInput).
-		r.memory().blocksOf(p.storeKey(), old, r.now())
+		r.memory().blocksOf(p.storeKey(), *old, r.now())
 	}
 	if as, ok := r.Delivery.Assigned(r.Kind, obj.GetName(), obj.GetUID(), obj.GetGeneration()); ok {
 		return p, as, nil
@@ -546,17 +542,13 @@ func (r *Reconciler) planInput(ctx context.Context, p pool, layout blocks.Layout
 		existing, invalid = p.existing(layout)
 	}
 	now := r.now()
-	own := make(map[string]iprange.Range, len(existing))
-	for _, a := range existing {
-		own[a.Node] = layout.Block(a.Index)
-	}
 	objs := make([]client.Object, len(nodes.Items))
 	for i := range nodes.Items {
 		objs[i] = &nodes.Items[i]
 	}
 	mem := r.memory() // loaded by Reconcile
 	key := p.storeKey()
-	mem.blocksOf(key, own, now)
+	mem.blocksOfPlan(key, layout, existing, now)
 	mem.retire(key, invalid, now)
 	mem.know(key, p.object().GetUID(), layout.Range())
 	rep, ignored := mem.reportsFor(objs, now, r.ReleaseGracePeriod, key, layout.Range())

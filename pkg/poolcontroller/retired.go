@@ -226,7 +226,7 @@ func (m *Memory) retiredOf(namespace, node string) (out []nodeipamv1.RetiredBloc
 		}
 		kind, name := v1alpha1.SplitPoolKey(key)
 		res := m.reserved[namespace+"/"+key]
-		cur, hasCur := m.status[key][node]
+		cur, hasCur := m.status[key].block(node)
 		for _, g := range gs {
 			if hasCur && cur == g.Range {
 				continue // its current block (a grant adopted from its report)

@@ -150,7 +150,7 @@ func parseReport(raw string) (parsed map[string]parsedHold, opaque string, bad [
 // block in the pool's status at the last reconcile, and its grants; with mu held.
 func (m *Memory) grantsOf(node, key string) []iprange.Range {
 	var out []iprange.Range
-	if b, ok := m.status[key][node]; ok {
+	if b, ok := m.status[key].block(node); ok {
 		out = append(out, b)
 	}
 	for _, g := range m.given[key][node] {
@@ -199,7 +199,7 @@ func (m *Memory) count(node string, rep seenReport, key string) (counted, string
 	if h.block.Start.IsValid() {
 		if slices.ContainsFunc(grants, func(g iprange.Range) bool { return g.Covers(h.block) }) {
 			c.block = h.block
-			cur, assigned := m.status[key][node]
+			cur, assigned := m.status[key].block(node)
 			c.covered = assigned && cur.Covers(h.block)
 		} else {
 			outside = append(outside, "block "+h.block.String())
@@ -356,7 +356,7 @@ func (m *Memory) countReports(key string, network iprange.Range, leaveOthers boo
 // pool's reconcile counted every node's report in every pool: 8 pools at
 // 100,000 nodes made that half of a join's CPU. With mu held.
 func (m *Memory) ownReconcileReads(rep seenReport, k string, network iprange.Range) bool {
-	if rep.opaque != "" || len(m.status[k]) == 0 {
+	if rep.opaque != "" || m.status[k].len() == 0 {
 		return false
 	}
 	h := rep.parsed[k]
@@ -374,7 +374,7 @@ func (m *Memory) reportedKeys(node string, rep seenReport) []string {
 	}
 	var keys []string
 	for key, st := range m.status {
-		if _, ok := st[node]; ok {
+		if st.has(node) {
 			keys = append(keys, key)
 		}
 	}
@@ -490,12 +490,12 @@ func (m *Memory) forgetPool(key string, now time.Time) {
 	defer m.mu.Unlock()
 	m.init()
 	var taken []planner.Misfit
-	for node, b := range m.status[key] {
+	for node, b := range m.status[key].all() {
 		taken = append(taken, planner.Misfit{Node: node, Range: b})
 	}
 	m.retireLocked(key, taken, now)
-	if len(m.status[key]) > 0 {
-		m.status[key] = map[string]iprange.Range{}
+	if m.status[key].len() > 0 {
+		m.status[key] = poolStatus{}
 		m.version++
 	}
 	if kp, ok := m.pools[key]; ok && !kp.Gone {

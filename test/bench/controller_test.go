@@ -746,6 +746,33 @@ func profileConvergence(b *testing.B, cp *harness.ControlPlane, pprofPort int, m
 	}
 }
 
+// snapshotHeap, when $HWIPAM_BENCH_PROFILE_DIR is set, logs the controller's
+// current and peak RSS and writes its heap profile (in use, after a GC) to
+// <dir>/<name>.heap.pprof: where the controller's memory goes at that point.
+func snapshotHeap(b *testing.B, ctl *controllerProc, name string) {
+	b.Helper()
+	dir := os.Getenv("HWIPAM_BENCH_PROFILE_DIR")
+	if dir == "" || ctl.pprofPort == 0 {
+		return
+	}
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", ctl.pprofPort))
+	if err != nil {
+		b.Errorf("the controller's heap profile: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, name+".heap.pprof"), data, 0o644)
+	}
+	if err != nil {
+		b.Errorf("writing the controller's heap profile: %v", err)
+	}
+	pid := ctl.cmd.Process.Pid
+	b.Logf("%s: controller RSS %.0f MiB, peak %.0f MiB; heap profile in %s", name,
+		float64(currentRSSKiB(b, pid))/1024, float64(peakRSSKiB(b, pid))/1024, dir)
+}
+
 // watchUntilAssigned watches IPPools from resourceVersion rv until each of pools
 // lists nodes allocations, and returns when the event saying so arrived.
 func watchUntilAssigned(ctx context.Context, watcher *poolwatch.Watcher, rv string, nodes, pools int) (time.Time, error) {

@@ -284,11 +284,13 @@ func (w *scaleWorld) run(b *testing.B, d scaleDesign, nodes int) map[string]floa
 	if !w.converge(b, d, ns, nodes, ctl, metricsURL, out) {
 		return out
 	}
+	snapshotHeap(b, ctl, fmt.Sprintf("railscale-%s-%d-converged", d.name, nodes))
 	if d.nodeIPAM && scaleReports() {
 		// Every node reports its 8 blocks, as its daemon would, before the
 		// joins; taken off again after the run.
 		reported := w.reportAll(b, ns, ctl.cmd.Process.Pid, out)
 		defer w.unreportAll(b, reported)
+		snapshotHeap(b, ctl, fmt.Sprintf("railscale-%s-%d-reported", d.name, nodes))
 	}
 
 	var served []time.Duration
@@ -325,6 +327,7 @@ func (w *scaleWorld) run(b *testing.B, d scaleDesign, nodes int) map[string]floa
 	if d.nodeIPAM {
 		// 100 joins a second for a minute (see burst).
 		joined = append(joined, w.burst(b, ns, nodes, out)...)
+		snapshotHeap(b, ctl, fmt.Sprintf("railscale-%s-%d-burst", d.name, nodes))
 		start, rss := w.daemonStart(b, ns, createdNodeName(0), "rail0")
 		out["daemon-start-s"] = start.Seconds()
 		out["daemon-RSS-MiB"] = float64(rss) / 1024
