@@ -412,6 +412,35 @@ func (d *Delivery) Set(p pool, layout blocks.Layout, as []planner.Assignment, sp
 		joins = &joinIndex{spare: spare, start: len(spare), skip: skip, placed: map[string]uint64{},
 			frozen: d.freezes[ref] != d.snaps[ref]}
 	}
+	// The nodes whose records this changes, found before the blocks are the
+	// index's: a join placed from then on writes bs (with d.mu held).
+	var changed []string
+	switch {
+	case !sameLayout:
+		// Another pool, or another layout (an index is a block of one
+		// layout): every node of the pool's, old and new.
+		for _, a := range as {
+			changed = append(changed, a.Node)
+		}
+		if old != nil {
+			for n := range old.blocks {
+				changed = append(changed, n)
+			}
+		}
+	case sameMap(bs, old.blocks):
+		// The plan changed nothing.
+	default:
+		for _, a := range as {
+			if ob, ok := old.blocks[a.Node]; !ok || ob != a.Index {
+				changed = append(changed, a.Node)
+			}
+		}
+		for n := range old.blocks {
+			if _, ok := bs[n]; !ok {
+				changed = append(changed, n)
+			}
+		}
+	}
 	d.pools[ref] = &poolBlocks{template: tmpl, layout: layout, blocks: bs, joins: joins}
 	delete(d.gone, ref)
 	d.mu.Unlock()
@@ -419,33 +448,18 @@ func (d *Delivery) Set(p pool, layout blocks.Layout, as []planner.Assignment, sp
 		// The spec is in PoolSpecs, once: a spec or rail change writes that.
 		d.change(poolSpecsKey)
 	}
-	// Another pool, or another layout (an index is a block of one layout):
-	// every node of the pool's, old and new.
-	if !sameLayout {
-		// Every node of the pool's, old and new.
-		for n := range bs {
-			d.change(n)
-		}
-		if old != nil {
-			for n := range old.blocks {
-				d.change(n)
-			}
-		} else {
-			d.queueObserved(ref)
-		}
-		return as, unplaced
+	for _, n := range changed {
+		d.change(n)
 	}
-	for n, b := range bs {
-		if ob, ok := old.blocks[n]; !ok || ob != b {
-			d.change(n)
-		}
-	}
-	for n := range old.blocks {
-		if _, ok := bs[n]; !ok {
-			d.change(n)
-		}
+	if old == nil {
+		d.queueObserved(ref)
 	}
 	return as, unplaced
+}
+
+// sameMap tells whether a and b are one map (reuseBlocks kept it).
+func sameMap(a, b map[string]uint64) bool {
+	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
 }
 
 // reuseBlocks returns the blocks of as by node: old's own map when they are

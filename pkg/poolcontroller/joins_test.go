@@ -138,3 +138,84 @@ func TestPlacedJoinsMergeIntoARacingPlan(t *testing.T) {
 		}
 	}
 }
+
+// TestSetAndPlaceRunTogether: plans recorded (Set) while joins are placed from
+// the index (Place) on other goroutines, as the reconcilers and the Node
+// handler do. Set once read the pool's blocks after installing them as the
+// index's, while a placement wrote them (a fatal concurrent map access, seen in
+// BenchmarkRailScale's burst). Run with -race; without it the map access fails
+// now and then. No block may be given twice, and every placed node keeps its block.
+func TestSetAndPlaceRunTogether(t *testing.T) {
+	d := &Delivery{}
+	d.init()
+	d.enabled = true
+	close(d.decided)
+	p := ipPool{&v1alpha1.IPPool{}}
+	p.p.Name, p.p.UID, p.p.Generation = "p", "uid-p", 1
+	p.p.Spec = v1alpha1.IPPoolSpec{Subnet: "10.0.0.0/16", PerNodeBlockSize: 4}
+	layout, err := p.layout()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var as []planner.Assignment
+	for i := range 100 {
+		as = append(as, planner.Assignment{Node: fmt.Sprintf("a%03d", i), Index: uint64(i)})
+	}
+	spareOf := func(as []planner.Assignment) []uint64 {
+		used := map[uint64]bool{}
+		for _, a := range as {
+			used[a.Index] = true
+		}
+		var spare []uint64
+		for i := uint64(0); len(spare) < 64; i++ {
+			if !used[i] {
+				spare = append(spare, i)
+			}
+		}
+		return spare
+	}
+	// The pool's blocks as a plan before left them (a first plan also lists
+	// the NodeIPAMs, which needs an API server).
+	d.pools[poolRef{p.kind(), "p"}] = &poolBlocks{template: p.template(), layout: layout, blocks: statusOf(layout, as).index}
+	as, _ = d.Set(p, layout, as, spareOf(as), nil)
+	const joins = 3000
+	placed := make(chan string, joins)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range joins {
+			n := fmt.Sprintf("j%04d", i)
+			if ok, _ := d.Place(p.kind(), "p", "uid-p", 1, n); ok {
+				placed <- n
+			}
+		}
+	}()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		as, _ = d.Set(p, layout, as, spareOf(as), nil)
+	}
+	close(placed)
+	final, _ := d.Set(p, layout, as, spareOf(as), nil)
+	byNode, byBlock := map[string]uint64{}, map[uint64]string{}
+	for _, a := range final {
+		if o, dup := byBlock[a.Index]; dup {
+			t.Fatalf("block %d given to %s and %s", a.Index, o, a.Node)
+		}
+		byNode[a.Node], byBlock[a.Index] = a.Index, a.Node
+	}
+	n := 0
+	for node := range placed {
+		n++
+		if _, ok := byNode[node]; !ok {
+			t.Fatalf("%s was placed and has no block in the last plan", node)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no join was placed")
+	}
+	t.Logf("%d joins placed among the plans", n)
+}
