@@ -179,6 +179,7 @@ func Run(ctx context.Context, o *Options) error {
 	mopts := ctrl.Options{
 		Scheme:                        scheme,
 		Cache:                         cacheOpts,
+		MapperProvider:                newMemoMapper,
 		Metrics:                       daemon.MetricsOptions(o.MetricsBindAddress, o.MetricsSecure),
 		HealthProbeBindAddress:        o.HealthProbeBindAddress,
 		PprofBindAddress:              o.PprofBindAddress,

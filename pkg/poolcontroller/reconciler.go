@@ -65,8 +65,9 @@ type Reconciler struct {
 	// NodeIPAMs only (status.blocksIn says so). 0 lists every block.
 	MaxListed int
 	writes    atomic.Uint64
-	// lastTook is the last reconcile's duration, in nanoseconds, and took
-	// each pool's (see followUp).
+	// lastTook is the last plan's duration up to its status write, in
+	// nanoseconds, and took each pool's last reconcile's, the write included
+	// (see followUp).
 	lastTook atomic.Int64
 	took     map[types.NamespacedName]time.Duration
 }
@@ -157,9 +158,13 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 
 // Reconcile brings one pool's status in line with its spec and the nodes.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, err error) {
-	start := time.Now()
+	start, gone := time.Now(), false
 	defer func() {
-		reconcileDuration.WithLabelValues(r.Kind).Observe(time.Since(start).Seconds())
+		took := time.Since(start)
+		if !gone {
+			r.tookInAll(req.NamespacedName, took)
+		}
+		reconcileDuration.WithLabelValues(r.Kind).Observe(took.Seconds())
 		if err != nil {
 			reconcileErrors.WithLabelValues(r.Kind).Inc()
 		}
@@ -169,6 +174,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	p := r.newPool()
 	if err := r.Client.Get(ctx, req.NamespacedName, p.object()); err != nil {
 		if apierrors.IsNotFound(err) {
+			gone = true
 			forgetMetrics(r.Kind, req.Namespace, req.Name)
 			r.forget(req.NamespacedName)
 			// The pool's blocks are its nodes' grants now, retired in their
@@ -381,7 +387,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	desired := p.withStatus(layout, listed, false, c)
 	// How long the plan took, without the status write, which a slow API
 	// server can stretch to seconds (see followUp).
-	r.tookToPlan(req.NamespacedName, time.Since(start))
+	r.lastTook.Store(int64(time.Since(start)))
 	err = r.writeStatus(ctx, st, p, desired)
 	if err != nil && isTooLarge(err) && delivering && !omit && flushed() {
 		// Under the threshold but too large to store (long node names, IPv6):
