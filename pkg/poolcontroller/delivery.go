@@ -473,11 +473,7 @@ func reuseBlocks(old *poolBlocks, sameLayout bool, as []planner.Assignment) map[
 	}) {
 		return old.blocks
 	}
-	bs := make(map[string]uint64, len(as))
-	for _, a := range as {
-		bs[a.Node] = a.Index
-	}
-	return bs
+	return indexOf(as)
 }
 
 // change queues a NodeIPAM (or the PoolSpecs) that a pool's blocks changed,

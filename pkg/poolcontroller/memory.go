@@ -558,7 +558,7 @@ func (m *Memory) blocksOfPlan(key string, layout blocks.Layout, as []planner.Ass
 		same = has && b == layout.Block(as[i].Index)
 	}
 	m.mu.Unlock()
-	if !same {
+	if !same { // blocksOf compares again, under its own lock
 		m.blocksOf(key, statusOf(layout, as), now)
 	}
 }

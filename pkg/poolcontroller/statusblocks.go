@@ -20,11 +20,16 @@ type poolStatus struct {
 
 // statusOf is the poolStatus of as, blocks of layout; as is not kept.
 func statusOf(layout blocks.Layout, as []planner.Assignment) poolStatus {
-	s := poolStatus{layout: layout, index: make(map[string]uint64, len(as))}
+	return poolStatus{layout: layout, index: indexOf(as)}
+}
+
+// indexOf is the block index of as by node, as the memory and Delivery keep them.
+func indexOf(as []planner.Assignment) map[string]uint64 {
+	index := make(map[string]uint64, len(as))
 	for _, a := range as {
-		s.index[a.Node] = a.Index
+		index[a.Node] = a.Index
 	}
-	return s
+	return index
 }
 
 // block returns node's block, if it has one.
